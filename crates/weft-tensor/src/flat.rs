@@ -1,0 +1,326 @@
+//! Flat buffers: the parameters (or gradients) of one dtype laid end to end in one contiguous
+//! 1-D tensor, each entry a view `[offset, offset + numel)` into it.
+//!
+//! This is the unit that later layers cut up: DDP buckets are ranges of the flat gradient buffer,
+//! ZeRO shards are ranges of the flat parameter, gradient and optimizer-state buffers, and the
+//! optimizers of `weft-optim` run one fused loop over a flat slice. Candle allocates every
+//! gradient afresh and owns each `Var`'s storage, so the flat buffer is the *master copy*:
+//! [`FlatBuffer::copy_from_store`] gathers the model's values in, [`FlatBuffer::copy_to_store`]
+//! writes the updated values back into the model's variables in place (one memcpy per step).
+//! A flat buffer may have another dtype than the model (fp32 master weights for a bf16 model).
+
+use std::ops::Range;
+
+use candle_core::{CpuStorage, DType, Device, Layout, Tensor};
+
+use crate::error::{Result, TensorError};
+use crate::params::{EntryId, ParamStore};
+
+/// Where each entry lives in a flat buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlatLayout {
+    slots: Vec<Slot>,
+    len: usize,
+}
+
+/// One entry's place in a flat buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slot {
+    pub entry: EntryId,
+    pub name: String,
+    pub offset: usize,
+    pub shape: Vec<usize>,
+}
+
+impl Slot {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.numel()
+    }
+}
+
+impl FlatLayout {
+    /// Lays out the given entries of `store` end to end, in the order given.
+    pub fn new(store: &ParamStore, entries: &[EntryId]) -> Self {
+        let mut offset = 0;
+        let slots = entries
+            .iter()
+            .map(|&entry| {
+                let e = &store.entries()[entry];
+                let slot = Slot {
+                    entry,
+                    name: e.name.clone(),
+                    offset,
+                    shape: e.var.dims().to_vec(),
+                };
+                offset += slot.numel();
+                slot
+            })
+            .collect();
+        Self { slots, len: offset }
+    }
+
+    /// The layout of all trainable parameters of `store`, in `state_dict` order.
+    pub fn parameters(store: &ParamStore) -> Self {
+        Self::new(store, &store.parameter_ids())
+    }
+
+    /// Total number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// The slot of store entry `entry`, if it is in this layout.
+    pub fn slot_of(&self, entry: EntryId) -> Option<&Slot> {
+        self.slots.iter().find(|s| s.entry == entry)
+    }
+}
+
+/// A contiguous 1-D tensor holding every entry of a [`FlatLayout`].
+#[derive(Debug, Clone)]
+pub struct FlatBuffer {
+    layout: FlatLayout,
+    data: Tensor,
+}
+
+impl FlatBuffer {
+    /// A zero-filled buffer.
+    pub fn zeros(layout: FlatLayout, dtype: DType, device: &Device) -> Result<Self> {
+        let data = Tensor::zeros(layout.len(), dtype, device)?;
+        Ok(Self { layout, data })
+    }
+
+    /// A buffer holding the current values of `store`'s entries in `layout`.
+    pub fn from_store(store: &ParamStore, layout: FlatLayout, dtype: DType) -> Result<Self> {
+        let buffer = Self::zeros(layout, dtype, store.device())?;
+        buffer.copy_from_store(store)?;
+        Ok(buffer)
+    }
+
+    pub fn layout(&self) -> &FlatLayout {
+        &self.layout
+    }
+
+    /// The whole buffer as a 1-D tensor (shares storage).
+    pub fn tensor(&self) -> &Tensor {
+        &self.data
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// A view of one slot, shaped like its entry (shares storage).
+    pub fn view(&self, slot: &Slot) -> Result<Tensor> {
+        Ok(self
+            .data
+            .narrow(0, slot.offset, slot.numel())?
+            .reshape(slot.shape.as_slice())?)
+    }
+
+    /// Overwrites `slot` with `value` (any shape with the right number of elements).
+    pub fn write(&self, slot: &Slot, value: &Tensor) -> Result<()> {
+        self.check_numel(slot, value)?;
+        let value = value.to_dtype(self.dtype())?.flatten_all()?.contiguous()?;
+        self.data.slice_set(&value, 0, slot.offset)?;
+        Ok(())
+    }
+
+    /// Adds `value` into `slot` (gradient accumulation over micro-batches).
+    pub fn accumulate(&self, slot: &Slot, value: &Tensor) -> Result<()> {
+        self.check_numel(slot, value)?;
+        let current = self.data.narrow(0, slot.offset, slot.numel())?;
+        let sum = current.add(&value.to_dtype(self.dtype())?.flatten_all()?)?;
+        self.data.slice_set(&sum, 0, slot.offset)?;
+        Ok(())
+    }
+
+    fn check_numel(&self, slot: &Slot, value: &Tensor) -> Result<()> {
+        if value.elem_count() != slot.numel() {
+            return Err(TensorError::Flat(format!(
+                "`{}` has {} elements, the value written has {}",
+                slot.name,
+                slot.numel(),
+                value.elem_count()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sets every element to zero.
+    pub fn zero(&self) -> Result<()> {
+        let zeros = self.data.zeros_like()?;
+        self.data.slice_set(&zeros, 0, 0)?;
+        Ok(())
+    }
+
+    /// Copies the current values of the store's entries into the buffer.
+    pub fn copy_from_store(&self, store: &ParamStore) -> Result<()> {
+        for slot in self.layout.slots() {
+            self.write(slot, store.entries()[slot.entry].tensor())?;
+        }
+        Ok(())
+    }
+
+    /// Writes the buffer's values into the store's variables, in place.
+    pub fn copy_to_store(&self, store: &ParamStore) -> Result<()> {
+        for slot in self.layout.slots() {
+            let var = &store.entries()[slot.entry].var;
+            var.set(&self.view(slot)?.to_dtype(var.dtype())?)?;
+        }
+        Ok(())
+    }
+
+    /// The values as a host vector (copies).
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        Ok(self.data.to_dtype(DType::F64)?.to_vec1()?)
+    }
+
+    /// Runs `f` over this buffer's f32 elements in `range` as a mutable slice, together with
+    /// `other`'s elements in the same range (e.g. parameters and their gradients, for an
+    /// optimizer step). Both buffers must be f32 and on the CPU.
+    pub fn update_with<F>(&self, other: &FlatBuffer, range: Range<usize>, f: F) -> Result<()>
+    where
+        F: FnMut(&mut [f32], &[f32]),
+    {
+        if self.layout.len() != other.layout.len() {
+            return Err(TensorError::Flat(format!(
+                "buffers of {} and {} elements cannot be updated together",
+                self.layout.len(),
+                other.layout.len()
+            )));
+        }
+        if range.end > self.layout.len() {
+            return Err(TensorError::Flat(format!(
+                "range {range:?} exceeds a buffer of {} elements",
+                self.layout.len()
+            )));
+        }
+        let op = ZipUpdate {
+            range,
+            f: std::sync::Mutex::new(f),
+        };
+        self.data.inplace_op2(&other.data, &op)?;
+        Ok(())
+    }
+}
+
+/// In-place `f(&mut self[range], &other[range])` over two f32 CPU tensors.
+struct ZipUpdate<F> {
+    range: Range<usize>,
+    f: std::sync::Mutex<F>,
+}
+
+impl<F: FnMut(&mut [f32], &[f32])> candle_core::InplaceOp2 for ZipUpdate<F> {
+    fn name(&self) -> &'static str {
+        "weft-zip-update"
+    }
+
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dst_layout: &Layout,
+        src: &CpuStorage,
+        src_layout: &Layout,
+    ) -> candle_core::Result<()> {
+        let dst_range = contiguous_range(dst_layout)?;
+        let src_range = contiguous_range(src_layout)?;
+        let (CpuStorage::F32(dst), CpuStorage::F32(src)) = (dst, src) else {
+            candle_core::bail!("weft-zip-update: both buffers must be f32");
+        };
+        let dst = &mut dst[dst_range][self.range.clone()];
+        let src = &src[src_range][self.range.clone()];
+        let mut f = self.f.lock().expect("update closure panicked before");
+        f(dst, src);
+        Ok(())
+    }
+}
+
+fn contiguous_range(layout: &Layout) -> candle_core::Result<Range<usize>> {
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(start..end),
+        None => candle_core::bail!("flat buffers must be contiguous"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::EntryKind;
+
+    fn two_param_store() -> ParamStore {
+        let mut store = ParamStore::new(&Device::Cpu, DType::F32);
+        let dev = Device::Cpu;
+        store
+            .register("w", EntryKind::Parameter, Tensor::new(&[[1f32, 2.], [3., 4.]], &dev).unwrap())
+            .unwrap();
+        store
+            .register("stat", EntryKind::Buffer, Tensor::new(&[9f32], &dev).unwrap())
+            .unwrap();
+        store
+            .register("b", EntryKind::Parameter, Tensor::new(&[5f32, 6.], &dev).unwrap())
+            .unwrap();
+        store
+    }
+
+    #[test]
+    fn layout_places_parameters_end_to_end_and_skips_buffers() {
+        let store = two_param_store();
+        let layout = FlatLayout::parameters(&store);
+        assert_eq!(layout.len(), 6);
+        let names: Vec<_> = layout.slots().iter().map(|s| (s.name.as_str(), s.offset)).collect();
+        assert_eq!(names, [("w", 0), ("b", 4)]);
+    }
+
+    #[test]
+    fn gather_update_scatter_round_trip() {
+        let store = two_param_store();
+        let params = FlatBuffer::from_store(&store, FlatLayout::parameters(&store), DType::F32).unwrap();
+        assert_eq!(params.to_vec_f64().unwrap(), [1., 2., 3., 4., 5., 6.]);
+        let grads = FlatBuffer::zeros(params.layout().clone(), DType::F32, &Device::Cpu).unwrap();
+        let b_slot = grads.layout().slots()[1].clone();
+        grads.write(&b_slot, &Tensor::new(&[1f32, 1.], &Device::Cpu).unwrap()).unwrap();
+        grads.accumulate(&b_slot, &Tensor::new(&[0.5f32, 2.], &Device::Cpu).unwrap()).unwrap();
+        assert_eq!(grads.to_vec_f64().unwrap(), [0., 0., 0., 0., 1.5, 3.]);
+        params
+            .update_with(&grads, 0..6, |p, g| p.iter_mut().zip(g).for_each(|(p, g)| *p -= *g))
+            .unwrap();
+        params.copy_to_store(&store).unwrap();
+        let b: Vec<f32> = store.get("b").unwrap().tensor().to_vec1().unwrap();
+        assert_eq!(b, [3.5, 3.]);
+        assert_eq!(params.view(&b_slot).unwrap().dims(), &[2]);
+        grads.zero().unwrap();
+        assert_eq!(grads.to_vec_f64().unwrap(), [0.; 6]);
+    }
+
+    #[test]
+    fn wrong_sizes_are_errors_naming_the_entry() {
+        let store = two_param_store();
+        let params = FlatBuffer::from_store(&store, FlatLayout::parameters(&store), DType::F32).unwrap();
+        let slot = params.layout().slots()[0].clone();
+        let err = params.write(&slot, &Tensor::new(&[1f32], &Device::Cpu).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("`w` has 4 elements"), "{err}");
+        let err = params.update_with(&params.clone(), 0..7, |_, _| {}).unwrap_err();
+        assert!(err.to_string().contains("exceeds"), "{err}");
+    }
+
+    #[test]
+    fn master_buffer_can_have_another_dtype_than_the_model() {
+        let store = two_param_store();
+        let master = FlatBuffer::from_store(&store, FlatLayout::parameters(&store), DType::F64).unwrap();
+        assert_eq!(master.dtype(), DType::F64);
+        master.copy_to_store(&store).unwrap();
+        assert_eq!(store.get("w").unwrap().var.dtype(), DType::F32);
+    }
+}

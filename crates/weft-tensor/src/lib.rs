@@ -1,0 +1,23 @@
+//! weft-tensor: the tensor and autograd layer of weft, on Candle.
+//!
+//! - [`params`]: named parameters and buffers in PyTorch `state_dict` order;
+//!   [`state_dict`] saves and loads them as safetensors.
+//! - [`flat`]: parameters or gradients of one dtype in one contiguous buffer, the unit that
+//!   optimizers step over and that data-parallel layers bucket and shard.
+//! - [`block`] and [`tape`]: models as sequences of blocks, a block-wise backward that reports
+//!   each block's gradients the moment they are final, and per-block activation checkpointing.
+//! - [`ops`]: fast CPU kernels (convolution, max-pool, batch-norm) with backward passes.
+
+pub mod block;
+pub mod error;
+pub mod flat;
+pub mod ops;
+pub mod params;
+pub mod state_dict;
+pub mod tape;
+
+pub use block::{Block, BlockModel, Mode};
+pub use error::{Result, TensorError};
+pub use flat::{FlatBuffer, FlatLayout, Slot};
+pub use params::{Entry, EntryId, EntryKind, ParamStore, Scope};
+pub use tape::{BlockGrads, Checkpointing, Tape};

@@ -1,0 +1,158 @@
+//! Saving and loading a [`ParamStore`] as safetensors, with PyTorch `state_dict` key names.
+//!
+//! Saving is atomic (written to a temporary file in the same folder, then renamed), so a crash
+//! never leaves a half-written checkpoint. Loading is strict: a missing key, an unexpected key, a
+//! shape or a dtype mismatch is an error naming the file and the key.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::Tensor;
+
+use crate::error::{Result, TensorError};
+use crate::params::ParamStore;
+
+/// Writes every parameter and buffer of `store` to `path` (atomically).
+pub fn save_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
+    let tensors: HashMap<String, Tensor> = store
+        .entries()
+        .iter()
+        .map(|e| (e.name.clone(), e.tensor().clone()))
+        .collect();
+    let tmp = temporary_sibling(path);
+    candle_core::safetensors::save(&tensors, &tmp).map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        TensorError::Safetensors {
+            file: path.into(),
+            source,
+        }
+    })?;
+    std::fs::rename(&tmp, path).map_err(|source| TensorError::Io {
+        file: path.into(),
+        source,
+    })
+}
+
+/// `dir/.name.tmp-<pid>`: a file in the same folder, so that the final rename is atomic.
+pub fn temporary_sibling(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+/// Loads `path` into `store`; every key must match an entry in name, shape and dtype.
+pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Err(TensorError::Io {
+            file: path.into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        });
+    }
+    let loaded = candle_core::safetensors::load(path, store.device()).map_err(|source| {
+        TensorError::Safetensors {
+            file: path.into(),
+            source,
+        }
+    })?;
+    let mut unexpected: Vec<&String> = loaded
+        .keys()
+        .filter(|k| store.id(k).is_err())
+        .collect();
+    unexpected.sort();
+    if let Some(key) = unexpected.first() {
+        return Err(TensorError::UnexpectedKey {
+            file: path.into(),
+            key: (*key).clone(),
+        });
+    }
+    for entry in store.entries() {
+        let value = loaded.get(&entry.name).ok_or_else(|| TensorError::MissingKey {
+            file: path.into(),
+            key: entry.name.clone(),
+        })?;
+        if value.dims() != entry.var.dims() {
+            return Err(TensorError::ShapeMismatch {
+                file: path.into(),
+                key: entry.name.clone(),
+                expected: entry.var.dims().to_vec(),
+                found: value.dims().to_vec(),
+            });
+        }
+        if value.dtype() != entry.var.dtype() {
+            return Err(TensorError::DTypeMismatch {
+                file: path.into(),
+                key: entry.name.clone(),
+                expected: entry.var.dtype(),
+                found: value.dtype(),
+            });
+        }
+        entry.var.set(value)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::EntryKind;
+    use candle_core::{DType, Device};
+
+    fn store_with(names: &[(&str, &[usize])]) -> ParamStore {
+        let mut store = ParamStore::new(&Device::Cpu, DType::F32);
+        for (i, (name, shape)) in names.iter().enumerate() {
+            let n: usize = shape.iter().product();
+            let values: Vec<f32> = (0..n).map(|k| (k + 10 * i) as f32).collect();
+            let t = Tensor::from_vec(values, *shape, &Device::Cpu).unwrap();
+            store.register(name, EntryKind::Parameter, t).unwrap();
+        }
+        store
+    }
+
+    #[test]
+    fn round_trip_restores_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let a = store_with(&[("w", &[2, 3]), ("b", &[3])]);
+        save_safetensors(&a, &path).unwrap();
+        let b = store_with(&[("w", &[2, 3]), ("b", &[3])]);
+        b.get("w").unwrap().var.set(&Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap()).unwrap();
+        load_safetensors(&b, &path).unwrap();
+        let w: Vec<f32> = b.get("w").unwrap().tensor().flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(w, vec![0., 1., 2., 3., 4., 5.]);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary left");
+    }
+
+    #[test]
+    fn mismatches_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        save_safetensors(&store_with(&[("w", &[2, 3]), ("b", &[3])]), &path).unwrap();
+        let cases: [(&[(&str, &[usize])], &str); 3] = [
+            (&[("w", &[2, 3]), ("b", &[3]), ("c", &[1])], "missing key `c`"),
+            (&[("w", &[2, 3])], "unexpected key `b`"),
+            (&[("w", &[3, 2]), ("b", &[3])], "key `w` has shape [2, 3]"),
+        ];
+        for (names, expected) in cases {
+            let err = load_safetensors(&store_with(names), &path).unwrap_err().to_string();
+            assert!(err.contains(expected), "{err} lacks {expected}");
+        }
+        let mut f64_store = ParamStore::new(&Device::Cpu, DType::F64);
+        f64_store.register("w", EntryKind::Parameter, Tensor::zeros((2, 3), DType::F64, &Device::Cpu).unwrap()).unwrap();
+        f64_store.register("b", EntryKind::Parameter, Tensor::zeros(3, DType::F64, &Device::Cpu).unwrap()).unwrap();
+        let err = load_safetensors(&f64_store, &path).unwrap_err().to_string();
+        assert!(err.contains("key `w` has dtype F32"), "{err}");
+    }
+
+    #[test]
+    fn missing_and_corrupt_files_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with(&[("w", &[1])]);
+        let missing = dir.path().join("nope.safetensors");
+        assert!(load_safetensors(&store, &missing).unwrap_err().to_string().contains("nope.safetensors"));
+        let corrupt = dir.path().join("bad.safetensors");
+        std::fs::write(&corrupt, b"garbage").unwrap();
+        assert!(load_safetensors(&store, &corrupt).unwrap_err().to_string().contains("bad.safetensors"));
+    }
+}

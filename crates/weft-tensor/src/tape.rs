@@ -1,0 +1,170 @@
+//! Block-wise forward and backward with a grad-ready hook and optional activation checkpointing.
+//!
+//! Forward runs each block on its input cut off from the previous block (a fresh leaf variable),
+//! so each block keeps a graph of its own. Backward walks the blocks from last to first: given
+//! the gradient `g` of a block's output it back-propagates `sum(y * g)` (the vector-Jacobian
+//! product), hands the block's parameter gradients to a callback the moment they are final, and
+//! passes the gradient of the block's input on to the previous block. A checkpointed block keeps
+//! only its input and recomputes its forward during backward, without updating BatchNorm
+//! statistics a second time.
+
+use std::collections::HashSet;
+
+use candle_core::{Tensor, Var};
+
+use crate::block::{BlockModel, Mode};
+use crate::error::{Result, TensorError};
+use crate::params::EntryId;
+
+/// Which blocks keep only their input and recompute their forward during backward.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Checkpointing {
+    #[default]
+    None,
+    All,
+    Blocks(Vec<usize>),
+}
+
+impl Checkpointing {
+    fn applies_to(&self, block: usize) -> bool {
+        match self {
+            Checkpointing::None => false,
+            Checkpointing::All => true,
+            Checkpointing::Blocks(list) => list.contains(&block),
+        }
+    }
+}
+
+/// The final gradients of one block's parameters, handed to the grad-ready callback.
+#[derive(Debug)]
+pub struct BlockGrads {
+    /// Index of the block in the model.
+    pub block: usize,
+    /// `(entry id, gradient)` for each trainable parameter of the block; `None` where the
+    /// parameter did not take part in this step's computation.
+    pub grads: Vec<(EntryId, Option<Tensor>)>,
+}
+
+enum Record {
+    Kept { input: Option<Var>, output: Tensor },
+    Checkpointed { input: Tensor },
+}
+
+/// What a block-wise forward pass keeps for its backward pass.
+pub struct Tape {
+    records: Vec<Record>,
+    mode: Mode,
+    output: Var,
+}
+
+/// A fresh leaf holding `t`'s value: the block boundary across which graphs are cut.
+fn cut(t: &Tensor) -> Result<Var> {
+    Ok(Var::from_tensor(&t.detach())?)
+}
+
+/// Runs `model` block by block on `x`.
+pub fn forward(model: &BlockModel, x: &Tensor, mode: Mode, checkpointing: &Checkpointing) -> Result<Tape> {
+    let mut records = Vec::with_capacity(model.blocks().len());
+    let mut h = x.detach();
+    for (i, block) in model.blocks().iter().enumerate() {
+        if checkpointing.applies_to(i) {
+            let output = block.forward(&h, mode)?.detach();
+            records.push(Record::Checkpointed { input: h });
+            h = output;
+        } else {
+            let input = if i == 0 { None } else { Some(cut(&h)?) };
+            let output = block.forward(input.as_ref().map_or(&h, |v| v.as_tensor()), mode)?;
+            h = output.clone();
+            records.push(Record::Kept { input, output });
+        }
+    }
+    Ok(Tape {
+        records,
+        mode,
+        output: cut(&h)?,
+    })
+}
+
+impl Tape {
+    /// The model's output, a leaf of the loss graph: compute the loss from this tensor.
+    pub fn output(&self) -> &Tensor {
+        self.output.as_tensor()
+    }
+
+    /// Bytes held by the activations this tape keeps for backward (block inputs and the tensors
+    /// recorded in each kept block's graph; views of other tensors are not counted twice).
+    pub fn saved_activation_bytes(&self) -> usize {
+        self.records
+            .iter()
+            .map(|r| match r {
+                Record::Checkpointed { input } => tensor_bytes(input),
+                Record::Kept { input, output } => {
+                    let mut seen = HashSet::new();
+                    let graph: usize = output
+                        .sorted_nodes()
+                        .into_iter()
+                        .filter(|n| !n.is_variable() && seen.insert(storage_address(n)))
+                        .map(tensor_bytes)
+                        .sum();
+                    graph + input.as_ref().map_or(0, |v| tensor_bytes(v.as_tensor()))
+                }
+            })
+            .sum()
+    }
+
+    /// Back-propagates `loss` (a scalar computed from [`Tape::output`]) through every block, last
+    /// to first, calling `on_block_ready` as soon as each block's parameter gradients are final.
+    pub fn backward<F>(self, loss: &Tensor, model: &BlockModel, mut on_block_ready: F) -> Result<()>
+    where
+        F: FnMut(BlockGrads) -> Result<()>,
+    {
+        let Tape { mut records, mode, output } = self;
+        let grads = loss.backward()?;
+        let mut grad = grads
+            .get(output.as_tensor())
+            .cloned()
+            .ok_or_else(|| TensorError::Block {
+                block: "loss".into(),
+                message: "the loss does not depend on the model output".into(),
+            })?;
+        drop(grads);
+        for i in (0..records.len()).rev() {
+            let block = &model.blocks()[i];
+            let record = records.pop().expect("one record per block");
+            let (input, output) = match record {
+                Record::Kept { input, output } => (input, output),
+                Record::Checkpointed { input: saved } => {
+                    let input = if i == 0 { None } else { Some(cut(&saved)?) };
+                    let x = input.as_ref().map_or(saved, |v| v.as_tensor().clone());
+                    let output = block.forward(&x, mode.recompute())?;
+                    (input, output)
+                }
+            };
+            let vjp = output.mul(&grad.to_dtype(output.dtype())?)?.sum_all()?;
+            let mut block_grads = vjp.backward()?;
+            let params = model.block_parameter_ids(i);
+            let grads = params
+                .iter()
+                .map(|&id| (id, block_grads.remove(model.store().entries()[id].tensor())))
+                .collect();
+            on_block_ready(BlockGrads { block: i, grads })?;
+            if let Some(input) = input {
+                grad = block_grads.remove(input.as_tensor()).ok_or_else(|| TensorError::Block {
+                    block: block.name().into(),
+                    message: "the block output does not depend on its input".into(),
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+/// Identifies a tensor's storage, so that views of one allocation are counted once.
+fn storage_address(t: &Tensor) -> usize {
+    let (storage, _) = t.storage_and_layout();
+    std::ptr::from_ref(&*storage).addr()
+}
