@@ -11,7 +11,9 @@ pub enum TensorError {
     UnknownName { name: String },
     #[error("checkpoint {file}: missing key `{key}`")]
     MissingKey { file: PathBuf, key: String },
-    #[error("checkpoint {file}: unexpected key `{key}` (the model has no such parameter or buffer)")]
+    #[error(
+        "checkpoint {file}: unexpected key `{key}` (the model has no such parameter or buffer)"
+    )]
     UnexpectedKey { file: PathBuf, key: String },
     #[error("checkpoint {file}: key `{key}` has shape {found:?}, the model expects {expected:?}")]
     ShapeMismatch {

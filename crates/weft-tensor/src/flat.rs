@@ -263,13 +263,25 @@ mod tests {
         let mut store = ParamStore::new(&Device::Cpu, DType::F32);
         let dev = Device::Cpu;
         store
-            .register("w", EntryKind::Parameter, Tensor::new(&[[1f32, 2.], [3., 4.]], &dev).unwrap())
+            .register(
+                "w",
+                EntryKind::Parameter,
+                Tensor::new(&[[1f32, 2.], [3., 4.]], &dev).unwrap(),
+            )
             .unwrap();
         store
-            .register("stat", EntryKind::Buffer, Tensor::new(&[9f32], &dev).unwrap())
+            .register(
+                "stat",
+                EntryKind::Buffer,
+                Tensor::new(&[9f32], &dev).unwrap(),
+            )
             .unwrap();
         store
-            .register("b", EntryKind::Parameter, Tensor::new(&[5f32, 6.], &dev).unwrap())
+            .register(
+                "b",
+                EntryKind::Parameter,
+                Tensor::new(&[5f32, 6.], &dev).unwrap(),
+            )
             .unwrap();
         store
     }
@@ -279,22 +291,33 @@ mod tests {
         let store = two_param_store();
         let layout = FlatLayout::parameters(&store);
         assert_eq!(layout.len(), 6);
-        let names: Vec<_> = layout.slots().iter().map(|s| (s.name.as_str(), s.offset)).collect();
+        let names: Vec<_> = layout
+            .slots()
+            .iter()
+            .map(|s| (s.name.as_str(), s.offset))
+            .collect();
         assert_eq!(names, [("w", 0), ("b", 4)]);
     }
 
     #[test]
     fn gather_update_scatter_round_trip() {
         let store = two_param_store();
-        let params = FlatBuffer::from_store(&store, FlatLayout::parameters(&store), DType::F32).unwrap();
+        let params =
+            FlatBuffer::from_store(&store, FlatLayout::parameters(&store), DType::F32).unwrap();
         assert_eq!(params.to_vec_f64().unwrap(), [1., 2., 3., 4., 5., 6.]);
         let grads = FlatBuffer::zeros(params.layout().clone(), DType::F32, &Device::Cpu).unwrap();
         let b_slot = grads.layout().slots()[1].clone();
-        grads.write(&b_slot, &Tensor::new(&[1f32, 1.], &Device::Cpu).unwrap()).unwrap();
-        grads.accumulate(&b_slot, &Tensor::new(&[0.5f32, 2.], &Device::Cpu).unwrap()).unwrap();
+        grads
+            .write(&b_slot, &Tensor::new(&[1f32, 1.], &Device::Cpu).unwrap())
+            .unwrap();
+        grads
+            .accumulate(&b_slot, &Tensor::new(&[0.5f32, 2.], &Device::Cpu).unwrap())
+            .unwrap();
         assert_eq!(grads.to_vec_f64().unwrap(), [0., 0., 0., 0., 1.5, 3.]);
         params
-            .update_with(&grads, 0..6, |p, g| p.iter_mut().zip(g).for_each(|(p, g)| *p -= *g))
+            .update_with(&grads, 0..6, |p, g| {
+                p.iter_mut().zip(g).for_each(|(p, g)| *p -= *g)
+            })
             .unwrap();
         params.copy_to_store(&store).unwrap();
         let b: Vec<f32> = store.get("b").unwrap().tensor().to_vec1().unwrap();
@@ -307,18 +330,24 @@ mod tests {
     #[test]
     fn wrong_sizes_are_errors_naming_the_entry() {
         let store = two_param_store();
-        let params = FlatBuffer::from_store(&store, FlatLayout::parameters(&store), DType::F32).unwrap();
+        let params =
+            FlatBuffer::from_store(&store, FlatLayout::parameters(&store), DType::F32).unwrap();
         let slot = params.layout().slots()[0].clone();
-        let err = params.write(&slot, &Tensor::new(&[1f32], &Device::Cpu).unwrap()).unwrap_err();
+        let err = params
+            .write(&slot, &Tensor::new(&[1f32], &Device::Cpu).unwrap())
+            .unwrap_err();
         assert!(err.to_string().contains("`w` has 4 elements"), "{err}");
-        let err = params.update_with(&params.clone(), 0..7, |_, _| {}).unwrap_err();
+        let err = params
+            .update_with(&params.clone(), 0..7, |_, _| {})
+            .unwrap_err();
         assert!(err.to_string().contains("exceeds"), "{err}");
     }
 
     #[test]
     fn master_buffer_can_have_another_dtype_than_the_model() {
         let store = two_param_store();
-        let master = FlatBuffer::from_store(&store, FlatLayout::parameters(&store), DType::F64).unwrap();
+        let master =
+            FlatBuffer::from_store(&store, FlatLayout::parameters(&store), DType::F64).unwrap();
         assert_eq!(master.dtype(), DType::F64);
         master.copy_to_store(&store).unwrap();
         assert_eq!(store.get("w").unwrap().var.dtype(), DType::F32);

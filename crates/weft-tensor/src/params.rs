@@ -143,9 +143,11 @@ impl ParamStore {
     pub fn copy_from(&self, other: &ParamStore) -> Result<()> {
         for entry in &self.entries {
             let src = other.get(&entry.name)?;
-            entry
-                .var
-                .set(&src.tensor().to_device(&self.device)?.to_dtype(entry.var.dtype())?)?;
+            entry.var.set(
+                &src.tensor()
+                    .to_device(&self.device)?
+                    .to_dtype(entry.var.dtype())?,
+            )?;
         }
         Ok(())
     }
@@ -212,10 +214,16 @@ mod tests {
             let mut layer = root.sub("layer1");
             let mut block = layer.sub("0");
             block
-                .parameter("weight", Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap())
+                .parameter(
+                    "weight",
+                    Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(),
+                )
                 .unwrap();
             block
-                .buffer("running_mean", Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap())
+                .buffer(
+                    "running_mean",
+                    Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(),
+                )
                 .unwrap();
         }
         let names: Vec<_> = store.entries().iter().map(|e| e.name.clone()).collect();
@@ -229,7 +237,9 @@ mod tests {
     fn duplicate_and_unknown_names_are_errors_naming_the_key() {
         let mut store = ParamStore::new(&Device::Cpu, DType::F32);
         let t = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
-        store.register("a", EntryKind::Parameter, t.clone()).unwrap();
+        store
+            .register("a", EntryKind::Parameter, t.clone())
+            .unwrap();
         let err = store.register("a", EntryKind::Parameter, t).unwrap_err();
         assert!(err.to_string().contains("`a`"), "{err}");
         let err = store.get("b").unwrap_err();

@@ -56,10 +56,7 @@ pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
             source,
         }
     })?;
-    let mut unexpected: Vec<&String> = loaded
-        .keys()
-        .filter(|k| store.id(k).is_err())
-        .collect();
+    let mut unexpected: Vec<&String> = loaded.keys().filter(|k| store.id(k).is_err()).collect();
     unexpected.sort();
     if let Some(key) = unexpected.first() {
         return Err(TensorError::UnexpectedKey {
@@ -68,10 +65,12 @@ pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
         });
     }
     for entry in store.entries() {
-        let value = loaded.get(&entry.name).ok_or_else(|| TensorError::MissingKey {
-            file: path.into(),
-            key: entry.name.clone(),
-        })?;
+        let value = loaded
+            .get(&entry.name)
+            .ok_or_else(|| TensorError::MissingKey {
+                file: path.into(),
+                key: entry.name.clone(),
+            })?;
         if value.dims() != entry.var.dims() {
             return Err(TensorError::ShapeMismatch {
                 file: path.into(),
@@ -117,11 +116,26 @@ mod tests {
         let a = store_with(&[("w", &[2, 3]), ("b", &[3])]);
         save_safetensors(&a, &path).unwrap();
         let b = store_with(&[("w", &[2, 3]), ("b", &[3])]);
-        b.get("w").unwrap().var.set(&Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap()).unwrap();
+        b.get("w")
+            .unwrap()
+            .var
+            .set(&Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap())
+            .unwrap();
         load_safetensors(&b, &path).unwrap();
-        let w: Vec<f32> = b.get("w").unwrap().tensor().flatten_all().unwrap().to_vec1().unwrap();
+        let w: Vec<f32> = b
+            .get("w")
+            .unwrap()
+            .tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         assert_eq!(w, vec![0., 1., 2., 3., 4., 5.]);
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary left");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary left"
+        );
     }
 
     #[test]
@@ -130,17 +144,34 @@ mod tests {
         let path = dir.path().join("m.safetensors");
         save_safetensors(&store_with(&[("w", &[2, 3]), ("b", &[3])]), &path).unwrap();
         let cases: [(&[(&str, &[usize])], &str); 3] = [
-            (&[("w", &[2, 3]), ("b", &[3]), ("c", &[1])], "missing key `c`"),
+            (
+                &[("w", &[2, 3]), ("b", &[3]), ("c", &[1])],
+                "missing key `c`",
+            ),
             (&[("w", &[2, 3])], "unexpected key `b`"),
             (&[("w", &[3, 2]), ("b", &[3])], "key `w` has shape [2, 3]"),
         ];
         for (names, expected) in cases {
-            let err = load_safetensors(&store_with(names), &path).unwrap_err().to_string();
+            let err = load_safetensors(&store_with(names), &path)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(expected), "{err} lacks {expected}");
         }
         let mut f64_store = ParamStore::new(&Device::Cpu, DType::F64);
-        f64_store.register("w", EntryKind::Parameter, Tensor::zeros((2, 3), DType::F64, &Device::Cpu).unwrap()).unwrap();
-        f64_store.register("b", EntryKind::Parameter, Tensor::zeros(3, DType::F64, &Device::Cpu).unwrap()).unwrap();
+        f64_store
+            .register(
+                "w",
+                EntryKind::Parameter,
+                Tensor::zeros((2, 3), DType::F64, &Device::Cpu).unwrap(),
+            )
+            .unwrap();
+        f64_store
+            .register(
+                "b",
+                EntryKind::Parameter,
+                Tensor::zeros(3, DType::F64, &Device::Cpu).unwrap(),
+            )
+            .unwrap();
         let err = load_safetensors(&f64_store, &path).unwrap_err().to_string();
         assert!(err.contains("key `w` has dtype F32"), "{err}");
     }
@@ -150,9 +181,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = store_with(&[("w", &[1])]);
         let missing = dir.path().join("nope.safetensors");
-        assert!(load_safetensors(&store, &missing).unwrap_err().to_string().contains("nope.safetensors"));
+        assert!(load_safetensors(&store, &missing)
+            .unwrap_err()
+            .to_string()
+            .contains("nope.safetensors"));
         let corrupt = dir.path().join("bad.safetensors");
         std::fs::write(&corrupt, b"garbage").unwrap();
-        assert!(load_safetensors(&store, &corrupt).unwrap_err().to_string().contains("bad.safetensors"));
+        assert!(load_safetensors(&store, &corrupt)
+            .unwrap_err()
+            .to_string()
+            .contains("bad.safetensors"));
     }
 }

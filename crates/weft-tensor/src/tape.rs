@@ -63,7 +63,12 @@ fn cut(t: &Tensor) -> Result<Var> {
 }
 
 /// Runs `model` block by block on `x`.
-pub fn forward(model: &BlockModel, x: &Tensor, mode: Mode, checkpointing: &Checkpointing) -> Result<Tape> {
+pub fn forward(
+    model: &BlockModel,
+    x: &Tensor,
+    mode: Mode,
+    checkpointing: &Checkpointing,
+) -> Result<Tape> {
     let mut records = Vec::with_capacity(model.blocks().len());
     let mut h = x.detach();
     for (i, block) in model.blocks().iter().enumerate() {
@@ -118,15 +123,20 @@ impl Tape {
     where
         F: FnMut(BlockGrads) -> Result<()>,
     {
-        let Tape { mut records, mode, output } = self;
+        let Tape {
+            mut records,
+            mode,
+            output,
+        } = self;
         let grads = loss.backward()?;
-        let mut grad = grads
-            .get(output.as_tensor())
-            .cloned()
-            .ok_or_else(|| TensorError::Block {
-                block: "loss".into(),
-                message: "the loss does not depend on the model output".into(),
-            })?;
+        let mut grad =
+            grads
+                .get(output.as_tensor())
+                .cloned()
+                .ok_or_else(|| TensorError::Block {
+                    block: "loss".into(),
+                    message: "the loss does not depend on the model output".into(),
+                })?;
         drop(grads);
         for i in (0..records.len()).rev() {
             let block = &model.blocks()[i];
@@ -149,10 +159,12 @@ impl Tape {
                 .collect();
             on_block_ready(BlockGrads { block: i, grads })?;
             if let Some(input) = input {
-                grad = block_grads.remove(input.as_tensor()).ok_or_else(|| TensorError::Block {
-                    block: block.name().into(),
-                    message: "the block output does not depend on its input".into(),
-                })?;
+                grad = block_grads
+                    .remove(input.as_tensor())
+                    .ok_or_else(|| TensorError::Block {
+                        block: block.name().into(),
+                        message: "the block output does not depend on its input".into(),
+                    })?;
             }
         }
         Ok(())

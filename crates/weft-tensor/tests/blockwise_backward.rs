@@ -43,13 +43,27 @@ fn model(dtype: DType, widths: &[usize]) -> BlockModel {
         let name = format!("block{i}");
         let mut scope = store.scope(&name);
         let start = scope.store_len();
-        let w = Tensor::randn(0f32, 0.5, (pair[1], pair[0]), &dev).unwrap().to_dtype(dtype).unwrap();
-        let b = Tensor::randn(0f32, 0.1, pair[1], &dev).unwrap().to_dtype(dtype).unwrap();
+        let w = Tensor::randn(0f32, 0.5, (pair[1], pair[0]), &dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let b = Tensor::randn(0f32, 0.1, pair[1], &dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
         let weight = scope.parameter("weight", w).unwrap();
         let bias = scope.parameter("bias", b).unwrap();
-        let running_mean = scope.buffer("running_mean", Tensor::zeros((), dtype, &dev).unwrap()).unwrap();
+        let running_mean = scope
+            .buffer("running_mean", Tensor::zeros((), dtype, &dev).unwrap())
+            .unwrap();
         let entries = start..scope.store_len();
-        blocks.push(Box::new(Dense { name, weight, bias, running_mean, entries }));
+        blocks.push(Box::new(Dense {
+            name,
+            weight,
+            bias,
+            running_mean,
+            entries,
+        }));
     }
     BlockModel::new(store, blocks)
 }
@@ -60,21 +74,38 @@ fn loss_of(output: &Tensor) -> Tensor {
 
 /// Gradients from one whole-graph backward, by entry id.
 fn reference_grads(model: &BlockModel, x: &Tensor) -> Vec<(EntryId, Vec<f64>)> {
-    let grads = loss_of(&model.forward(x, Mode::EVAL).unwrap()).backward().unwrap();
+    let grads = loss_of(&model.forward(x, Mode::EVAL).unwrap())
+        .backward()
+        .unwrap();
     model
         .store()
         .parameter_ids()
         .into_iter()
-        .map(|id| (id, flat(grads.get(model.store().entries()[id].tensor()).unwrap())))
+        .map(|id| {
+            (
+                id,
+                flat(grads.get(model.store().entries()[id].tensor()).unwrap()),
+            )
+        })
         .collect()
 }
 
 fn flat(t: &Tensor) -> Vec<f64> {
-    t.flatten_all().unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap()
+    t.flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 /// Gradients from the block-wise backward, with the order in which blocks were reported.
-fn blockwise_grads(model: &BlockModel, x: &Tensor, mode: Mode, ckpt: &Checkpointing) -> (Vec<(EntryId, Vec<f64>)>, Vec<usize>) {
+fn blockwise_grads(
+    model: &BlockModel,
+    x: &Tensor,
+    mode: Mode,
+    ckpt: &Checkpointing,
+) -> (Vec<(EntryId, Vec<f64>)>, Vec<usize>) {
     let tape = tape::forward(model, x, mode, ckpt).unwrap();
     let loss = loss_of(tape.output());
     let mut grads = Vec::new();
@@ -96,7 +127,10 @@ fn assert_close(a: &[(EntryId, Vec<f64>)], b: &[(EntryId, Vec<f64>)], tol: f64) 
     for ((ia, ga), (ib, gb)) in a.iter().zip(b) {
         assert_eq!(ia, ib);
         for (x, y) in ga.iter().zip(gb) {
-            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "entry {ia}: {x} vs {y}");
+            assert!(
+                (x - y).abs() <= tol * (1.0 + y.abs()),
+                "entry {ia}: {x} vs {y}"
+            );
         }
     }
 }
@@ -107,7 +141,10 @@ fn blockwise_equals_whole_graph_in_f64_and_f32() {
     // `sum(y * g)` product, so they agree to rounding (1e-12); f32 to 1e-5.
     for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
         let m = model(dtype, &[6, 5, 4, 3]);
-        let x = Tensor::randn(0f32, 1.0, (4, 6), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (4, 6), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
         let (grads, order) = blockwise_grads(&m, &x, Mode::EVAL, &Checkpointing::None);
         assert_eq!(order, vec![2, 1, 0], "blocks are reported last to first");
         assert_close(&grads, &reference_grads(&m, &x), tol);
@@ -121,17 +158,40 @@ fn checkpointing_gives_same_grads_updates_stats_once_and_saves_memory() {
     ckpt.store().copy_from(plain.store()).unwrap();
     let x = Tensor::randn(0f64, 1.0, (32, 8), &Device::Cpu).unwrap();
 
-    let bytes_plain = tape::forward(&plain, &x, Mode::EVAL, &Checkpointing::None).unwrap().saved_activation_bytes();
-    let bytes_ckpt = tape::forward(&plain, &x, Mode::EVAL, &Checkpointing::All).unwrap().saved_activation_bytes();
-    assert!(bytes_ckpt < bytes_plain, "checkpointed {bytes_ckpt} B >= plain {bytes_plain} B");
+    let bytes_plain = tape::forward(&plain, &x, Mode::EVAL, &Checkpointing::None)
+        .unwrap()
+        .saved_activation_bytes();
+    let bytes_ckpt = tape::forward(&plain, &x, Mode::EVAL, &Checkpointing::All)
+        .unwrap()
+        .saved_activation_bytes();
+    assert!(
+        bytes_ckpt < bytes_plain,
+        "checkpointed {bytes_ckpt} B >= plain {bytes_plain} B"
+    );
 
     let (g_plain, _) = blockwise_grads(&plain, &x, Mode::TRAIN, &Checkpointing::None);
     let (g_ckpt, order) = blockwise_grads(&ckpt, &x, Mode::TRAIN, &Checkpointing::All);
     assert_eq!(order, vec![2, 1, 0]);
     assert_close(&g_ckpt, &g_plain, 1e-12);
-    for name in ["block0.running_mean", "block1.running_mean", "block2.running_mean"] {
-        let a = plain.store().get(name).unwrap().tensor().to_scalar::<f64>().unwrap();
-        let b = ckpt.store().get(name).unwrap().tensor().to_scalar::<f64>().unwrap();
+    for name in [
+        "block0.running_mean",
+        "block1.running_mean",
+        "block2.running_mean",
+    ] {
+        let a = plain
+            .store()
+            .get(name)
+            .unwrap()
+            .tensor()
+            .to_scalar::<f64>()
+            .unwrap();
+        let b = ckpt
+            .store()
+            .get(name)
+            .unwrap()
+            .tensor()
+            .to_scalar::<f64>()
+            .unwrap();
         assert!(a != 0.0);
         assert_eq!(a, b, "{name} updated a different number of times");
     }

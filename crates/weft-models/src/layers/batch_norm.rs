@@ -1,0 +1,196 @@
+//! `BatchNorm2d` with PyTorch semantics: batch statistics in training mode, running statistics
+//! in evaluation mode; running mean/var updated with momentum 0.1 from the *unbiased* batch
+//! variance; `num_batches_tracked` counted. Weight 1, bias 0 at initialisation.
+
+use candle_core::{DType, Tensor, Var};
+use weft_tensor::{ops, Mode, Scope};
+
+use weft_tensor::Result;
+
+/// Batch normalisation over the N, H, W axes of an NCHW tensor.
+pub struct BatchNorm2d {
+    weight: Var,
+    bias: Var,
+    running_mean: Var,
+    running_var: Var,
+    num_batches_tracked: Var,
+    eps: f64,
+    momentum: f64,
+}
+
+impl BatchNorm2d {
+    /// Registers `weight`, `bias`, `running_mean`, `running_var`, `num_batches_tracked` in `scope`.
+    /// `zero_weight` starts the scale at zero (torchvision's `zero_init_residual`).
+    pub fn new(scope: &mut Scope, channels: usize, zero_weight: bool) -> Result<Self> {
+        let (dtype, device) = (scope.dtype(), scope.device());
+        let ones = Tensor::ones(channels, dtype, &device)?;
+        let zeros = Tensor::zeros(channels, dtype, &device)?;
+        let weight = if zero_weight {
+            zeros.clone()
+        } else {
+            ones.clone()
+        };
+        Ok(Self {
+            weight: scope.parameter("weight", weight)?,
+            bias: scope.parameter("bias", zeros.clone())?,
+            running_mean: scope.buffer("running_mean", zeros)?,
+            running_var: scope.buffer("running_var", ones)?,
+            num_batches_tracked: scope
+                .buffer("num_batches_tracked", Tensor::new(0i64, &device)?)?,
+            eps: 1e-5,
+            momentum: 0.1,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        if !mode.train {
+            return self.normalize_with(
+                x,
+                self.running_mean.as_tensor(),
+                self.running_var.as_tensor(),
+            );
+        }
+        let (y, mean, var) = ops::batch_norm_train(x, &self.weight, &self.bias, self.eps)?;
+        if mode.update_running_stats {
+            self.update_running_stats(x, &mean, &var)?;
+        }
+        Ok(y)
+    }
+
+    /// `(x - mean) / sqrt(var + eps) * weight + bias` with per-channel `mean` and `var`.
+    fn normalize_with(&self, x: &Tensor, mean: &Tensor, var: &Tensor) -> Result<Tensor> {
+        let per_channel = |t: &Tensor| t.reshape((1, t.elem_count(), 1, 1));
+        let scale = self.weight.as_tensor().div(&(var + self.eps)?.sqrt()?)?;
+        let shift = self.bias.as_tensor().sub(&mean.mul(&scale)?)?;
+        Ok(x.broadcast_mul(&per_channel(&scale)?)?
+            .broadcast_add(&per_channel(&shift)?)?)
+    }
+
+    fn update_running_stats(&self, x: &Tensor, mean: &Tensor, biased_var: &Tensor) -> Result<()> {
+        let (n, _, h, w) = x.dims4()?;
+        let count = (n * h * w) as f64;
+        let unbiased = (biased_var * (count / (count - 1.0).max(1.0)))?;
+        let m = self.momentum;
+        let blend = |running: &Var, batch: &Tensor| -> Result<()> {
+            let value =
+                ((running.as_tensor() * (1.0 - m))? + (batch.to_dtype(running.dtype())? * m)?)?;
+            running.set(&value.detach())?;
+            Ok(())
+        };
+        blend(&self.running_mean, mean)?;
+        blend(&self.running_var, &unbiased)?;
+        let tracked = (self.num_batches_tracked.as_tensor().to_dtype(DType::I64)? + 1.0)?;
+        self.num_batches_tracked.set(&tracked)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use weft_tensor::ParamStore;
+
+    fn bn() -> (ParamStore, BatchNorm2d) {
+        let mut store = ParamStore::new(&Device::Cpu, DType::F64);
+        let bn = BatchNorm2d::new(&mut store.scope("bn"), 2, false).unwrap();
+        (store, bn)
+    }
+
+    /// x: N=2, C=2, H=1, W=2. Channel 0 holds 1, 2, 3, 4; channel 1 holds 10, 10, 10, 14.
+    fn input() -> Tensor {
+        Tensor::new(
+            &[[[[1f64, 2.]], [[10., 10.]]], [[[3., 4.]], [[10., 14.]]]],
+            &Device::Cpu,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn training_mode_uses_batch_statistics_and_updates_running_ones() {
+        let (store, bn) = bn();
+        let y = bn.forward(&input(), Mode::TRAIN).unwrap();
+        // Channel 0: mean 2.5, biased var 1.25 -> (1 - 2.5)/sqrt(1.25 + 1e-5) = -1.3416354...
+        let y0: Vec<f64> = y.flatten_all().unwrap().to_vec1().unwrap();
+        let inv = 1.0 / (1.25f64 + 1e-5).sqrt();
+        assert!((y0[0] - (-1.5 * inv)).abs() < 1e-12);
+        assert!((y0[4] - (0.5 * inv)).abs() < 1e-12);
+        // Running mean: 0.9 * 0 + 0.1 * 2.5 = 0.25 (channel 0), 0.1 * 11 = 1.1 (channel 1).
+        let rm: Vec<f64> = store
+            .get("bn.running_mean")
+            .unwrap()
+            .tensor()
+            .to_vec1()
+            .unwrap();
+        assert!((rm[0] - 0.25).abs() < 1e-12 && (rm[1] - 1.1).abs() < 1e-12);
+        // Running var from the unbiased variance: channel 0: 5/3; 0.9 * 1 + 0.1 * 5/3.
+        // Channel 1: values 10,10,10,14, mean 11, unbiased var (1+1+1+9)/3 = 4 -> 0.9 + 0.4.
+        let rv: Vec<f64> = store
+            .get("bn.running_var")
+            .unwrap()
+            .tensor()
+            .to_vec1()
+            .unwrap();
+        assert!((rv[0] - (0.9 + 0.1 * 5.0 / 3.0)).abs() < 1e-12, "{rv:?}");
+        assert!((rv[1] - 1.3).abs() < 1e-12, "{rv:?}");
+        let tracked = store
+            .get("bn.num_batches_tracked")
+            .unwrap()
+            .tensor()
+            .to_scalar::<i64>()
+            .unwrap();
+        assert_eq!(tracked, 1);
+    }
+
+    #[test]
+    fn recompute_mode_does_not_touch_running_statistics() {
+        let (store, bn) = bn();
+        bn.forward(&input(), Mode::TRAIN.recompute()).unwrap();
+        let rm: Vec<f64> = store
+            .get("bn.running_mean")
+            .unwrap()
+            .tensor()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(rm, [0.0, 0.0]);
+    }
+
+    #[test]
+    fn eval_mode_uses_running_statistics() {
+        let (store, bn) = bn();
+        store
+            .get("bn.running_mean")
+            .unwrap()
+            .var
+            .set(&Tensor::new(&[1f64, 2.], &Device::Cpu).unwrap())
+            .unwrap();
+        store
+            .get("bn.running_var")
+            .unwrap()
+            .var
+            .set(&Tensor::new(&[4f64, 9.], &Device::Cpu).unwrap())
+            .unwrap();
+        store
+            .get("bn.weight")
+            .unwrap()
+            .var
+            .set(&Tensor::new(&[2f64, 1.], &Device::Cpu).unwrap())
+            .unwrap();
+        store
+            .get("bn.bias")
+            .unwrap()
+            .var
+            .set(&Tensor::new(&[0.5f64, -1.], &Device::Cpu).unwrap())
+            .unwrap();
+        let y: Vec<f64> = bn
+            .forward(&input(), Mode::EVAL)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        // Channel 0, x=1: (1-1)/sqrt(4+1e-5)*2+0.5 = 0.5; channel 1, x=14: (14-2)/sqrt(9+1e-5) - 1.
+        assert!((y[0] - 0.5).abs() < 1e-12);
+        assert!((y[7] - (12.0 / (9.0f64 + 1e-5).sqrt() - 1.0)).abs() < 1e-12);
+    }
+}

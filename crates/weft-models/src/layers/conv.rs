@@ -1,0 +1,45 @@
+//! `Conv2d` without bias (as every ResNet convolution), Kaiming-normal initialised
+//! (`mode="fan_out"`, `nonlinearity="relu"`, as torchvision's ResNet).
+
+use candle_core::{Tensor, Var};
+use weft_tensor::{ops, Scope};
+
+use super::Init;
+use weft_tensor::Result;
+
+/// A bias-free 2-D convolution with square kernel, equal stride and zero padding.
+pub struct Conv2d {
+    weight: Var,
+    stride: usize,
+    padding: usize,
+}
+
+impl Conv2d {
+    /// Registers `weight` of shape `[out, in, k, k]` in `scope`.
+    pub fn new(
+        scope: &mut Scope,
+        init: &mut Init,
+        in_ch: usize,
+        out_ch: usize,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    ) -> Result<Self> {
+        let fan_out = (out_ch * kernel * kernel) as f64;
+        let w = init.normal(
+            &[out_ch, in_ch, kernel, kernel],
+            (2.0 / fan_out).sqrt(),
+            scope.dtype(),
+            &scope.device(),
+        )?;
+        Ok(Self {
+            weight: scope.parameter("weight", w)?,
+            stride,
+            padding,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(ops::conv2d(x, &self.weight, self.stride, self.padding)?)
+    }
+}

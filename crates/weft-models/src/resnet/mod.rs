@@ -1,0 +1,171 @@
+//! The ResNet family as block models: `stem`, one block per residual block (`layer1.0`, …),
+//! `head`. Parameter names and order equal torchvision's `state_dict()` keys, so torchvision
+//! weights exported to safetensors load directly.
+
+mod blocks;
+mod config;
+
+use candle_core::{DType, Device};
+use weft_tensor::{Block, BlockModel, ParamStore};
+
+pub use blocks::{Head, Residual, ResidualSpec, Stem};
+pub use config::{BlockKind, ResNetConfig, Stem as StemKind, MODEL_NAMES};
+
+use crate::error::Result;
+use crate::layers::Init;
+
+/// Builds the ResNet described by `config` with parameters of `dtype` on `device`.
+pub fn resnet(config: &ResNetConfig, dtype: DType, device: &Device) -> Result<BlockModel> {
+    let mut store = ParamStore::new(device, dtype);
+    let mut init = Init::new(config.seed);
+    let mut root = store.scope("");
+    let mut blocks: Vec<Box<dyn Block>> = Vec::new();
+    blocks.push(Box::new(Stem::new(
+        &mut root,
+        &mut init,
+        config.stem,
+        config.stem_width,
+    )?));
+    let mut in_ch = config.stem_width;
+    for (stage, (&count, &planes)) in config.layers.iter().zip(&config.widths).enumerate() {
+        let layer = format!("layer{}", stage + 1);
+        for index in 0..count {
+            let spec = ResidualSpec {
+                kind: config.block,
+                in_ch,
+                planes,
+                stride: if stage > 0 && index == 0 { 2 } else { 1 },
+                zero_init_residual: config.zero_init_residual,
+            };
+            let name = format!("{layer}.{index}");
+            let block = Residual::new(&mut root.sub(&name), &mut init, name, &spec)?;
+            blocks.push(Box::new(block));
+            in_ch = planes * config.block.expansion();
+        }
+    }
+    blocks.push(Box::new(Head::new(
+        &mut root,
+        &mut init,
+        in_ch,
+        config.num_classes,
+    )?));
+    Ok(BlockModel::new(store, blocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(name: &str, classes: usize) -> usize {
+        let config = ResNetConfig::from_name(name, classes).unwrap();
+        resnet(&config, DType::F32, &Device::Cpu)
+            .unwrap()
+            .store()
+            .num_parameters()
+    }
+
+    #[test]
+    fn parameter_counts_match_torchvision() {
+        assert_eq!(count("resnet50", 1000), 25_557_032);
+        assert_eq!(count("resnet50", 10), 23_528_522);
+        assert_eq!(count("resnet18", 1000), 11_689_512);
+    }
+
+    #[test]
+    fn names_follow_torchvision_state_dict_order() {
+        let config = ResNetConfig::from_name("resnet50", 1000).unwrap();
+        let model = resnet(&config, DType::F32, &Device::Cpu).unwrap();
+        let names: Vec<&str> = model
+            .store()
+            .entries()
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert_eq!(
+            &names[..7],
+            [
+                "conv1.weight",
+                "bn1.weight",
+                "bn1.bias",
+                "bn1.running_mean",
+                "bn1.running_var",
+                "bn1.num_batches_tracked",
+                "layer1.0.conv1.weight"
+            ]
+        );
+        assert!(names.contains(&"layer2.0.downsample.0.weight"));
+        assert!(names.contains(&"layer4.2.bn3.num_batches_tracked"));
+        assert_eq!(&names[names.len() - 2..], ["fc.weight", "fc.bias"]);
+        assert_eq!(
+            names.len(),
+            320,
+            "torchvision resnet50 has 320 state_dict entries"
+        );
+        let shape = model
+            .store()
+            .get("layer3.0.conv2.weight")
+            .unwrap()
+            .var
+            .dims()
+            .to_vec();
+        assert_eq!(shape, [256, 256, 3, 3]);
+        assert_eq!(model.blocks().len(), 1 + 16 + 1);
+        assert_eq!(model.blocks()[1].name(), "layer1.0");
+    }
+
+    #[test]
+    fn zero_init_residual_zeroes_the_last_bn_of_each_branch() {
+        let config = ResNetConfig::from_name("resnet18", 10)
+            .unwrap()
+            .with_zero_init_residual(true);
+        let model = resnet(&config, DType::F32, &Device::Cpu).unwrap();
+        let w: Vec<f32> = model
+            .store()
+            .get("layer1.0.bn2.weight")
+            .unwrap()
+            .tensor()
+            .to_vec1()
+            .unwrap();
+        assert!(w.iter().all(|&v| v == 0.0));
+        let w: Vec<f32> = model
+            .store()
+            .get("layer1.0.bn1.weight")
+            .unwrap()
+            .tensor()
+            .to_vec1()
+            .unwrap();
+        assert!(w.iter().all(|&v| v == 1.0));
+    }
+
+    #[test]
+    fn same_seed_same_init_and_unknown_names_are_errors() {
+        let config = ResNetConfig::from_name("resnet20", 10)
+            .unwrap()
+            .with_seed(3);
+        let a = resnet(&config, DType::F32, &Device::Cpu).unwrap();
+        let b = resnet(&config, DType::F32, &Device::Cpu).unwrap();
+        let wa: Vec<f32> = a
+            .store()
+            .get("conv1.weight")
+            .unwrap()
+            .tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let wb: Vec<f32> = b
+            .store()
+            .get("conv1.weight")
+            .unwrap()
+            .tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(wa, wb);
+        let err = ResNetConfig::from_name("resnet7", 10)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("resnet7") && err.contains("resnet50"), "{err}");
+    }
+}

@@ -1,0 +1,203 @@
+//! Gradient checks: Linear, global average pooling and cross-entropy against central finite
+//! differences in f64, and the block-wise backward of a small ResNet (with and without
+//! checkpointing) against one whole-graph backward.
+
+use candle_core::{DType, Device, Tensor, Var};
+use weft_models::resnet::{BlockKind, ResNetConfig, StemKind};
+use weft_models::{loss, resnet};
+use weft_tensor::{tape, BlockModel, Checkpointing, Mode};
+
+/// Central differences of `f` with respect to every element of `var` (f64).
+fn numeric_grad(var: &Var, f: &dyn Fn() -> f64) -> Vec<f64> {
+    let base: Vec<f64> = var.flatten_all().unwrap().to_vec1().unwrap();
+    let eps = 1e-6;
+    (0..base.len())
+        .map(|i| {
+            let mut v = base.clone();
+            v[i] += eps;
+            var.set(&Tensor::from_vec(v.clone(), var.shape(), &Device::Cpu).unwrap())
+                .unwrap();
+            let plus = f();
+            v[i] -= 2.0 * eps;
+            var.set(&Tensor::from_vec(v, var.shape(), &Device::Cpu).unwrap())
+                .unwrap();
+            let minus = f();
+            var.set(&Tensor::from_vec(base.clone(), var.shape(), &Device::Cpu).unwrap())
+                .unwrap();
+            (plus - minus) / (2.0 * eps)
+        })
+        .collect()
+}
+
+fn assert_close(analytic: &[f64], numeric: &[f64], what: &str) {
+    assert_eq!(analytic.len(), numeric.len());
+    for (a, n) in analytic.iter().zip(numeric) {
+        // Central differences in f64 with eps 1e-6 are accurate to ~1e-8 relative here.
+        assert!(
+            (a - n).abs() <= 1e-6 * (1.0 + n.abs()),
+            "{what}: analytic {a} vs numeric {n}"
+        );
+    }
+}
+
+#[test]
+fn linear_pooling_and_cross_entropy_match_finite_differences() {
+    let dev = Device::Cpu;
+    let mut store = weft_tensor::ParamStore::new(&dev, DType::F64);
+    let mut init = weft_models::layers::Init::new(1);
+    let fc = weft_models::layers::Linear::new(&mut store.scope("fc"), &mut init, 3, 4).unwrap();
+    let x = Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, 3, 2, 2), &dev).unwrap()).unwrap();
+    let labels = Tensor::new(&[1u32, 3], &dev).unwrap();
+    let loss = || {
+        let pooled = x.mean(3).unwrap().mean(2).unwrap();
+        loss::cross_entropy(&fc.forward(&pooled).unwrap(), &labels).unwrap()
+    };
+    let grads = loss().backward().unwrap();
+    let value = || loss().to_scalar::<f64>().unwrap();
+    for name in ["fc.weight", "fc.bias"] {
+        let var = &store.get(name).unwrap().var;
+        let analytic: Vec<f64> = grads
+            .get(var)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_close(&analytic, &numeric_grad(var, &value), name);
+    }
+    let analytic: Vec<f64> = grads
+        .get(&x)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert_close(&analytic, &numeric_grad(&x, &value), "input");
+}
+
+fn tiny_resnet(block: BlockKind, seed: u64) -> BlockModel {
+    let config = ResNetConfig {
+        block,
+        layers: vec![1, 2],
+        stem_width: 4,
+        widths: vec![4, 8],
+        stem: StemKind::Cifar,
+        num_classes: 3,
+        zero_init_residual: false,
+        seed,
+    };
+    resnet(&config, DType::F64, &Device::Cpu).unwrap()
+}
+
+fn grads_by_name(
+    model: &BlockModel,
+    x: &Tensor,
+    labels: &Tensor,
+    ckpt: Option<&Checkpointing>,
+) -> Vec<(String, Vec<f64>)> {
+    let store = model.store();
+    let mut out = Vec::new();
+    match ckpt {
+        None => {
+            let logits = model.forward(x, Mode::TRAIN).unwrap();
+            let grads = loss::cross_entropy(&logits, labels)
+                .unwrap()
+                .backward()
+                .unwrap();
+            for id in store.parameter_ids() {
+                let e = &store.entries()[id];
+                out.push((
+                    e.name.clone(),
+                    grads
+                        .get(e.tensor())
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap(),
+                ));
+            }
+        }
+        Some(ckpt) => {
+            let tape = tape::forward(model, x, Mode::TRAIN, ckpt).unwrap();
+            let l = loss::cross_entropy(tape.output(), labels).unwrap();
+            tape.backward(&l, model, |ready| {
+                for (id, g) in ready.grads {
+                    let g = g.unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                    out.push((store.entries()[id].name.clone(), g));
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn running_stats(model: &BlockModel) -> Vec<f64> {
+    let store = model.store();
+    store
+        .buffer_ids()
+        .into_iter()
+        .flat_map(|id| {
+            store.entries()[id]
+                .tensor()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn resnet_blockwise_and_checkpointed_backward_equal_whole_graph() {
+    for kind in [BlockKind::Basic, BlockKind::Bottleneck] {
+        let x = Tensor::randn(0f64, 1.0, (4, 3, 8, 8), &Device::Cpu).unwrap();
+        let labels = Tensor::new(&[0u32, 2, 1, 2], &Device::Cpu).unwrap();
+        let models: Vec<BlockModel> = (0..3).map(|_| tiny_resnet(kind, 7)).collect();
+        let whole = grads_by_name(&models[0], &x, &labels, None);
+        let blockwise = grads_by_name(&models[1], &x, &labels, Some(&Checkpointing::None));
+        let checkpointed = grads_by_name(&models[2], &x, &labels, Some(&Checkpointing::All));
+        for other in [&blockwise, &checkpointed] {
+            assert_eq!(whole.len(), other.len());
+            for ((name, a), (_, b)) in whole.iter().zip(other.iter()) {
+                let a_max = a.iter().fold(0f64, |m, v| m.max(v.abs()));
+                for (x, y) in a.iter().zip(b) {
+                    // Same f64 arithmetic up to summation order of the extra vjp product.
+                    assert!(
+                        (x - y).abs() <= 1e-10 * (1.0 + a_max),
+                        "{kind:?} {name}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+        let stats = running_stats(&models[0]);
+        assert_eq!(
+            stats,
+            running_stats(&models[1]),
+            "{kind:?}: block-wise BN statistics differ"
+        );
+        assert_eq!(
+            stats,
+            running_stats(&models[2]),
+            "{kind:?}: checkpointing updated BN statistics twice"
+        );
+    }
+}
+
+#[test]
+fn checkpointing_holds_fewer_activation_bytes() {
+    let model = tiny_resnet(BlockKind::Basic, 1);
+    let x = Tensor::randn(0f64, 1.0, (4, 3, 8, 8), &Device::Cpu).unwrap();
+    let plain = tape::forward(&model, &x, Mode::TRAIN, &Checkpointing::None)
+        .unwrap()
+        .saved_activation_bytes();
+    let ckpt = tape::forward(&model, &x, Mode::TRAIN, &Checkpointing::All)
+        .unwrap()
+        .saved_activation_bytes();
+    assert!(ckpt * 2 < plain, "checkpointed {ckpt} B vs plain {plain} B");
+}
