@@ -1,1 +1,58 @@
-//! placeholder
+//! weft-data: the input side of weft training, usable on its own.
+//!
+//! - Datasets behind one `Dataset` trait (`Send + Sync`, shared as
+//!   `Arc<dyn Dataset>`): `SyntheticShapes` (procedural, learnable, any index
+//!   generated independently from `(seed, index)`), `Cifar10` (binary format)
+//!   and `ImageFolder` (`root/<class>/<image>`, decoded lazily).
+//! - Seeded transforms (`RandomCrop`, `RandomHorizontalFlip`, `Resize`,
+//!   `CenterCrop`, `RandomResizedCrop`, `Normalize`) chained by a `Pipeline`
+//!   with CIFAR and ImageNet presets; a sample's randomness comes from
+//!   `augmentation_rng(seed, epoch, index)`, never from thread order.
+//! - `DistributedSampler` with PyTorch's sharding semantics.
+//! - `DataLoader`: ordered batches (`Batch`, NCHW f32 + u32 labels, convertible
+//!   to Candle tensors) built by optional prefetching worker threads.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use weft_data::{DataLoader, DistributedSampler, LoaderConfig, Pipeline, SyntheticShapes};
+//!
+//! let dataset = Arc::new(SyntheticShapes::train(50_000, 0));
+//! let mut sampler = DistributedSampler::new(50_000, 4, 0)?;
+//! sampler.set_epoch(3);
+//! let config = LoaderConfig { batch_size: 128, num_workers: 4, epoch: 3, ..LoaderConfig::default() };
+//! let loader = DataLoader::new(dataset, Arc::new(Pipeline::cifar_train(32)), sampler.indices(), config)?;
+//! for batch in loader {
+//!     let (images, labels) = batch?.to_tensors(&candle_core::Device::Cpu)?;
+//! }
+//! # Ok::<(), weft_data::DataError>(())
+//! ```
+
+mod batch;
+mod cifar;
+mod dataset;
+mod error;
+mod image_folder;
+mod loader;
+mod pixels;
+mod sampler;
+mod seeding;
+mod shapes;
+mod synthetic;
+pub mod transforms;
+mod workers;
+
+pub use batch::Batch;
+pub use cifar::{Cifar10, Split, CIFAR10_CLASSES, CIFAR10_IMAGE_SIZE, CIFAR10_RECORD_BYTES};
+pub use dataset::{Dataset, Sample};
+pub use error::DataError;
+pub use image_folder::{ImageFolder, IMAGE_EXTENSIONS};
+pub use loader::{DataLoader, LoaderConfig};
+pub use pixels::{ChwImage, RgbImage};
+pub use sampler::DistributedSampler;
+pub use seeding::augmentation_rng;
+pub use shapes::SHAPE_NAMES;
+pub use synthetic::{SyntheticConfig, SyntheticShapes, VALIDATION_SEED_SALT};
+pub use transforms::{
+    CenterCrop, ImageTransform, Normalize, Pipeline, RandomCrop, RandomHorizontalFlip,
+    RandomResizedCrop, Resize, CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD,
+};

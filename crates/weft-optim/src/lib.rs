@@ -1,1 +1,33 @@
-//! placeholder
+//! SGD and AdamW with exactly PyTorch's update rules, operating over flat buffers (one fused
+//! loop over a contiguous slice), plus LR schedules.
+//!
+//! The optimizers update `&mut [f32]` (or `f64`) parameters from `&[f32]` gradients and keep
+//! their state as flat buffers of the same length, created at the first step. Every update is
+//! element-wise, so a sharded (ZeRO) optimizer can run the same step over just its shard of
+//! the flat buffer (with [`ParamGroups::restricted_to`] for per-range hyperparameters), and a
+//! mixed-precision layer can own fp32 master weights and hand them to [`Optimizer::step`].
+//! Large buffers are updated in parallel chunks on scoped threads; results do not depend on
+//! the chunking.
+
+mod adamw;
+mod adamw_kernel;
+mod chunked;
+mod error;
+mod groups;
+mod optimizer;
+mod real;
+mod schedule;
+mod schedule_name;
+mod sgd;
+mod state;
+mod validate;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use error::OptimError;
+pub use groups::{ParamGroup, ParamGroups};
+pub use optimizer::Optimizer;
+pub use real::Real;
+pub use schedule::{Constant, CosineAnnealing, LinearWarmup, LrSchedule, MultiStepLr, StepLr};
+pub use schedule_name::{schedule_from_name, ScheduleParams, SCHEDULE_NAMES};
+pub use sgd::{Sgd, SgdConfig};
+pub use state::OptimizerState;
