@@ -1,0 +1,151 @@
+//! Command-line flags of the ResNet trainer, with validation that fails before any work starts.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+/// Which optimizer to train with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    Sgd,
+    Adamw,
+}
+
+/// Data augmentation preset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Augment {
+    /// Random crop + horizontal flip (CIFAR-style) or RandomResizedCrop + flip (ImageNet-style).
+    Default,
+    /// Only conversion to floats and normalisation.
+    None,
+}
+
+/// Flags of `cargo xtask train-resnet`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct TrainArgs {
+    /// resnet18 … resnet152 (torchvision), resnet20/32/44/56 (CIFAR ResNets)
+    #[arg(long, default_value = "resnet20")]
+    pub model: String,
+    /// Use the CIFAR stem (3x3 conv, no max-pool) for a torchvision ResNet; CIFAR ResNets always have it.
+    #[arg(long, default_value_t = false)]
+    pub cifar_stem: bool,
+    /// synthetic | cifar10:PATH | imagefolder:PATH (a folder with train/ and val/ inside)
+    #[arg(long, default_value = "synthetic")]
+    pub data: String,
+    /// Number of classes (synthetic data: up to 10; defaults to the data set's)
+    #[arg(long)]
+    pub num_classes: Option<usize>,
+    /// Side of the (square) training images
+    #[arg(long, default_value_t = 32)]
+    pub image_size: usize,
+    /// Training samples of the synthetic data set
+    #[arg(long, default_value_t = 12_800)]
+    pub synthetic_train: usize,
+    /// Validation samples of the synthetic data set
+    #[arg(long, default_value_t = 2_000)]
+    pub synthetic_val: usize,
+    /// Global batch size
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    #[arg(long, default_value_t = 3)]
+    pub epochs: usize,
+    /// Stop after this many optimizer steps in total (overrides epochs when smaller)
+    #[arg(long)]
+    pub steps: Option<usize>,
+    #[arg(long, default_value_t = 0.1)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    #[arg(long, default_value_t = 5e-4)]
+    pub weight_decay: f64,
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
+    pub optimizer: OptimizerKind,
+    /// constant | step | cosine
+    #[arg(long, default_value = "cosine")]
+    pub lr_schedule: String,
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// cpu | cuda | cuda:N
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Initialise from a safetensors file with torchvision parameter names
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Augment::Default)]
+    pub augment: Augment,
+    /// Shuffle the training set each epoch
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub shuffle: bool,
+    /// Recompute each block's forward during backward instead of storing its activations
+    #[arg(long, default_value_t = false)]
+    pub checkpoint_activations: bool,
+    /// Background threads decoding and augmenting images
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Root of the run folders; the run is written to OUT/NAME
+    #[arg(long, default_value = "runs")]
+    pub out: PathBuf,
+    /// Name of the run folder (default: model-data-timestamp)
+    #[arg(long)]
+    pub name: Option<String>,
+    /// No progress bar (logs one line per epoch only)
+    #[arg(long, default_value_t = false)]
+    pub quiet: bool,
+}
+
+impl TrainArgs {
+    /// Checks every flag; the message of the error is one line naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        if !weft_models::resnet::MODEL_NAMES.contains(&self.model.as_str()) {
+            bail!(
+                "--model {}: unknown model; expected one of {}",
+                self.model,
+                weft_models::resnet::MODEL_NAMES.join(", ")
+            );
+        }
+        if self.batch_size == 0 {
+            bail!("--batch-size must be at least 1");
+        }
+        if self.epochs == 0 && self.steps.is_none() {
+            bail!("--epochs must be at least 1");
+        }
+        if self.steps == Some(0) {
+            bail!("--steps must be at least 1");
+        }
+        if self.image_size < 8 {
+            bail!("--image-size {} is too small (at least 8)", self.image_size);
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            bail!("--lr {} must be a positive number", self.lr);
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            bail!("--momentum {} must be in [0, 1)", self.momentum);
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            bail!("--weight-decay {} must be >= 0", self.weight_decay);
+        }
+        if !["constant", "step", "cosine"].contains(&self.lr_schedule.as_str()) {
+            bail!(
+                "--lr-schedule {}: expected constant, step or cosine",
+                self.lr_schedule
+            );
+        }
+        if self.num_classes == Some(0) {
+            bail!("--num-classes must be at least 1");
+        }
+        if let Some(path) = &self.init_from {
+            if !path.is_file() {
+                bail!("--init-from {}: no such file", path.display());
+            }
+        }
+        crate::data::DataSpec::parse(&self.data)?;
+        crate::device::parse_device(&self.device)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! Parsing `--device cpu|cuda|cuda:N` into a Candle device.
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+
+/// Which device a `--device` value names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+}
+
+/// Parses a `--device` value.
+pub fn parse_device(value: &str) -> Result<DeviceSpec> {
+    match value {
+        "cpu" => Ok(DeviceSpec::Cpu),
+        "cuda" => Ok(DeviceSpec::Cuda(0)),
+        other => match other.strip_prefix("cuda:") {
+            Some(n) => Ok(DeviceSpec::Cuda(n.parse().with_context(|| {
+                format!("--device {other}: `{n}` is not a GPU index")
+            })?)),
+            None => bail!("--device {other}: expected cpu, cuda or cuda:N"),
+        },
+    }
+}
+
+impl DeviceSpec {
+    /// Opens the device; a CUDA device in a build without the `cuda` feature is an error saying so.
+    pub fn open(self) -> Result<Device> {
+        match self {
+            DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Cuda(index) => {
+                if !cfg!(feature = "cuda") {
+                    bail!(
+                        "--device cuda:{index}: this binary was built without the `cuda` feature"
+                    );
+                }
+                Device::new_cuda(index)
+                    .with_context(|| format!("--device cuda:{index}: cannot open the GPU"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices_and_rejects_others() {
+        assert_eq!(parse_device("cpu").unwrap(), DeviceSpec::Cpu);
+        assert_eq!(parse_device("cuda").unwrap(), DeviceSpec::Cuda(0));
+        assert_eq!(parse_device("cuda:3").unwrap(), DeviceSpec::Cuda(3));
+        assert!(parse_device("cuda:x")
+            .unwrap_err()
+            .to_string()
+            .contains("`x`"));
+        assert!(parse_device("tpu")
+            .unwrap_err()
+            .to_string()
+            .contains("--device tpu"));
+    }
+}

@@ -1,0 +1,139 @@
+//! The run folder `runs/<name>/`: `config.json`, `metrics.jsonl` (one JSON object per step and
+//! per epoch, flushed as written) and the final checkpoint (`model.safetensors` with torchvision
+//! names, plus `checkpoint.json` metadata). Every file is written atomically.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use weft_tensor::ParamStore;
+
+/// An open run folder.
+pub struct RunDir {
+    path: PathBuf,
+    metrics: BufWriter<File>,
+}
+
+/// One line of `metrics.jsonl` for an optimizer step.
+#[derive(Debug, Serialize)]
+pub struct StepMetrics {
+    pub step: usize,
+    pub epoch: usize,
+    /// Mean loss of the step's batch, before the update.
+    pub loss: f64,
+    pub lr: f64,
+    pub images_per_sec: f64,
+}
+
+/// One line of `metrics.jsonl` for an epoch; accuracies are fractions.
+#[derive(Debug, Serialize)]
+pub struct EpochMetrics {
+    pub epoch: usize,
+    pub train_loss: f64,
+    pub train_acc: f64,
+    pub val_loss: f64,
+    pub val_acc: f64,
+    pub seconds: f64,
+}
+
+impl RunDir {
+    /// Creates `root/name` (which must not exist yet) and writes `config.json`.
+    pub fn create(root: &Path, name: &str, config: &impl Serialize) -> Result<Self> {
+        let path = root.join(name);
+        if path.exists() {
+            anyhow::bail!(
+                "{}: run folder exists already; choose another --name",
+                path.display()
+            );
+        }
+        fs::create_dir_all(&path)
+            .with_context(|| format!("{}: cannot create the run folder", path.display()))?;
+        write_atomically(
+            &path.join("config.json"),
+            &serde_json::to_vec_pretty(config)?,
+        )?;
+        let metrics_path = path.join("metrics.jsonl");
+        let file = File::create(&metrics_path)
+            .with_context(|| format!("{}: cannot create", metrics_path.display()))?;
+        Ok(Self {
+            path,
+            metrics: BufWriter::new(file),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one JSON line to `metrics.jsonl` and flushes it.
+    pub fn log(&mut self, record: &impl Serialize) -> Result<()> {
+        serde_json::to_writer(&mut self.metrics, record)?;
+        self.metrics.write_all(b"\n")?;
+        self.metrics.flush()?;
+        Ok(())
+    }
+
+    /// Writes `model.safetensors` and `checkpoint.json` (metadata: step, epoch, anything else).
+    pub fn save_checkpoint(
+        &self,
+        store: &ParamStore,
+        metadata: &impl Serialize,
+    ) -> Result<PathBuf> {
+        let weights = self.path.join("model.safetensors");
+        weft_tensor::state_dict::save_safetensors(store, &weights)?;
+        write_atomically(
+            &self.path.join("checkpoint.json"),
+            &serde_json::to_vec_pretty(metadata)?,
+        )?;
+        Ok(weights)
+    }
+}
+
+/// Writes `bytes` to a temporary file next to `path`, then renames it into place.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = weft_tensor::state_dict::temporary_sibling(path);
+    fs::write(&tmp, bytes).with_context(|| format!("{}: cannot write", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("{}: cannot rename into place", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_config_and_metric_lines_and_refuses_to_overwrite() {
+        let root = tempfile::tempdir().unwrap();
+        let mut run =
+            RunDir::create(root.path(), "r", &serde_json::json!({"model": "resnet20"})).unwrap();
+        run.log(&StepMetrics {
+            step: 0,
+            epoch: 0,
+            loss: 2.3,
+            lr: 0.1,
+            images_per_sec: 10.0,
+        })
+        .unwrap();
+        run.log(&StepMetrics {
+            step: 1,
+            epoch: 0,
+            loss: 2.2,
+            lr: 0.1,
+            images_per_sec: 11.0,
+        })
+        .unwrap();
+        let text = fs::read_to_string(run.path().join("metrics.jsonl")).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1]["step"], 1);
+        assert_eq!(lines[0]["loss"], 2.3);
+        let config: serde_json::Value =
+            serde_json::from_slice(&fs::read(run.path().join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["model"], "resnet20");
+        assert!(RunDir::create(root.path(), "r", &config).is_err());
+    }
+}

@@ -1,0 +1,77 @@
+"""PyTorch anchor for `cargo xtask bench-step`: times forward + backward + SGD step of a
+torchvision ResNet on synthetic data, and prints one JSON line with the median times."""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torchvision
+
+
+def build(name: str, num_classes: int, cifar_stem: bool) -> torch.nn.Module:
+    model = getattr(torchvision.models, name)(num_classes=num_classes)
+    if cifar_stem:
+        model.conv1 = torch.nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = torch.nn.Identity()
+    return model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--batch-size", type=int, required=True)
+    p.add_argument("--image-size", type=int, required=True)
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--cifar-stem", action="store_true")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dev = torch.device(args.device)
+    model = build(args.model, args.num_classes, args.cifar_stem).to(dev).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev)
+    y = torch.randint(0, args.num_classes, (args.batch_size,), device=dev)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    fwd, bwd, step = [], [], []
+    for i in range(args.warmup + args.steps):
+        sync()
+        t0 = time.perf_counter()
+        loss = loss_fn(model(x), y)
+        sync()
+        t1 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        opt.step()
+        sync()
+        t3 = time.perf_counter()
+        if i >= args.warmup:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+            step.append(t3 - t0)
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    print(json.dumps({
+        "framework": "pytorch",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "forward_s": statistics.median(fwd),
+        "backward_s": statistics.median(bwd),
+        "step_s": statistics.median(step),
+        "peak_bytes": peak,
+    }))
+
+
+if __name__ == "__main__":
+    main()

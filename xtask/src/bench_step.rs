@@ -1,0 +1,169 @@
+//! `cargo xtask bench-step`: times one training step (forward, backward, SGD update) of a
+//! ResNet on random data, then the same step in PyTorch (torchvision model, same batch, same
+//! thread count) in the same run, and prints both and their ratio.
+
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Tensor};
+use clap::Args;
+use weft_models::{resnet, ResNetConfig};
+use weft_optim::{Sgd, SgdConfig};
+use weft_tensor::Checkpointing;
+use weft_train::step::{StepTimings, Trainer};
+
+use crate::python;
+
+#[derive(Debug, Args)]
+pub struct BenchStepArgs {
+    #[arg(long, default_value = "resnet18")]
+    model: String,
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 32)]
+    image_size: usize,
+    /// 3x3 stem convolution and no max-pool (the CIFAR variant of a torchvision ResNet)
+    #[arg(long, default_value_t = false)]
+    cifar_stem: bool,
+    #[arg(long, default_value_t = 10)]
+    num_classes: usize,
+    /// Timed steps (after the warm-up steps)
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Skip the PyTorch anchor
+    #[arg(long, default_value_t = false)]
+    no_anchor: bool,
+}
+
+/// Median timings of one framework.
+#[derive(Debug)]
+struct Measured {
+    forward: f64,
+    backward: f64,
+    step: f64,
+}
+
+pub fn run(args: &BenchStepArgs) -> Result<()> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    println!(
+        "bench-step: {} batch {} at {}x{}{}, {} timed steps after {} warm-up, {} threads, device {}",
+        args.model, args.batch_size, args.image_size, args.image_size,
+        if args.cifar_stem { " (CIFAR stem)" } else { "" },
+        args.steps, args.warmup, threads, args.device
+    );
+    let weft = measure_weft(args)?;
+    print_row("weft", &weft);
+    if args.no_anchor {
+        return Ok(());
+    }
+    let torch = measure_torch(args, threads)?;
+    print_row("pytorch", &torch);
+    println!(
+        "ratio weft/pytorch: step {:.2}x, forward {:.2}x, backward {:.2}x",
+        weft.step / torch.step,
+        weft.forward / torch.forward,
+        weft.backward / torch.backward
+    );
+    Ok(())
+}
+
+fn print_row(name: &str, m: &Measured) {
+    println!(
+        "{name:>8}: step {:8.3} s  forward {:8.3} s  backward {:8.3} s",
+        m.step, m.forward, m.backward
+    );
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
+    let device = weft_train::device::parse_device(&args.device)?.open()?;
+    let mut config = ResNetConfig::from_name(&args.model, args.num_classes)?;
+    if args.cifar_stem {
+        config = config.with_cifar_stem();
+    }
+    let model = resnet(&config, DType::F32, &device)?;
+    let sgd = Sgd::new(SgdConfig {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 1e-4,
+        ..SgdConfig::default()
+    })?;
+    let mut trainer = Trainer::new(model, Box::new(sgd), Checkpointing::None)?;
+    let shape = (args.batch_size, 3, args.image_size, args.image_size);
+    let images = Tensor::randn(0f32, 1.0, shape, &device)?;
+    let labels = Tensor::from_vec(
+        (0..args.batch_size as u32)
+            .map(|i| i % args.num_classes as u32)
+            .collect::<Vec<_>>(),
+        args.batch_size,
+        &device,
+    )?;
+    let mut timings: Vec<StepTimings> = Vec::new();
+    for i in 0..args.warmup + args.steps {
+        let outcome = trainer.step(&images, &labels, 0.1)?;
+        device.synchronize()?;
+        if i >= args.warmup {
+            timings.push(outcome.timings);
+        }
+    }
+    let secs = |f: fn(&StepTimings) -> Duration| {
+        median(timings.iter().map(|t| f(t).as_secs_f64()).collect())
+    };
+    Ok(Measured {
+        forward: secs(|t| t.forward),
+        backward: secs(|t| t.backward),
+        step: secs(|t| t.forward + t.backward + t.optimizer),
+    })
+}
+
+fn measure_torch(args: &BenchStepArgs, threads: usize) -> Result<Measured> {
+    let python = python::torch_python()?;
+    let mut cmd = Command::new(python);
+    cmd.arg(python::script("bench_step.py"))
+        .args(["--model", &args.model])
+        .args(["--batch-size", &args.batch_size.to_string()])
+        .args(["--image-size", &args.image_size.to_string()])
+        .args(["--num-classes", &args.num_classes.to_string()])
+        .args(["--steps", &args.steps.to_string()])
+        .args(["--warmup", &args.warmup.to_string()])
+        .args(["--threads", &threads.to_string()])
+        .args(["--device", &args.device]);
+    if args.cifar_stem {
+        cmd.arg("--cifar-stem");
+    }
+    let output = cmd.output().context("cannot run the PyTorch anchor")?;
+    if !output.status.success() {
+        bail!(
+            "PyTorch anchor failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let line = String::from_utf8_lossy(&output.stdout);
+    let json: serde_json::Value = serde_json::from_str(line.trim().lines().last().unwrap_or(""))
+        .with_context(|| format!("PyTorch anchor printed no JSON: {line}"))?;
+    println!(
+        "anchor: torch {} with {} threads",
+        json["torch"], json["threads"]
+    );
+    let get = |key: &str| {
+        json[key]
+            .as_f64()
+            .with_context(|| format!("anchor output lacks {key}"))
+    };
+    Ok(Measured {
+        forward: get("forward_s")?,
+        backward: get("backward_s")?,
+        step: get("step_s")?,
+    })
+}

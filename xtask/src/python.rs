@@ -1,0 +1,61 @@
+//! The Python environment of the anchors: a virtual environment under `target/bench-venv` with
+//! PyTorch and torchvision from PyPI, created on first use and reused afterwards.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// The workspace root (this crate's parent folder).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// Path of the venv's python, creating the venv and installing torch + torchvision if needed.
+pub fn torch_python() -> Result<PathBuf> {
+    let venv = workspace_root().join("target/bench-venv");
+    let python = venv.join("bin/python");
+    if python.exists() && has_torch(&python) {
+        eprintln!("anchor: reusing PyTorch in {}", venv.display());
+        return Ok(python);
+    }
+    eprintln!(
+        "anchor: installing torch and torchvision from PyPI into {} (several GB, once)",
+        venv.display()
+    );
+    run(
+        Command::new("python3").args(["-m", "venv"]).arg(&venv),
+        "python3 -m venv",
+    )?;
+    run(
+        Command::new(&python).args(["-m", "pip", "install", "-q", "torch", "torchvision"]),
+        "pip install torch torchvision",
+    )?;
+    Ok(python)
+}
+
+fn has_torch(python: &Path) -> bool {
+    Command::new(python)
+        .args(["-c", "import torch, torchvision"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("{what}: cannot start"))?;
+    if !status.success() {
+        bail!("{what} failed with {status}");
+    }
+    Ok(())
+}
+
+/// Path of one of the anchor scripts in `xtask/python/`.
+pub fn script(name: &str) -> PathBuf {
+    workspace_root().join("xtask/python").join(name)
+}
