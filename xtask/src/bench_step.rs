@@ -11,7 +11,7 @@ use clap::Args;
 use weft_models::{resnet, ResNetConfig};
 use weft_optim::{Sgd, SgdConfig};
 use weft_tensor::Checkpointing;
-use weft_train::step::{StepTimings, Trainer};
+use weft_train::step::{FlatOptimizer, StepTimings, Trainer};
 
 use crate::python;
 
@@ -99,7 +99,11 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
         weight_decay: 1e-4,
         ..SgdConfig::default()
     })?;
-    let mut trainer = Trainer::new(model, Box::new(sgd), Checkpointing::None)?;
+    let mut trainer = Trainer::new(
+        model,
+        FlatOptimizer::F32(Box::new(sgd)),
+        Checkpointing::None,
+    )?;
     let shape = (args.batch_size, 3, args.image_size, args.image_size);
     let images = Tensor::randn(0f32, 1.0, shape, &device)?;
     let labels = Tensor::from_vec(

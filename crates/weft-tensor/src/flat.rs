@@ -11,6 +11,7 @@
 
 use std::ops::Range;
 
+use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Device, Layout, Tensor};
 
 use crate::error::{Result, TensorError};
@@ -187,12 +188,13 @@ impl FlatBuffer {
         Ok(self.data.to_dtype(DType::F64)?.to_vec1()?)
     }
 
-    /// Runs `f` over this buffer's f32 elements in `range` as a mutable slice, together with
+    /// Runs `f` over this buffer's elements in `range` as a mutable slice, together with
     /// `other`'s elements in the same range (e.g. parameters and their gradients, for an
-    /// optimizer step). Both buffers must be f32 and on the CPU.
-    pub fn update_with<F>(&self, other: &FlatBuffer, range: Range<usize>, f: F) -> Result<()>
+    /// optimizer step). Both buffers must hold `T` (f32 or f64) and be on the CPU.
+    pub fn update_with<T, F>(&self, other: &FlatBuffer, range: Range<usize>, f: F) -> Result<()>
     where
-        F: FnMut(&mut [f32], &[f32]),
+        T: HostElement,
+        F: FnMut(&mut [T], &[T]),
     {
         if self.layout.len() != other.layout.len() {
             return Err(TensorError::Flat(format!(
@@ -210,19 +212,48 @@ impl FlatBuffer {
         let op = ZipUpdate {
             range,
             f: std::sync::Mutex::new(f),
+            element: std::marker::PhantomData,
         };
         self.data.inplace_op2(&other.data, &op)?;
         Ok(())
     }
 }
 
-/// In-place `f(&mut self[range], &other[range])` over two f32 CPU tensors.
-struct ZipUpdate<F> {
-    range: Range<usize>,
-    f: std::sync::Mutex<F>,
+/// Element types a flat buffer can expose to host code as slices.
+pub trait HostElement: Copy {
+    fn slice(storage: &CpuStorage) -> Option<&[Self]>;
+    fn slice_mut(storage: &mut CpuStorage) -> Option<&mut [Self]>;
 }
 
-impl<F: FnMut(&mut [f32], &[f32])> candle_core::InplaceOp2 for ZipUpdate<F> {
+macro_rules! host_element {
+    ($t:ty, $variant:ident) => {
+        impl HostElement for $t {
+            fn slice(storage: &CpuStorage) -> Option<&[Self]> {
+                match storage {
+                    CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(storage: &mut CpuStorage) -> Option<&mut [Self]> {
+                match storage {
+                    CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+host_element!(f32, F32);
+host_element!(f64, F64);
+
+/// In-place `f(&mut self[range], &other[range])` over two CPU tensors of element type `T`.
+struct ZipUpdate<T, F> {
+    range: Range<usize>,
+    f: std::sync::Mutex<F>,
+    element: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T: HostElement, F: FnMut(&mut [T], &[T])> candle_core::InplaceOp2 for ZipUpdate<T, F> {
     fn name(&self) -> &'static str {
         "weft-zip-update"
     }
@@ -236,8 +267,12 @@ impl<F: FnMut(&mut [f32], &[f32])> candle_core::InplaceOp2 for ZipUpdate<F> {
     ) -> candle_core::Result<()> {
         let dst_range = contiguous_range(dst_layout)?;
         let src_range = contiguous_range(src_layout)?;
-        let (CpuStorage::F32(dst), CpuStorage::F32(src)) = (dst, src) else {
-            candle_core::bail!("weft-zip-update: both buffers must be f32");
+        let (dtype_dst, dtype_src) = (dst.dtype(), src.dtype());
+        let (Some(dst), Some(src)) = (T::slice_mut(dst), T::slice(src)) else {
+            candle_core::bail!(
+                "weft-zip-update: buffers are {dtype_dst:?} and {dtype_src:?}, not {}",
+                std::any::type_name::<T>()
+            );
         };
         let dst = &mut dst[dst_range][self.range.clone()];
         let src = &src[src_range][self.range.clone()];
@@ -315,7 +350,7 @@ mod tests {
             .unwrap();
         assert_eq!(grads.to_vec_f64().unwrap(), [0., 0., 0., 0., 1.5, 3.]);
         params
-            .update_with(&grads, 0..6, |p, g| {
+            .update_with(&grads, 0..6, |p: &mut [f32], g: &[f32]| {
                 p.iter_mut().zip(g).for_each(|(p, g)| *p -= *g)
             })
             .unwrap();
@@ -338,7 +373,7 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("`w` has 4 elements"), "{err}");
         let err = params
-            .update_with(&params.clone(), 0..7, |_, _| {})
+            .update_with(&params.clone(), 0..7, |_: &mut [f32], _: &[f32]| {})
             .unwrap_err();
         assert!(err.to_string().contains("exceeds"), "{err}");
     }

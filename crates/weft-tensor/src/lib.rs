@@ -6,6 +6,7 @@
 //!   optimizers step over and that data-parallel layers bucket and shard.
 //! - [`block`] and [`tape`]: models as sequences of blocks, a block-wise backward that reports
 //!   each block's gradients the moment they are final, and per-block activation checkpointing.
+//! - [`timeline`]: per-rank step timelines written as Chrome traces.
 //! - [`ops`]: fast CPU kernels (convolution, max-pool, batch-norm) with backward passes.
 
 pub mod block;
@@ -15,9 +16,11 @@ pub mod ops;
 pub mod params;
 pub mod state_dict;
 pub mod tape;
+pub mod timeline;
 
 pub use block::{Block, BlockModel, Mode};
 pub use error::{Result, TensorError};
 pub use flat::{FlatBuffer, FlatLayout, Slot};
 pub use params::{Entry, EntryId, EntryKind, ParamStore, Scope};
 pub use tape::{BlockGrads, Checkpointing, Tape};
+pub use timeline::Timeline;

@@ -9,12 +9,15 @@
 //! statistics a second time.
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
 
 use candle_core::{Tensor, Var};
 
 use crate::block::{BlockModel, Mode};
 use crate::error::{Result, TensorError};
 use crate::params::EntryId;
+use crate::timeline::Timeline;
 
 /// Which blocks keep only their input and recompute their forward during backward.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -55,6 +58,7 @@ pub struct Tape {
     records: Vec<Record>,
     mode: Mode,
     output: Var,
+    timeline: Option<Arc<Timeline>>,
 }
 
 /// A fresh leaf holding `t`'s value: the block boundary across which graphs are cut.
@@ -69,9 +73,21 @@ pub fn forward(
     mode: Mode,
     checkpointing: &Checkpointing,
 ) -> Result<Tape> {
+    forward_traced(model, x, mode, checkpointing, None)
+}
+
+/// [`forward`], recording each block's forward (and later its backward) on `timeline`.
+pub fn forward_traced(
+    model: &BlockModel,
+    x: &Tensor,
+    mode: Mode,
+    checkpointing: &Checkpointing,
+    timeline: Option<Arc<Timeline>>,
+) -> Result<Tape> {
     let mut records = Vec::with_capacity(model.blocks().len());
     let mut h = x.detach();
     for (i, block) in model.blocks().iter().enumerate() {
+        let start = Instant::now();
         if checkpointing.applies_to(i) {
             let output = block.forward(&h, mode)?.detach();
             records.push(Record::Checkpointed { input: h });
@@ -82,11 +98,15 @@ pub fn forward(
             h = output.clone();
             records.push(Record::Kept { input, output });
         }
+        if let Some(t) = &timeline {
+            t.record(block.name(), "forward", "compute", start, Instant::now());
+        }
     }
     Ok(Tape {
         records,
         mode,
         output: cut(&h)?,
+        timeline,
     })
 }
 
@@ -119,56 +139,94 @@ impl Tape {
 
     /// Back-propagates `loss` (a scalar computed from [`Tape::output`]) through every block, last
     /// to first, calling `on_block_ready` as soon as each block's parameter gradients are final.
-    pub fn backward<F>(self, loss: &Tensor, model: &BlockModel, mut on_block_ready: F) -> Result<()>
+    /// The callback's error type only needs to hold a [`TensorError`].
+    pub fn backward<F, E>(
+        self,
+        loss: &Tensor,
+        model: &BlockModel,
+        mut on_block_ready: F,
+    ) -> std::result::Result<(), E>
     where
-        F: FnMut(BlockGrads) -> Result<()>,
+        F: FnMut(BlockGrads) -> std::result::Result<(), E>,
+        E: From<TensorError>,
     {
         let Tape {
             mut records,
             mode,
             output,
+            timeline,
         } = self;
-        let grads = loss.backward()?;
-        let mut grad =
-            grads
-                .get(output.as_tensor())
-                .cloned()
-                .ok_or_else(|| TensorError::Block {
-                    block: "loss".into(),
-                    message: "the loss does not depend on the model output".into(),
-                })?;
-        drop(grads);
+        let mut grad = output_grad(loss, &output)?;
         for i in (0..records.len()).rev() {
-            let block = &model.blocks()[i];
             let record = records.pop().expect("one record per block");
-            let (input, output) = match record {
-                Record::Kept { input, output } => (input, output),
-                Record::Checkpointed { input: saved } => {
-                    let input = if i == 0 { None } else { Some(cut(&saved)?) };
-                    let x = input.as_ref().map_or(saved, |v| v.as_tensor().clone());
-                    let output = block.forward(&x, mode.recompute())?;
-                    (input, output)
-                }
-            };
-            let vjp = output.mul(&grad.to_dtype(output.dtype())?)?.sum_all()?;
-            let mut block_grads = vjp.backward()?;
-            let params = model.block_parameter_ids(i);
-            let grads = params
-                .iter()
-                .map(|&id| (id, block_grads.remove(model.store().entries()[id].tensor())))
-                .collect();
-            on_block_ready(BlockGrads { block: i, grads })?;
-            if let Some(input) = input {
-                grad = block_grads
-                    .remove(input.as_tensor())
-                    .ok_or_else(|| TensorError::Block {
-                        block: block.name().into(),
-                        message: "the block output does not depend on its input".into(),
-                    })?;
+            let (grads, input_grad) =
+                backward_block(model, i, record, &grad, mode, timeline.as_deref())?;
+            on_block_ready(grads)?;
+            if let Some(g) = input_grad {
+                grad = g;
             }
         }
         Ok(())
     }
+}
+
+/// The gradient of `loss` with respect to the model output.
+fn output_grad(loss: &Tensor, output: &Var) -> Result<Tensor> {
+    let grads = loss.backward()?;
+    grads
+        .get(output.as_tensor())
+        .cloned()
+        .ok_or_else(|| TensorError::Block {
+            block: "loss".into(),
+            message: "the loss does not depend on the model output".into(),
+        })
+}
+
+/// Back-propagates `grad` (of block `i`'s output) through block `i`: returns the block's
+/// parameter gradients and the gradient of its input (none for the first block).
+fn backward_block(
+    model: &BlockModel,
+    i: usize,
+    record: Record,
+    grad: &Tensor,
+    mode: Mode,
+    timeline: Option<&Timeline>,
+) -> Result<(BlockGrads, Option<Tensor>)> {
+    let start = Instant::now();
+    let block = &model.blocks()[i];
+    let (input, output) = match record {
+        Record::Kept { input, output } => (input, output),
+        Record::Checkpointed { input: saved } => {
+            let input = if i == 0 { None } else { Some(cut(&saved)?) };
+            let x = input.as_ref().map_or(saved, |v| v.as_tensor().clone());
+            let output = block.forward(&x, mode.recompute())?;
+            (input, output)
+        }
+    };
+    let vjp = output.mul(&grad.to_dtype(output.dtype())?)?.sum_all()?;
+    let mut block_grads = vjp.backward()?;
+    let grads = model
+        .block_parameter_ids(i)
+        .into_iter()
+        .map(|id| (id, block_grads.remove(model.store().entries()[id].tensor())))
+        .collect();
+    let input_grad = match input {
+        Some(input) => {
+            Some(
+                block_grads
+                    .remove(input.as_tensor())
+                    .ok_or_else(|| TensorError::Block {
+                        block: block.name().into(),
+                        message: "the block output does not depend on its input".into(),
+                    })?,
+            )
+        }
+        None => None,
+    };
+    if let Some(t) = timeline {
+        t.record(block.name(), "backward", "compute", start, Instant::now());
+    }
+    Ok((BlockGrads { block: i, grads }, input_grad))
 }
 
 fn tensor_bytes(t: &Tensor) -> usize {

@@ -2,25 +2,26 @@
 
 use anyhow::Result;
 use weft_optim::{
-    schedule_from_name, AdamW, AdamWConfig, LrSchedule, Optimizer, ScheduleParams, Sgd, SgdConfig,
+    schedule_from_name, AdamW, AdamWConfig, LrSchedule, ScheduleParams, Sgd, SgdConfig,
 };
 
 use crate::args::{OptimizerKind, TrainArgs};
+use crate::step::FlatOptimizer;
 
 /// The optimizer named by `--optimizer`, with `--lr`, `--momentum`, `--weight-decay`.
-pub fn build_optimizer(args: &TrainArgs) -> Result<Box<dyn Optimizer + Send>> {
+pub fn build_optimizer(args: &TrainArgs) -> Result<FlatOptimizer> {
     Ok(match args.optimizer {
-        OptimizerKind::Sgd => Box::new(Sgd::new(SgdConfig {
+        OptimizerKind::Sgd => FlatOptimizer::F32(Box::new(Sgd::new(SgdConfig {
             lr: args.lr,
             momentum: args.momentum,
             weight_decay: args.weight_decay,
             ..SgdConfig::default()
-        })?),
-        OptimizerKind::Adamw => Box::new(AdamW::new(AdamWConfig {
+        })?)),
+        OptimizerKind::Adamw => FlatOptimizer::F32(Box::new(AdamW::new(AdamWConfig {
             lr: args.lr,
             weight_decay: args.weight_decay,
             ..AdamWConfig::default()
-        })?),
+        })?)),
     })
 }
 

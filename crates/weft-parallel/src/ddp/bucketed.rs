@@ -1,0 +1,202 @@
+//! `DistributedDataParallel`: gradients are bucketed in reverse parameter order; the moment
+//! backward has produced every gradient of a bucket, that bucket's average all-reduce starts
+//! asynchronously while backward goes on with earlier blocks. `finish` waits for every
+//! bucket and writes the averages back into the flat gradient buffer. The result equals
+//! all-reducing every gradient after backward.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use weft_collectives::tensor::{buffer_to_tensor, tensor_to_buffer};
+use weft_collectives::{Communicator, ReduceOp, Work};
+use weft_tensor::{EntryId, FlatBuffer, ParamStore, Timeline};
+
+use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig, GradientSync};
+use crate::error::{ParallelError, Result};
+
+/// When one bucket's all-reduce was launched and when it was seen complete.
+#[derive(Debug, Clone, Copy)]
+pub struct BucketTiming {
+    pub bucket: usize,
+    pub launched: Instant,
+    pub completed: Instant,
+}
+
+struct InFlight {
+    bucket: usize,
+    work: Work,
+    launched: Instant,
+    completed: Option<Instant>,
+}
+
+/// Bucketed data parallelism with communication overlapped with backward.
+pub struct DistributedDataParallel {
+    comm: Arc<dyn Communicator>,
+    config: DdpConfig,
+    plan: BucketPlan,
+    /// Gradients still missing per bucket in the current backward.
+    missing: Vec<usize>,
+    in_flight: Vec<InFlight>,
+    timings: Vec<BucketTiming>,
+    require_sync: bool,
+    timeline: Option<Arc<Timeline>>,
+    /// Entry names by id, for error messages.
+    names: Vec<String>,
+}
+
+impl DistributedDataParallel {
+    /// Checks that every rank has the same model, broadcasts rank 0's parameters and buffers,
+    /// and plans the buckets over `grads`' layout.
+    pub fn new(
+        store: &ParamStore,
+        grads: &FlatBuffer,
+        comm: Arc<dyn Communicator>,
+        config: DdpConfig,
+    ) -> Result<Self> {
+        if !(config.bucket_cap_mb > 0.0 && config.first_bucket_cap_mb > 0.0) {
+            return Err(ParallelError::Config(format!(
+                "bucket caps must be positive (bucket_cap_mb {}, first_bucket_cap_mb {})",
+                config.bucket_cap_mb, config.first_bucket_cap_mb
+            )));
+        }
+        check_same_model(store, comm.as_ref())?;
+        let all: Vec<EntryId> = (0..store.len()).collect();
+        broadcast_entries(store, &all, comm.as_ref(), 0)?;
+        let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
+        let plan = BucketPlan::new(
+            grads.layout(),
+            grads.dtype().size_in_bytes(),
+            mib(config.first_bucket_cap_mb.min(config.bucket_cap_mb)),
+            mib(config.bucket_cap_mb),
+        );
+        let missing = plan.buckets().iter().map(|b| b.entries.len()).collect();
+        Ok(Self {
+            comm,
+            config,
+            plan,
+            missing,
+            in_flight: Vec::new(),
+            timings: Vec::new(),
+            require_sync: true,
+            timeline: None,
+            names: store.entries().iter().map(|e| e.name.clone()).collect(),
+        })
+    }
+
+    /// Records each bucket's all-reduce (launch to completion) on `timeline`.
+    pub fn with_timeline(mut self, timeline: Arc<Timeline>) -> Self {
+        self.timeline = Some(timeline);
+        self
+    }
+
+    pub fn plan(&self) -> &BucketPlan {
+        &self.plan
+    }
+
+    /// Launch and completion times of the last synchronised step's buckets, in launch order.
+    pub fn last_timings(&self) -> &[BucketTiming] {
+        &self.timings
+    }
+
+    fn launch(&mut self, bucket: usize, grads: &FlatBuffer) -> Result<()> {
+        let range = self.plan.buckets()[bucket].range.clone();
+        let data = grads.tensor().narrow(0, range.start, range.len())?;
+        let work = self
+            .comm
+            .all_reduce(tensor_to_buffer("all_reduce", &data)?, ReduceOp::Avg);
+        self.in_flight.push(InFlight {
+            bucket,
+            work,
+            launched: Instant::now(),
+            completed: None,
+        });
+        Ok(())
+    }
+
+    /// Stamps the completion time of buckets that finished since the last look.
+    fn poll(&mut self) {
+        for f in self.in_flight.iter_mut().filter(|f| f.completed.is_none()) {
+            if f.work.is_complete() {
+                f.completed = Some(Instant::now());
+            }
+        }
+    }
+}
+
+impl GradientSync for DistributedDataParallel {
+    fn before_forward(&mut self, store: &ParamStore) -> Result<()> {
+        if self.config.broadcast_buffers {
+            broadcast_entries(store, &store.buffer_ids(), self.comm.as_ref(), 0)?;
+        }
+        Ok(())
+    }
+
+    fn block_ready(&mut self, params: &[EntryId], grads: &FlatBuffer) -> Result<()> {
+        self.poll();
+        if !self.require_sync {
+            return Ok(());
+        }
+        for &entry in params {
+            let Some(bucket) = self.plan.bucket_of(entry) else {
+                continue;
+            };
+            self.missing[bucket] -= 1;
+            if self.missing[bucket] == 0 {
+                self.launch(bucket, grads)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, grads: &FlatBuffer) -> Result<()> {
+        if !self.require_sync {
+            return Ok(());
+        }
+        let not_ready: Vec<EntryId> = self
+            .missing
+            .iter()
+            .enumerate()
+            .filter(|(_, &m)| m > 0)
+            .flat_map(|(b, _)| self.plan.buckets()[b].entries.clone())
+            .collect();
+        self.poll();
+        self.timings.clear();
+        for f in std::mem::take(&mut self.in_flight) {
+            let buffer = f.work.wait()?;
+            let completed = f.completed.unwrap_or_else(Instant::now);
+            let range = self.plan.buckets()[f.bucket].range.clone();
+            let averaged = buffer_to_tensor("all_reduce", buffer, range.len().into())?;
+            grads.tensor().slice_set(&averaged, 0, range.start)?;
+            if let Some(t) = &self.timeline {
+                t.record(
+                    format!("allreduce bucket {}", f.bucket),
+                    "allreduce",
+                    "comm",
+                    f.launched,
+                    completed,
+                );
+            }
+            self.timings.push(BucketTiming {
+                bucket: f.bucket,
+                launched: f.launched,
+                completed,
+            });
+        }
+        self.missing = self
+            .plan
+            .buckets()
+            .iter()
+            .map(|b| b.entries.len())
+            .collect();
+        if !not_ready.is_empty() {
+            return Err(ParallelError::GradientsNotReady {
+                names: not_ready.iter().map(|&e| self.names[e].clone()).collect(),
+            });
+        }
+        Ok(())
+    }
+
+    fn set_require_sync(&mut self, sync: bool) {
+        self.require_sync = sync;
+    }
+}

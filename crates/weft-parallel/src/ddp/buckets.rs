@@ -1,0 +1,133 @@
+//! Gradient buckets: parameters grouped in reverse order (the order backward produces their
+//! gradients) into buckets of at most `bucket_cap_mb`, each a contiguous range of the flat
+//! gradient buffer, so a bucket can be communicated as soon as its last gradient is final.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use weft_tensor::{EntryId, FlatLayout};
+
+/// One bucket: a contiguous range of the flat gradient buffer and the parameters in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bucket {
+    pub range: Range<usize>,
+    pub entries: Vec<EntryId>,
+}
+
+/// The assignment of parameters to buckets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketPlan {
+    buckets: Vec<Bucket>,
+    bucket_of: HashMap<EntryId, usize>,
+}
+
+impl BucketPlan {
+    /// Walks `layout`'s parameters from last to first, closing a bucket when adding the next
+    /// parameter would exceed the cap (the first bucket uses `first_cap_bytes`). A parameter
+    /// larger than the cap gets a bucket of its own.
+    pub fn new(
+        layout: &FlatLayout,
+        elem_bytes: usize,
+        first_cap_bytes: usize,
+        cap_bytes: usize,
+    ) -> Self {
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut current: Option<Bucket> = None;
+        for slot in layout.slots().iter().rev() {
+            let cap = if buckets.is_empty() {
+                first_cap_bytes
+            } else {
+                cap_bytes
+            };
+            if let Some(bucket) = current.as_mut() {
+                let bytes = (bucket.range.end - slot.offset) * elem_bytes;
+                if bytes <= cap {
+                    bucket.range.start = slot.offset;
+                    bucket.entries.push(slot.entry);
+                    continue;
+                }
+                buckets.push(current.take().expect("checked above"));
+            }
+            current = Some(Bucket {
+                range: slot.range(),
+                entries: vec![slot.entry],
+            });
+        }
+        buckets.extend(current);
+        let bucket_of = buckets
+            .iter()
+            .enumerate()
+            .flat_map(|(b, bucket)| bucket.entries.iter().map(move |&e| (e, b)))
+            .collect();
+        Self { buckets, bucket_of }
+    }
+
+    pub fn buckets(&self) -> &[Bucket] {
+        &self.buckets
+    }
+
+    /// The bucket holding parameter `entry`.
+    pub fn bucket_of(&self, entry: EntryId) -> Option<usize> {
+        self.bucket_of.get(&entry).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Tensor};
+    use weft_tensor::{EntryKind, ParamStore};
+
+    fn layout(sizes: &[usize]) -> FlatLayout {
+        let mut store = ParamStore::new(&Device::Cpu, DType::F32);
+        for (i, &n) in sizes.iter().enumerate() {
+            let t = Tensor::zeros(n, DType::F32, &Device::Cpu).unwrap();
+            store
+                .register(&format!("p{i}"), EntryKind::Parameter, t)
+                .unwrap();
+        }
+        FlatLayout::parameters(&store)
+    }
+
+    #[test]
+    fn groups_in_reverse_order_under_the_caps() {
+        // Sizes in elements (4 bytes each): p0=10, p1=20, p2=5, p3=5, p4=30.
+        // First cap 40 B = 10 elements: p4 (30) alone. Then cap 100 B = 25 elements:
+        // p3+p2 (10), + p1 would be 30 > 25 -> close; p1+p0 = 30 > 25 -> p1 alone, p0 alone.
+        let plan = BucketPlan::new(&layout(&[10, 20, 5, 5, 30]), 4, 40, 100);
+        let got: Vec<(Range<usize>, Vec<EntryId>)> = plan
+            .buckets()
+            .iter()
+            .map(|b| (b.range.clone(), b.entries.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (40..70, vec![4]),
+                (30..40, vec![3, 2]),
+                (10..30, vec![1]),
+                (0..10, vec![0])
+            ]
+        );
+        assert_eq!(plan.bucket_of(2), Some(1));
+    }
+
+    #[test]
+    fn every_parameter_is_in_exactly_one_bucket_and_ranges_tile_the_buffer() {
+        let l = layout(&[3, 7, 1, 9, 2, 8]);
+        let plan = BucketPlan::new(&l, 4, 16, 32);
+        let mut covered: Vec<Range<usize>> =
+            plan.buckets().iter().map(|b| b.range.clone()).collect();
+        covered.sort_by_key(|r| r.start);
+        assert_eq!(covered.first().unwrap().start, 0);
+        assert_eq!(covered.last().unwrap().end, l.len());
+        assert!(covered.windows(2).all(|w| w[0].end == w[1].start));
+        let mut entries: Vec<EntryId> = plan
+            .buckets()
+            .iter()
+            .flat_map(|b| b.entries.clone())
+            .collect();
+        entries.sort();
+        assert_eq!(entries, (0..6).collect::<Vec<_>>());
+    }
+}

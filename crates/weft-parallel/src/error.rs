@@ -1,0 +1,26 @@
+//! The error type of weft-parallel.
+
+use weft_collectives::CommError;
+use weft_tensor::TensorError;
+
+/// Errors of the parallel strategies; each names the rank, parameter or bucket concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum ParallelError {
+    #[error("rank {rank} has a different model than rank 0: {detail}")]
+    ModelMismatch { rank: usize, detail: String },
+    #[error("parameter `{name}` received no gradient in this step (it took no part in the loss)")]
+    UnusedParameter { name: String },
+    #[error("parameters never marked ready before the optimizer step: {names:?}")]
+    GradientsNotReady { names: Vec<String> },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias of weft-parallel.
+pub type Result<T> = std::result::Result<T, ParallelError>;
