@@ -1,6 +1,7 @@
 //! `cargo xtask …`: the project's commands — the ResNet trainer and the benchmarks.
 
 mod bench_step;
+mod launch;
 mod python;
 
 use anyhow::Result;
@@ -24,11 +25,25 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
-        Command::TrainResnet(args) => weft_train::resnet::run(&args).map(|_| ()),
+        Command::TrainResnet(args) => train_resnet(args),
         Command::BenchStep(args) => bench_step::run(&args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");
         std::process::exit(1);
     }
+}
+
+/// Trains in this process, or, with `--nproc N` outside a launched job, starts N ranks.
+fn train_resnet(args: weft_train::TrainArgs) -> Result<()> {
+    args.validate()?;
+    let launched = std::env::var_os("WORLD_SIZE").is_some();
+    if args.nproc > 1 && !launched {
+        let mut rank_args: Vec<String> = std::env::args().skip(1).collect();
+        if args.name.is_none() {
+            rank_args.extend(["--name".into(), weft_train::resnet::default_run_name(&args)]);
+        }
+        return launch::run_ranks(args.nproc, &rank_args);
+    }
+    weft_train::resnet::run(&args).map(|_| ())
 }

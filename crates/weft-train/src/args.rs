@@ -74,6 +74,12 @@ pub struct TrainArgs {
     /// cpu | cuda | cuda:N
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Data-parallel ranks (processes started through weft-run; shm backend on the CPU)
+    #[arg(long, default_value_t = 1)]
+    pub nproc: usize,
+    /// DDP bucket size in MiB
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_cap_mb: f64,
     /// Initialise from a safetensors file with torchvision parameter names
     #[arg(long)]
     pub init_from: Option<PathBuf>,
@@ -111,6 +117,19 @@ impl TrainArgs {
         }
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
+        }
+        if self.nproc == 0 {
+            bail!("--nproc must be at least 1");
+        }
+        if self.batch_size % self.nproc != 0 {
+            bail!(
+                "--batch-size {} is not divisible by --nproc {}",
+                self.batch_size,
+                self.nproc
+            );
+        }
+        if !(self.bucket_cap_mb > 0.0) {
+            bail!("--bucket-cap-mb {} must be positive", self.bucket_cap_mb);
         }
         if self.epochs == 0 && self.steps.is_none() {
             bail!("--epochs must be at least 1");

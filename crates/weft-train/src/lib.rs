@@ -7,7 +7,9 @@
 pub mod args;
 pub mod data;
 pub mod device;
+pub mod distributed;
 pub mod optim_setup;
+pub mod progress;
 pub mod resnet;
 pub mod run_dir;
 pub mod step;

@@ -1,28 +1,33 @@
 //! The ResNet image-classification trainer (`cargo xtask train-resnet`): data, model, optimizer
-//! and schedule from the flags; a progress bar; per-step and per-epoch metrics; validation after
-//! each epoch; the final checkpoint in the run folder.
+//! and schedule from the flags; data parallelism over the ranks of the job (if any); a progress
+//! bar; per-step and per-epoch metrics reduced over ranks; validation after each epoch; per-rank
+//! Chrome-trace timelines and the final checkpoint in the run folder.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Result};
 use candle_core::{DType, Device};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use weft_data::{DataLoader, Dataset, DistributedSampler, LoaderConfig, Pipeline};
 use weft_models::{resnet, ResNetConfig};
-use weft_tensor::Checkpointing;
+use weft_parallel::{DdpConfig, DistributedDataParallel};
+use weft_tensor::{timeline, Checkpointing, Timeline};
 
 use crate::args::TrainArgs;
-use crate::data;
+use crate::data::{self, DataSets};
+use crate::distributed::RankContext;
 use crate::optim_setup::{build_optimizer, build_schedule};
+use crate::progress::Progress;
 use crate::run_dir::{EpochMetrics, RunDir, StepMetrics};
-use crate::step::Trainer;
+use crate::step::{StepOutcome, Trainer};
 
 /// What a finished run reached.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
-    pub run_dir: std::path::PathBuf,
+    pub run_dir: PathBuf,
+    pub world_size: usize,
     pub steps: usize,
     pub epochs: usize,
     pub final_train_loss: f64,
@@ -31,10 +36,18 @@ pub struct RunSummary {
     pub seconds: f64,
 }
 
-/// Trains as the flags say and returns the final metrics.
+/// Trains as the flags say (on every rank of the job) and returns the final metrics.
 pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     args.validate()?;
     let started = Instant::now();
+    let ctx = RankContext::from_env()?;
+    if args.batch_size % ctx.world_size != 0 {
+        bail!(
+            "--batch-size {} is not divisible by the {} ranks",
+            args.batch_size,
+            ctx.world_size
+        );
+    }
     let device = crate::device::parse_device(&args.device)?.open()?;
     let data = data::open(args)?;
     let mut config = ResNetConfig::from_name(&args.model, data.num_classes)?.with_seed(args.seed);
@@ -47,7 +60,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     }
     let steps_per_epoch = data.train.len() / args.batch_size;
     if steps_per_epoch == 0 {
-        anyhow::bail!(
+        bail!(
             "--batch-size {}: larger than the training set ({} samples)",
             args.batch_size,
             data.train.len()
@@ -64,28 +77,47 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     } else {
         Checkpointing::None
     };
-    let mut trainer = Trainer::new(model, build_optimizer(args)?, checkpointing)?;
+    let timeline = Arc::new(Timeline::new(ctx.rank));
+    let mut trainer =
+        Trainer::new(model, build_optimizer(args)?, checkpointing)?.with_timeline(timeline.clone());
+    if let Some(comm) = &ctx.comm {
+        let ddp_config = DdpConfig {
+            bucket_cap_mb: args.bucket_cap_mb,
+            ..DdpConfig::default()
+        };
+        let ddp = DistributedDataParallel::new(
+            trainer.model().store(),
+            trainer.grads(),
+            comm.clone(),
+            ddp_config,
+        )?
+        .with_timeline(timeline.clone());
+        trainer = trainer.with_sync(Box::new(ddp));
+    }
 
-    let name = args.name.clone().unwrap_or_else(|| default_run_name(args));
-    let mut run = RunDir::create(&args.out, &name, args)?;
-    println!(
-        "weft: {} ({} parameters) on {}, {} train / {} val samples, batch {}, {} steps over {} epochs -> {}",
-        args.model,
-        trainer.model().store().num_parameters(),
-        args.device,
-        data.train.len(),
-        data.val.len(),
-        args.batch_size,
-        total_steps,
-        epochs,
-        run.path().display()
-    );
-    let bar = progress_bar(total_steps as u64, args.quiet);
+    let mut run = open_run_dir(args, &ctx)?;
+    if ctx.is_main() {
+        println!(
+            "weft: {} ({} parameters) on {} x {}, {} train / {} val samples, global batch {}, {} steps over {} epochs -> {}",
+            args.model,
+            trainer.model().store().num_parameters(),
+            ctx.world_size,
+            args.device,
+            data.train.len(),
+            data.val.len(),
+            args.batch_size,
+            total_steps,
+            epochs,
+            run.path.display()
+        );
+    }
+    let progress = Progress::new(total_steps as u64, args.quiet || !ctx.is_main());
+    let local_batch = args.batch_size / ctx.world_size;
     let mut step = 0;
     let mut last = (0.0, 0.0, 0.0);
     for epoch in 0..epochs {
         let epoch_start = Instant::now();
-        let mut sampler = DistributedSampler::new(data.train.len(), 1, 0)?
+        let mut sampler = DistributedSampler::new(data.train.len(), ctx.world_size, ctx.rank)?
             .with_shuffle(args.shuffle)
             .with_seed(args.seed);
         sampler.set_epoch(epoch as u64);
@@ -94,46 +126,61 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             &data.train_pipeline,
             sampler.indices(),
             args,
+            local_batch,
             epoch,
             true,
         )?;
-        let (mut loss_sum, mut correct, mut seen) = (0.0, 0, 0);
+        let mut totals = [0.0; 3]; // loss sum, correct, samples (this rank)
+        let mut data_wait = Instant::now();
         for batch in loader {
             if step == total_steps {
                 break;
             }
             let (images, labels) = batch?.to_tensors(&device)?;
+            timeline.record("data", "data", "compute", data_wait, Instant::now());
             let lr = schedule.lr_at(step);
             let t = Instant::now();
+            let spans_before = timeline.spans().len();
             let outcome = trainer.step(&images, &labels, lr)?;
-            let images_per_sec = args.batch_size as f64 / t.elapsed().as_secs_f64();
-            run.log(&StepMetrics {
-                step,
-                epoch,
-                loss: outcome.loss,
-                lr,
-                images_per_sec,
-            })?;
-            loss_sum += outcome.loss * args.batch_size as f64;
-            correct += outcome.correct;
-            seen += args.batch_size;
+            let seconds = t.elapsed().as_secs_f64();
+            let mut global = [
+                outcome.loss * outcome.samples as f64,
+                outcome.samples as f64,
+            ];
+            ctx.sum(&mut global)?;
+            let hidden =
+                (ctx.world_size > 1).then(|| comm_hidden(&timeline.spans()[spans_before..]));
+            if let Some(run) = run.writer.as_mut() {
+                run.log(&StepMetrics {
+                    step,
+                    epoch,
+                    loss: global[0] / global[1],
+                    lr,
+                    images_per_sec: args.batch_size as f64 / seconds,
+                    comm_hidden: hidden,
+                })?;
+            }
+            accumulate(&mut totals, &outcome);
             step += 1;
-            bar.set_message(format!(
-                "epoch {epoch} loss {:.4} {:.0} img/s",
-                outcome.loss, images_per_sec
-            ));
-            bar.inc(1);
+            progress.step(
+                epoch,
+                global[0] / global[1],
+                args.batch_size as f64 / seconds,
+                hidden,
+            );
+            data_wait = Instant::now();
         }
-        let (val_loss, val_acc) = validate(&trainer, &data.val, &data.val_pipeline, args, &device)?;
+        ctx.sum(&mut totals)?;
+        let (val_loss, val_acc) = validate(&trainer, &data, args, local_batch, &device, &ctx)?;
         let metrics = EpochMetrics {
             epoch,
-            train_loss: loss_sum / seen.max(1) as f64,
-            train_acc: correct as f64 / seen.max(1) as f64,
+            train_loss: totals[0] / totals[2].max(1.0),
+            train_acc: totals[1] / totals[2].max(1.0),
             val_loss,
             val_acc,
             seconds: epoch_start.elapsed().as_secs_f64(),
         };
-        bar.println(format!(
+        progress.println(&format!(
             "epoch {epoch}: train loss {:.4} acc {:.2}% | val loss {:.4} acc {:.2}% | {:.1} s",
             metrics.train_loss,
             100.0 * metrics.train_acc,
@@ -141,12 +188,16 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             100.0 * metrics.val_acc,
             metrics.seconds
         ));
-        run.log(&metrics)?;
+        if let Some(run) = run.writer.as_mut() {
+            run.log(&metrics)?;
+        }
         last = (metrics.train_loss, val_loss, val_acc);
     }
-    bar.finish_and_clear();
+    progress.finish();
+    timeline.write_chrome_trace(&run.path.join(format!("trace-rank{}.json", ctx.rank)))?;
     let summary = RunSummary {
-        run_dir: run.path().to_path_buf(),
+        run_dir: run.path.clone(),
+        world_size: ctx.world_size,
         steps: step,
         epochs,
         final_train_loss: last.0,
@@ -154,14 +205,57 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         final_val_acc: last.2,
         seconds: started.elapsed().as_secs_f64(),
     };
-    let weights = run.save_checkpoint(trainer.model().store(), &summary)?;
-    println!(
-        "done in {:.1} s: val acc {:.2}%, checkpoint {}",
-        summary.seconds,
-        100.0 * summary.final_val_acc,
-        weights.display()
-    );
+    if let Some(run) = &run.writer {
+        let weights = run.save_checkpoint(trainer.model().store(), &summary)?;
+        println!(
+            "done in {:.1} s: val acc {:.2}%, checkpoint {}",
+            summary.seconds,
+            100.0 * summary.final_val_acc,
+            weights.display()
+        );
+    }
+    ctx.barrier()?;
     Ok(summary)
+}
+
+fn accumulate(totals: &mut [f64; 3], outcome: &StepOutcome) {
+    totals[0] += outcome.loss * outcome.samples as f64;
+    totals[1] += outcome.correct as f64;
+    totals[2] += outcome.samples as f64;
+}
+
+/// Share of this step's all-reduce time spent while backward was still running.
+fn comm_hidden(spans: &[timeline::Span]) -> f64 {
+    let (comm, compute): (Vec<_>, Vec<_>) = spans
+        .iter()
+        .filter(|s| s.category == "allreduce" || s.category == "backward")
+        .cloned()
+        .partition(|s| s.category == "allreduce");
+    timeline::hidden_fraction(&comm, &compute)
+}
+
+/// The run folder: rank 0 creates it and writes to it; every rank knows its path.
+struct Run {
+    path: PathBuf,
+    writer: Option<RunDir>,
+}
+
+fn open_run_dir(args: &TrainArgs, ctx: &RankContext) -> Result<Run> {
+    let name = match (&args.name, ctx.world_size) {
+        (Some(name), _) => name.clone(),
+        (None, 1) => default_run_name(args),
+        (None, _) => bail!("--name is required when several ranks share one run folder"),
+    };
+    let writer = if ctx.is_main() {
+        Some(RunDir::create(&args.out, &name, args)?)
+    } else {
+        None
+    };
+    ctx.barrier()?;
+    Ok(Run {
+        path: args.out.join(&name),
+        writer,
+    })
 }
 
 fn loader(
@@ -169,11 +263,12 @@ fn loader(
     pipeline: &Arc<Pipeline>,
     indices: Vec<usize>,
     args: &TrainArgs,
+    batch_size: usize,
     epoch: usize,
     drop_last: bool,
 ) -> Result<DataLoader> {
     let config = LoaderConfig {
-        batch_size: args.batch_size,
+        batch_size,
         drop_last,
         num_workers: args.workers,
         seed: args.seed,
@@ -188,40 +283,39 @@ fn loader(
     )?)
 }
 
-/// Mean loss and accuracy over the whole validation set, in evaluation mode.
+/// Mean loss and accuracy over the whole validation set in evaluation mode; each rank
+/// evaluates samples `rank, rank + world, …` and the sums are reduced.
 fn validate(
     trainer: &Trainer,
-    val: &Arc<dyn Dataset>,
-    pipeline: &Arc<Pipeline>,
+    data: &DataSets,
     args: &TrainArgs,
+    batch: usize,
     device: &Device,
+    ctx: &RankContext,
 ) -> Result<(f64, f64)> {
-    let indices: Vec<usize> = (0..val.len()).collect();
-    let (mut loss_sum, mut correct) = (0.0, 0);
-    for batch in loader(val, pipeline, indices, args, 0, false)? {
+    let indices: Vec<usize> = (ctx.rank..data.val.len()).step_by(ctx.world_size).collect();
+    let mut sums = [0.0; 3];
+    for batch in loader(
+        &data.val,
+        &data.val_pipeline,
+        indices,
+        args,
+        batch,
+        0,
+        false,
+    )? {
         let (images, labels) = batch?.to_tensors(device)?;
-        let (loss, hits) = trainer.evaluate(&images, &labels).context("validation")?;
-        loss_sum += loss;
-        correct += hits;
+        let (loss, hits) = trainer.evaluate(&images, &labels)?;
+        sums[0] += loss;
+        sums[1] += hits as f64;
+        sums[2] += labels.elem_count() as f64;
     }
-    let n = val.len().max(1) as f64;
-    Ok((loss_sum / n, correct as f64 / n))
+    ctx.sum(&mut sums)?;
+    Ok((sums[0] / sums[2].max(1.0), sums[1] / sums[2].max(1.0)))
 }
 
-fn progress_bar(steps: u64, quiet: bool) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(steps);
-    let style = ProgressStyle::with_template(
-        "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-    )
-    .expect("the template is valid");
-    bar.set_style(style);
-    bar
-}
-
-fn default_run_name(args: &TrainArgs) -> String {
+/// `model-data-<unix seconds>`.
+pub fn default_run_name(args: &TrainArgs) -> String {
     let data = args.data.split(':').next().unwrap_or("data");
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -25,6 +25,9 @@ pub struct StepMetrics {
     pub loss: f64,
     pub lr: f64,
     pub images_per_sec: f64,
+    /// Share of the step's gradient all-reduce time hidden under backward (data parallel only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm_hidden: Option<f64>,
 }
 
 /// One line of `metrics.jsonl` for an epoch; accuracies are fractions.
