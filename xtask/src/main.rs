@@ -1,5 +1,6 @@
 //! `cargo xtask …`: the project's commands — the ResNet trainer and the benchmarks.
 
+mod bench_ddp;
 mod bench_step;
 mod launch;
 mod python;
@@ -20,6 +21,8 @@ enum Command {
     TrainResnet(weft_train::TrainArgs),
     /// Time forward + backward + SGD step of a ResNet, beside PyTorch on the same machine
     BenchStep(bench_step::BenchStepArgs),
+    /// Data-parallel scaling on this machine: 1 rank vs N ranks
+    BenchDdp(bench_ddp::BenchDdpArgs),
 }
 
 fn main() {
@@ -27,6 +30,7 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::TrainResnet(args) => train_resnet(args),
         Command::BenchStep(args) => bench_step::run(&args),
+        Command::BenchDdp(args) => bench_ddp::run(&args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -9,6 +9,7 @@ use std::ops::Range;
 
 use candle_core::Tensor;
 
+use crate::cross_rank::CrossRankSlot;
 use crate::error::Result;
 use crate::params::{EntryId, EntryKind, ParamStore};
 
@@ -57,11 +58,27 @@ pub trait Block: Send + Sync {
 pub struct BlockModel {
     store: ParamStore,
     blocks: Vec<Box<dyn Block>>,
+    batch_stats: CrossRankSlot,
 }
 
 impl BlockModel {
     pub fn new(store: ParamStore, blocks: Vec<Box<dyn Block>>) -> Self {
-        Self { store, blocks }
+        Self {
+            store,
+            blocks,
+            batch_stats: CrossRankSlot::default(),
+        }
+    }
+
+    /// Declares the slot the model's batch-normalisation layers read (see [`CrossRankSlot`]).
+    pub fn with_batch_stats_slot(mut self, slot: CrossRankSlot) -> Self {
+        self.batch_stats = slot;
+        self
+    }
+
+    /// The slot through which batch statistics are summed over ranks (SyncBatchNorm).
+    pub fn batch_stats_slot(&self) -> &CrossRankSlot {
+        &self.batch_stats
     }
 
     pub fn store(&self) -> &ParamStore {

@@ -6,10 +6,12 @@
 //!   optimizers step over and that data-parallel layers bucket and shard.
 //! - [`block`] and [`tape`]: models as sequences of blocks, a block-wise backward that reports
 //!   each block's gradients the moment they are final, and per-block activation checkpointing.
+//! - [`cross_rank`]: the hook through which SyncBatchNorm reaches the other ranks.
 //! - [`timeline`]: per-rank step timelines written as Chrome traces.
 //! - [`ops`]: fast CPU kernels (convolution, max-pool, batch-norm) with backward passes.
 
 pub mod block;
+pub mod cross_rank;
 pub mod error;
 pub mod flat;
 pub mod ops;
@@ -19,6 +21,7 @@ pub mod tape;
 pub mod timeline;
 
 pub use block::{Block, BlockModel, Mode};
+pub use cross_rank::{CrossRankSlot, CrossRankSum};
 pub use error::{Result, TensorError};
 pub use flat::{FlatBuffer, FlatLayout, Slot};
 pub use params::{Entry, EntryId, EntryKind, ParamStore, Scope};

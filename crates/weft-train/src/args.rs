@@ -77,6 +77,9 @@ pub struct TrainArgs {
     /// Data-parallel ranks (processes started through weft-run; shm backend on the CPU)
     #[arg(long, default_value_t = 1)]
     pub nproc: usize,
+    /// SyncBatchNorm: normalise with the statistics of the global batch over all ranks
+    #[arg(long, default_value_t = false)]
+    pub sync_bn: bool,
     /// DDP bucket size in MiB
     #[arg(long, default_value_t = 25.0)]
     pub bucket_cap_mb: f64,

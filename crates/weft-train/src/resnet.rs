@@ -81,6 +81,9 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     let mut trainer =
         Trainer::new(model, build_optimizer(args)?, checkpointing)?.with_timeline(timeline.clone());
     if let Some(comm) = &ctx.comm {
+        if args.sync_bn {
+            weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
+        }
         let ddp_config = DdpConfig {
             bucket_cap_mb: args.bucket_cap_mb,
             ..DdpConfig::default()

@@ -302,3 +302,53 @@ fn first_bucket_all_reduce_starts_before_backward_finishes() {
         }
     });
 }
+
+#[test]
+fn sync_batch_norm_in_training_mode_matches_one_process() {
+    // Training-mode BatchNorm: with SyncBatchNorm every rank normalises with the global
+    // batch's statistics, so the result equals one process on the global batch (f64, 1e-10).
+    let world = 2;
+    let data = batches(world * B);
+    let train_mode = |t: Trainer| t.with_mode(Mode::TRAIN);
+    let mut reference = train_mode(trainer(0));
+    for (x, y) in &data {
+        reference.step(x, y, 0.1).unwrap();
+    }
+    let reference = params(&reference);
+    let comms = ShmCommunicator::new_thread_group(world).unwrap();
+    let results: Vec<Vec<f64>> = thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let data = &data;
+                scope.spawn(move || {
+                    let comm: Arc<dyn Communicator> = Arc::new(comm);
+                    let plain = train_mode(trainer(0));
+                    weft_parallel::convert_sync_batch_norm(plain.model(), comm.clone());
+                    let ddp = DistributedDataParallel::new(
+                        plain.model().store(),
+                        plain.grads(),
+                        comm,
+                        DdpConfig::default(),
+                    )
+                    .unwrap();
+                    let mut t = plain.with_sync(Box::new(ddp));
+                    for (x, y) in data {
+                        t.step(
+                            &x.narrow(0, rank * B, B).unwrap(),
+                            &y.narrow(0, rank * B, B).unwrap(),
+                            0.1,
+                        )
+                        .unwrap();
+                    }
+                    params(&t)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, p) in results.iter().enumerate() {
+        assert_close(p, &reference, &format!("sync-bn rank {rank}"));
+    }
+}

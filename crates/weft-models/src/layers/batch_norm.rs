@@ -1,9 +1,11 @@
 //! `BatchNorm2d` with PyTorch semantics: batch statistics in training mode, running statistics
 //! in evaluation mode; running mean/var updated with momentum 0.1 from the *unbiased* batch
-//! variance; `num_batches_tracked` counted. Weight 1, bias 0 at initialisation.
+//! variance; `num_batches_tracked` counted. Weight 1, bias 0 at initialisation. When its
+//! [`CrossRankSlot`] holds a cross-rank sum, training mode normalises with the statistics of the
+//! global batch over all ranks (SyncBatchNorm), forward and backward.
 
 use candle_core::{DType, Tensor, Var};
-use weft_tensor::{ops, Mode, Scope};
+use weft_tensor::{ops, CrossRankSlot, CrossRankSum, Mode, Scope};
 
 use weft_tensor::Result;
 
@@ -16,12 +18,19 @@ pub struct BatchNorm2d {
     num_batches_tracked: Var,
     eps: f64,
     momentum: f64,
+    sync: CrossRankSlot,
 }
 
 impl BatchNorm2d {
     /// Registers `weight`, `bias`, `running_mean`, `running_var`, `num_batches_tracked` in `scope`.
     /// `zero_weight` starts the scale at zero (torchvision's `zero_init_residual`).
-    pub fn new(scope: &mut Scope, channels: usize, zero_weight: bool) -> Result<Self> {
+    /// `sync` is the model's slot for SyncBatchNorm (empty: local batch statistics).
+    pub fn new(
+        scope: &mut Scope,
+        channels: usize,
+        zero_weight: bool,
+        sync: &CrossRankSlot,
+    ) -> Result<Self> {
         let (dtype, device) = (scope.dtype(), scope.device());
         let ones = Tensor::ones(channels, dtype, &device)?;
         let zeros = Tensor::zeros(channels, dtype, &device)?;
@@ -39,6 +48,7 @@ impl BatchNorm2d {
                 .buffer("num_batches_tracked", Tensor::new(0i64, &device)?)?,
             eps: 1e-5,
             momentum: 0.1,
+            sync: sync.clone(),
         })
     }
 
@@ -50,9 +60,44 @@ impl BatchNorm2d {
                 self.running_var.as_tensor(),
             );
         }
+        if let Some(sum) = self.sync.get() {
+            return self.forward_synced(x, mode, sum.as_ref());
+        }
         let (y, mean, var) = ops::batch_norm_train(x, &self.weight, &self.bias, self.eps)?;
         if mode.update_running_stats {
-            self.update_running_stats(x, &mean, &var)?;
+            let (n, _, h, w) = x.dims4()?;
+            self.update_running_stats((n * h * w) as f64, &mean, &var)?;
+        }
+        Ok(y)
+    }
+
+    /// Training mode with the statistics of the global batch: per-channel sums of `x` and
+    /// `x²` and the element count are summed over ranks (differentiably), so N ranks compute
+    /// what one process computes on the concatenated batch.
+    fn forward_synced(&self, x: &Tensor, mode: Mode, sum: &dyn CrossRankSum) -> Result<Tensor> {
+        let (n, c, h, w) = x.dims4()?;
+        let per_channel = |t: &Tensor| -> candle_core::Result<Tensor> {
+            t.sum_keepdim(0)?
+                .sum_keepdim(2)?
+                .sum_keepdim(3)?
+                .flatten_all()
+        };
+        let count =
+            Tensor::full((n * h * w) as f64, 1, &x.device().clone())?.to_dtype(x.dtype())?;
+        let packed = Tensor::cat(&[per_channel(x)?, per_channel(&x.sqr()?)?, count], 0)?;
+        let global = sum.sum(&packed)?;
+        let total: f64 = global
+            .narrow(0, 2 * c, 1)?
+            .detach()
+            .to_dtype(DType::F64)?
+            .flatten_all()?
+            .get(0)?
+            .to_scalar()?;
+        let mean = (global.narrow(0, 0, c)? / total)?;
+        let var = ((global.narrow(0, c, c)? / total)? - mean.sqr()?)?;
+        let y = self.normalize_with(x, &mean, &var)?;
+        if mode.update_running_stats {
+            self.update_running_stats(total, &mean.detach(), &var.detach())?;
         }
         Ok(y)
     }
@@ -66,9 +111,8 @@ impl BatchNorm2d {
             .broadcast_add(&per_channel(&shift)?)?)
     }
 
-    fn update_running_stats(&self, x: &Tensor, mean: &Tensor, biased_var: &Tensor) -> Result<()> {
-        let (n, _, h, w) = x.dims4()?;
-        let count = (n * h * w) as f64;
+    /// Blends the batch statistics (over `count` elements per channel) into the running ones.
+    fn update_running_stats(&self, count: f64, mean: &Tensor, biased_var: &Tensor) -> Result<()> {
         let unbiased = (biased_var * (count / (count - 1.0).max(1.0)))?;
         let m = self.momentum;
         let blend = |running: &Var, batch: &Tensor| -> Result<()> {
@@ -93,7 +137,8 @@ mod tests {
 
     fn bn() -> (ParamStore, BatchNorm2d) {
         let mut store = ParamStore::new(&Device::Cpu, DType::F64);
-        let bn = BatchNorm2d::new(&mut store.scope("bn"), 2, false).unwrap();
+        let bn =
+            BatchNorm2d::new(&mut store.scope("bn"), 2, false, &CrossRankSlot::default()).unwrap();
         (store, bn)
     }
 

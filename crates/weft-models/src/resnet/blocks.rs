@@ -3,7 +3,7 @@
 use std::ops::Range;
 
 use candle_core::{Tensor, D};
-use weft_tensor::{ops, Block, EntryId, Mode, Scope};
+use weft_tensor::{ops, Block, CrossRankSlot, EntryId, Mode, Scope};
 
 use super::config::{BlockKind, Stem as StemKind};
 use crate::layers::{BatchNorm2d, Conv2d, Init, Linear};
@@ -22,6 +22,7 @@ impl Stem {
         init: &mut Init,
         kind: StemKind,
         width: usize,
+        sync: &CrossRankSlot,
     ) -> crate::Result<Self> {
         let start = scope.store_len();
         let (conv1, max_pool) = match kind {
@@ -34,7 +35,7 @@ impl Stem {
                 false,
             ),
         };
-        let bn1 = BatchNorm2d::new(&mut scope.sub("bn1"), width, false)?;
+        let bn1 = BatchNorm2d::new(&mut scope.sub("bn1"), width, false, sync)?;
         Ok(Self {
             conv1,
             bn1,
@@ -78,6 +79,8 @@ pub struct ResidualSpec {
     pub planes: usize,
     pub stride: usize,
     pub zero_init_residual: bool,
+    /// The model's SyncBatchNorm slot.
+    pub sync: CrossRankSlot,
 }
 
 impl Residual {
@@ -115,7 +118,12 @@ impl Residual {
                 p,
             )?;
             let zero = spec.zero_init_residual && i + 1 == last;
-            let bn = BatchNorm2d::new(&mut scope.sub(&format!("bn{}", i + 1)), cout, zero)?;
+            let bn = BatchNorm2d::new(
+                &mut scope.sub(&format!("bn{}", i + 1)),
+                cout,
+                zero,
+                &spec.sync,
+            )?;
             branch.push((conv, bn));
         }
         let downsample = if spec.stride != 1 || spec.in_ch != out_ch {
@@ -129,7 +137,7 @@ impl Residual {
                 spec.stride,
                 0,
             )?;
-            let bn = BatchNorm2d::new(&mut ds.sub("1"), out_ch, false)?;
+            let bn = BatchNorm2d::new(&mut ds.sub("1"), out_ch, false, &spec.sync)?;
             Some((conv, bn))
         } else {
             None

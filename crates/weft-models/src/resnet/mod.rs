@@ -6,7 +6,7 @@ mod blocks;
 mod config;
 
 use candle_core::{DType, Device};
-use weft_tensor::{Block, BlockModel, ParamStore};
+use weft_tensor::{Block, BlockModel, CrossRankSlot, ParamStore};
 
 pub use blocks::{Head, Residual, ResidualSpec, Stem};
 pub use config::{BlockKind, ResNetConfig, Stem as StemKind, MODEL_NAMES};
@@ -20,11 +20,13 @@ pub fn resnet(config: &ResNetConfig, dtype: DType, device: &Device) -> Result<Bl
     let mut init = Init::new(config.seed);
     let mut root = store.scope("");
     let mut blocks: Vec<Box<dyn Block>> = Vec::new();
+    let sync = CrossRankSlot::default();
     blocks.push(Box::new(Stem::new(
         &mut root,
         &mut init,
         config.stem,
         config.stem_width,
+        &sync,
     )?));
     let mut in_ch = config.stem_width;
     for (stage, (&count, &planes)) in config.layers.iter().zip(&config.widths).enumerate() {
@@ -36,6 +38,7 @@ pub fn resnet(config: &ResNetConfig, dtype: DType, device: &Device) -> Result<Bl
                 planes,
                 stride: if stage > 0 && index == 0 { 2 } else { 1 },
                 zero_init_residual: config.zero_init_residual,
+                sync: sync.clone(),
             };
             let name = format!("{layer}.{index}");
             let block = Residual::new(&mut root.sub(&name), &mut init, name, &spec)?;
@@ -49,7 +52,7 @@ pub fn resnet(config: &ResNetConfig, dtype: DType, device: &Device) -> Result<Bl
         in_ch,
         config.num_classes,
     )?));
-    Ok(BlockModel::new(store, blocks))
+    Ok(BlockModel::new(store, blocks).with_batch_stats_slot(sync))
 }
 
 #[cfg(test)]

@@ -1,0 +1,81 @@
+//! SyncBatchNorm: batch-normalisation statistics over the global batch of all ranks.
+//!
+//! [`AllReduceSum`] is a differentiable all-reduce (forward: sum over ranks; backward: sum the
+//! incoming gradients over ranks — the conjugate pair of nanotron's collectives), installed in
+//! a model's batch-statistics slot by [`convert_sync_batch_norm`], like PyTorch's
+//! `SyncBatchNorm.convert_sync_batchnorm`.
+
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use weft_collectives::{Buffer, Communicator, ReduceOp};
+use weft_tensor::{BlockModel, CrossRankSum};
+
+/// Sum over ranks, with the sum over ranks of the gradient as its backward.
+#[derive(Clone)]
+pub struct AllReduceSum {
+    comm: Arc<dyn Communicator>,
+}
+
+impl AllReduceSum {
+    pub fn new(comm: Arc<dyn Communicator>) -> Self {
+        Self { comm }
+    }
+
+    fn reduce(&self, buffer: Buffer) -> candle_core::Result<Buffer> {
+        self.comm
+            .all_reduce(buffer, ReduceOp::Sum)
+            .wait()
+            .map_err(|e| candle_core::Error::Msg(format!("sync batch norm: {e}")))
+    }
+}
+
+impl CustomOp1 for AllReduceSum {
+    fn name(&self) -> &'static str {
+        "weft-all-reduce-sum"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("weft-all-reduce-sum: the input must be contiguous");
+        };
+        let out = match storage {
+            CpuStorage::F32(v) => match self.reduce(Buffer::F32(v[start..end].to_vec()))? {
+                Buffer::F32(r) => CpuStorage::F32(r),
+                _ => candle_core::bail!("weft-all-reduce-sum: the result changed dtype"),
+            },
+            CpuStorage::F64(v) => match self.reduce(Buffer::F64(v[start..end].to_vec()))? {
+                Buffer::F64(r) => CpuStorage::F64(r),
+                _ => candle_core::bail!("weft-all-reduce-sum: the result changed dtype"),
+            },
+            _ => candle_core::bail!("weft-all-reduce-sum: only f32 and f64 are supported"),
+        };
+        Ok((out, layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad_res.contiguous()?.apply_op1(self.clone())?))
+    }
+}
+
+impl CrossRankSum for AllReduceSum {
+    fn sum(&self, values: &Tensor) -> candle_core::Result<Tensor> {
+        values.contiguous()?.apply_op1(self.clone())
+    }
+}
+
+/// Makes every batch-normalisation layer of `model` use the global batch over `comm`'s ranks.
+pub fn convert_sync_batch_norm(model: &BlockModel, comm: Arc<dyn Communicator>) {
+    model
+        .batch_stats_slot()
+        .set(Arc::new(AllReduceSum::new(comm)));
+}

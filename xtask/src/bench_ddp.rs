@@ -1,0 +1,101 @@
+//! `cargo xtask bench-ddp`: data-parallel scaling on this machine. Trains the same model on
+//! synthetic data with 1 rank (one thread, and all threads) and with N ranks (one thread pool
+//! share each), and reports images/s, the share of communication hidden under backward and
+//! the scaling efficiency `img/s(N) / (N × img/s(1 rank, same threads per rank))`.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::python::workspace_root;
+
+#[derive(Debug, Args)]
+pub struct BenchDdpArgs {
+    #[arg(long, default_value = "resnet20")]
+    model: String,
+    /// Global batch size (split over the ranks)
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 32)]
+    image_size: usize,
+    /// Steps per run; the first `warmup` are not counted
+    #[arg(long, default_value_t = 12)]
+    steps: usize,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Ranks of the data-parallel run
+    #[arg(long, default_value_t = 2)]
+    nproc: usize,
+}
+
+struct Measured {
+    images_per_sec: f64,
+    comm_hidden: Option<f64>,
+}
+
+pub fn run(args: &BenchDdpArgs) -> Result<()> {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let per_rank_threads = (cores / args.nproc).max(1);
+    println!(
+        "bench-ddp: {} global batch {} at {}x{}, {} steps ({} warm-up), {cores} cores",
+        args.model, args.batch_size, args.image_size, args.image_size, args.steps, args.warmup
+    );
+    let single_narrow = measure(args, 1, per_rank_threads, "1rank-narrow")?;
+    let single_wide = measure(args, 1, cores, "1rank-wide")?;
+    let multi = measure(args, args.nproc, per_rank_threads, "nrank")?;
+    let row = |label: String, m: &Measured| {
+        let hidden = m.comm_hidden.map(|h| format!("{:.0}%", 100.0 * h)).unwrap_or_else(|| "-".into());
+        println!("{label:<34} {:>10.1} img/s   comm hidden {hidden}", m.images_per_sec);
+    };
+    row(format!("1 rank x {per_rank_threads} thread(s)"), &single_narrow);
+    row(format!("1 rank x {cores} thread(s)"), &single_wide);
+    row(format!("{} ranks x {per_rank_threads} thread(s)", args.nproc), &multi);
+    println!(
+        "scaling efficiency {} ranks vs 1 rank of the same threads: {:.1}%; throughput vs 1 rank on all cores: {:.2}x",
+        args.nproc,
+        100.0 * multi.images_per_sec / (args.nproc as f64 * single_narrow.images_per_sec),
+        multi.images_per_sec / single_wide.images_per_sec
+    );
+    Ok(())
+}
+
+fn measure(args: &BenchDdpArgs, nproc: usize, threads: usize, tag: &str) -> Result<Measured> {
+    let out = workspace_root().join("target/bench-runs");
+    let name = format!("bench-ddp-{tag}-{}", std::process::id());
+    let me = std::env::current_exe()?;
+    let status = Command::new(me)
+        .args(["train-resnet", "--quiet", "--model", &args.model])
+        .args(["--batch-size", &args.batch_size.to_string()])
+        .args(["--image-size", &args.image_size.to_string()])
+        .args(["--steps", &args.steps.to_string()])
+        .args(["--nproc", &nproc.to_string()])
+        .args(["--synthetic-val", &args.batch_size.to_string()])
+        .arg("--out")
+        .arg(&out)
+        .args(["--name", &name])
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .status()
+        .context("cannot start the training run")?;
+    if !status.success() {
+        bail!("training run {name} failed ({status})");
+    }
+    let text = std::fs::read_to_string(out.join(&name).join("metrics.jsonl"))?;
+    let steps: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("step").is_some())
+        .skip(args.warmup)
+        .collect();
+    if steps.is_empty() {
+        bail!("run {name} logged no step after the warm-up");
+    }
+    let mean = |key: &str| -> Option<f64> {
+        let values: Vec<f64> = steps.iter().filter_map(|v| v[key].as_f64()).collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    };
+    // Throughput from the mean step time, not the mean of per-step rates.
+    let mean_seconds = steps.iter().map(|v| args.batch_size as f64 / v["images_per_sec"].as_f64().unwrap_or(f64::NAN)).sum::<f64>()
+        / steps.len() as f64;
+    Ok(Measured { images_per_sec: args.batch_size as f64 / mean_seconds, comm_hidden: mean("comm_hidden") })
+}
