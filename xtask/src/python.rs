@@ -15,7 +15,11 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// Path of the venv's python, creating the venv and installing torch + torchvision if needed.
+/// `WEFT_ANCHOR_PYTHON` names an interpreter that already has them (e.g. on a GPU machine).
 pub fn torch_python() -> Result<PathBuf> {
+    if let Some(python) = std::env::var_os("WEFT_ANCHOR_PYTHON") {
+        return Ok(PathBuf::from(python));
+    }
     let venv = workspace_root().join("target/bench-venv");
     let python = venv.join("bin/python");
     if python.exists() && has_torch(&python) {
@@ -55,7 +59,12 @@ fn run(cmd: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Path of one of the anchor scripts in `xtask/python/`.
+/// Path of one of the anchor scripts in `xtask/python/`: under the current folder when run
+/// from a checkout (a binary carried to another machine), else in this workspace.
 pub fn script(name: &str) -> PathBuf {
+    let local = Path::new("xtask/python").join(name);
+    if local.exists() {
+        return local;
+    }
     workspace_root().join("xtask/python").join(name)
 }

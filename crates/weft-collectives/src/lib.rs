@@ -1,1 +1,41 @@
-//! Collective communication (placeholder until the collectives work lands).
+//! Collective communication for weft.
+//!
+//! - [`Communicator`]: the backend-independent trait (all-reduce, reduce-scatter,
+//!   all-gather, broadcast, reduce, send/recv, barrier, split). Operations are asynchronous,
+//!   complete in issue order, and hand their buffers back through [`Work`].
+//! - [`CommunicatorExt`] and [`TensorCollectives`]: blocking slice and candle tensor versions.
+//! - [`shm`]: the shared-memory backend for ranks on one host (processes or threads).
+//! - [`store`]: the TCP rendezvous store; [`env`] and [`init_from_env`]: joining a job
+//!   started by `weft-run`, torchrun or Slurm.
+//!
+//! Binaries: `weft-run` (launcher), `weft-bench-collectives` (benchmark) and
+//! `weft-collectives-selftest` (the multi-process tests' rank program).
+
+pub mod buffer;
+pub mod communicator;
+pub mod element;
+pub mod env;
+pub mod error;
+pub mod ext;
+pub mod reduce_op;
+mod rendezvous;
+pub mod shm;
+mod split;
+pub mod store;
+pub mod tensor;
+mod work_queue;
+
+#[cfg(test)]
+mod testing;
+
+pub use buffer::Buffer;
+pub use communicator::{Communicator, Work};
+pub use element::{DType, Element};
+pub use env::LaunchEnv;
+pub use error::{CommError, Result};
+pub use ext::CommunicatorExt;
+pub use reduce_op::ReduceOp;
+pub use rendezvous::{init_from_env, init_shm, init_shm_with_config};
+pub use shm::{ShmCommunicator, ShmConfig};
+pub use store::{TcpStore, TcpStoreServer};
+pub use tensor::{TensorCollectives, TensorWork};

@@ -1,0 +1,179 @@
+//! Rank program for the multi-process tests, run under `weft-run`:
+//! - `collectives`: every collective across processes, checked against values each rank
+//!   can compute for every other rank;
+//! - `loop`: prints its pid, then all-reduces until an operation fails (a test kills one rank);
+//! - `exit`: prints its pid; rank `--rank` exits with `--code`, the others sleep;
+//! - `store-probe`: talks to a store at `--addr` with `--token` (no launcher needed).
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use weft_collectives::{init_from_env, Communicator, ReduceOp, Result, TcpStore};
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    Collectives,
+    Loop,
+    Exit {
+        #[arg(long)]
+        rank: usize,
+        #[arg(long)]
+        code: u8,
+    },
+    StoreProbe {
+        #[arg(long)]
+        addr: String,
+        #[arg(long)]
+        token: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let result = match Args::parse().mode {
+        Mode::Collectives => collectives(),
+        Mode::Loop => all_reduce_loop(),
+        Mode::Exit { rank, code } => exit_on_rank(rank, code),
+        Mode::StoreProbe { addr, token } => store_probe(&addr, &token),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("selftest error: {message}");
+            ExitCode::from(3)
+        }
+    }
+}
+
+/// Value of element `i` of rank `rank`'s input: small integers, so f32 sums are exact.
+fn value(rank: usize, i: usize) -> f32 {
+    ((rank * 7 + i * 13) % 17) as f32 - 8.0
+}
+
+fn check(
+    what: &str,
+    got: &[f32],
+    expected: impl Fn(usize) -> f32,
+) -> std::result::Result<(), String> {
+    match (0..got.len()).find(|&i| got[i] != expected(i)) {
+        Some(i) => Err(format!(
+            "{what}: element {i} is {}, expected {}",
+            got[i],
+            expected(i)
+        )),
+        None => Ok(()),
+    }
+}
+
+fn collectives() -> std::result::Result<(), String> {
+    let comm = init_from_env().map_err(|e| e.to_string())?;
+    let (rank, n) = (comm.rank(), comm.world_size());
+    let run = |e: weft_collectives::CommError| e.to_string();
+    for len in [0usize, 1, 1001, (1 << 19) + 3] {
+        let mine: Vec<f32> = (0..len).map(|i| value(rank, i)).collect();
+        let sum = comm
+            .all_reduce(mine.clone().into(), ReduceOp::Sum)
+            .wait_vec::<f32>()
+            .map_err(run)?;
+        check("all_reduce", &sum, |i| (0..n).map(|r| value(r, i)).sum())?;
+        let max = comm
+            .all_reduce(mine.clone().into(), ReduceOp::Max)
+            .wait_vec::<f32>()
+            .map_err(run)?;
+        check("all_reduce max", &max, |i| {
+            (0..n).map(|r| value(r, i)).fold(f32::MIN, f32::max)
+        })?;
+        let gathered = comm
+            .all_gather(mine.clone().into())
+            .wait_vec::<f32>()
+            .map_err(run)?;
+        check("all_gather", &gathered, |i| {
+            value(i / len.max(1), i % len.max(1))
+        })?;
+        let from_last = comm
+            .broadcast(mine.clone().into(), n - 1)
+            .wait_vec::<f32>()
+            .map_err(run)?;
+        check("broadcast", &from_last, |i| value(n - 1, i))?;
+        let wide: Vec<f32> = (0..len * n).map(|i| value(rank, i)).collect();
+        let shard = comm
+            .reduce_scatter(wide.into(), ReduceOp::Sum)
+            .wait_vec::<f32>()
+            .map_err(run)?;
+        check("reduce_scatter", &shard, |i| {
+            (0..n).map(|r| value(r, rank * len + i)).sum()
+        })?;
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        if n > 1 {
+            let shifted = comm.send_recv(mine.clone().into(), next, vec![0f32; len].into(), prev);
+            check("send_recv", &shifted.wait_vec::<f32>().map_err(run)?, |i| {
+                value(prev, i)
+            })?;
+        }
+    }
+    let halves = comm.split((rank % 2) as u32, rank as i64).map_err(run)?;
+    let members = comm_sum_of_ranks(&*halves, rank).map_err(run)?;
+    let expected: usize = (0..n).filter(|r| r % 2 == rank % 2).sum();
+    if members != expected as i64 {
+        return Err(format!(
+            "split: sum of member ranks is {members}, expected {expected}"
+        ));
+    }
+    comm.barrier().wait().map_err(run)?;
+    println!("selftest ok rank {rank}");
+    Ok(())
+}
+
+fn comm_sum_of_ranks(comm: &dyn Communicator, rank: usize) -> Result<i64> {
+    Ok(comm
+        .all_reduce(vec![rank as i64].into(), ReduceOp::Sum)
+        .wait_vec::<i64>()?[0])
+}
+
+fn announce(rank: usize) {
+    println!("ready rank={rank} pid={}", std::process::id());
+}
+
+fn all_reduce_loop() -> std::result::Result<(), String> {
+    let comm = init_from_env().map_err(|e| e.to_string())?;
+    comm.barrier().wait().map_err(|e| e.to_string())?;
+    announce(comm.rank());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let data = vec![1.0f32; 1 << 18];
+        if let Err(err) = comm.all_reduce(data.into(), ReduceOp::Sum).wait() {
+            return Err(format!("rank {} all_reduce failed: {err}", comm.rank()));
+        }
+    }
+    Err("no peer failed within 60 s".into())
+}
+
+fn exit_on_rank(failing: usize, code: u8) -> std::result::Result<(), String> {
+    let rank: usize = std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .ok_or("RANK is not set")?;
+    announce(rank);
+    if rank == failing {
+        std::process::exit(i32::from(code));
+    }
+    std::thread::sleep(Duration::from_secs(60));
+    Err("was not stopped within 60 s".into())
+}
+
+fn store_probe(addr: &str, token: &str) -> std::result::Result<(), String> {
+    let store =
+        TcpStore::connect(addr, token, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    println!("add={}", store.add("probe", 1).map_err(|e| e.to_string())?);
+    match store.wait(&["never-set"], Duration::from_millis(200)) {
+        Err(err) => println!("wait failed: {err}"),
+        Ok(()) => return Err("waiting for an unset key succeeded".into()),
+    }
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! Tests of launch-environment parsing for torchrun and Slurm variables.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::*;
+
+fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
+const TORCHRUN: [(&str, &str); 8] = [
+    ("RANK", "3"),
+    ("WORLD_SIZE", "4"),
+    ("LOCAL_RANK", "1"),
+    ("LOCAL_WORLD_SIZE", "2"),
+    ("MASTER_ADDR", "10.1.2.3"),
+    ("MASTER_PORT", "29500"),
+    ("WEFT_JOB_ID", "job7"),
+    ("WEFT_JOB_TOKEN", "tok"),
+];
+
+#[test]
+fn torchrun_variables_are_read() {
+    let env = LaunchEnv::from_lookup(lookup(&TORCHRUN)).unwrap();
+    assert_eq!(
+        env,
+        LaunchEnv {
+            rank: 3,
+            world_size: 4,
+            local_rank: 1,
+            local_world_size: 2,
+            master_addr: "10.1.2.3".into(),
+            master_port: 29500,
+            job_id: "job7".into(),
+            job_token: "tok".into(),
+            timeout: DEFAULT_TIMEOUT,
+            store_bind_addr: "127.0.0.1".into(),
+        }
+    );
+    let mut with_timeout = TORCHRUN.to_vec();
+    with_timeout.push(("WEFT_TIMEOUT", "1.5"));
+    let env = LaunchEnv::from_lookup(lookup(&with_timeout)).unwrap();
+    assert_eq!(env.timeout, Duration::from_millis(1500));
+}
+
+#[test]
+fn missing_or_invalid_variables_are_named() {
+    for (var, value) in [
+        ("RANK", None),
+        ("WORLD_SIZE", Some("four")),
+        ("RANK", Some("4")),
+        ("LOCAL_RANK", Some("2")),
+        ("MASTER_PORT", Some("70000")),
+        ("MASTER_ADDR", None),
+        ("WEFT_JOB_TOKEN", None),
+        ("WEFT_TIMEOUT", Some("-3")),
+    ] {
+        let mut vars: Vec<(&str, &str)> = TORCHRUN
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != var)
+            .collect();
+        if let Some(value) = value {
+            vars.push((var, value));
+        }
+        let err = LaunchEnv::from_lookup(lookup(&vars)).unwrap_err();
+        assert!(
+            matches!(&err, CommError::Env { var: named, .. } if *named == var),
+            "{var}: {err}"
+        );
+    }
+}
+
+#[test]
+fn slurm_variables_are_read_with_derived_master() {
+    let vars = [
+        ("SLURM_PROCID", "5"),
+        ("SLURM_NTASKS", "8"),
+        ("SLURM_LOCALID", "1"),
+        ("SLURM_NNODES", "2"),
+        ("SLURM_NTASKS_PER_NODE", "4"),
+        ("SLURM_JOB_NODELIST", "gpu[07-08]"),
+        ("SLURM_JOB_ID", "123456"),
+        ("WEFT_JOB_TOKEN", "tok"),
+    ];
+    let env = LaunchEnv::from_lookup(lookup(&vars)).unwrap();
+    assert_eq!(
+        (
+            env.rank,
+            env.world_size,
+            env.local_rank,
+            env.local_world_size
+        ),
+        (5, 8, 1, 4)
+    );
+    assert_eq!(env.master_addr, "gpu07");
+    assert_eq!(env.master_port, 20000 + (123456 % 20000) as u16);
+    assert_eq!(env.job_id, "123456");
+}
+
+#[test]
+fn first_hosts_of_node_lists() {
+    assert_eq!(first_host("node01").as_deref(), Some("node01"));
+    assert_eq!(first_host("a,b").as_deref(), Some("a"));
+    assert_eq!(first_host("node[03-05,9],gpu1").as_deref(), Some("node03"));
+    assert_eq!(first_host("x-[1]").as_deref(), Some("x-1"));
+    assert_eq!(first_host("gpu1,node[2-3]").as_deref(), Some("gpu1"));
+    assert_eq!(first_host("rack[1-2]-node[1-4]"), None);
+    assert_eq!(first_host("node[a-b]"), None);
+    assert_eq!(first_host(""), None);
+}

@@ -1,0 +1,121 @@
+//! A small TCP key-value store for rendezvous, like torch's `TCPStore`: rank 0 hosts a
+//! [`TcpStoreServer`]; every rank connects a [`TcpStore`] client presenting the job token.
+//! Operations: set, get (waits for the key), wait (for several keys), add (atomic counter),
+//! and a barrier built from add and wait. Every call has a timeout.
+
+mod client;
+mod protocol;
+mod server;
+
+pub use client::TcpStore;
+pub use server::TcpStoreServer;
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::error::CommError;
+
+    const TOKEN: &str = "secret-token";
+
+    fn server() -> (TcpStoreServer, String) {
+        let server = TcpStoreServer::bind("127.0.0.1:0", TOKEN).unwrap();
+        let addr = server.local_addr().to_string();
+        (server, addr)
+    }
+
+    #[test]
+    fn clients_without_the_token_are_rejected() {
+        let (_server, addr) = server();
+        let err = TcpStore::connect(&addr, "wrong-token", Duration::from_secs(5)).unwrap_err();
+        match err {
+            CommError::StoreRejected { reason, .. } => {
+                assert!(reason.contains("invalid job token"))
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+
+    #[test]
+    fn set_get_add_and_wait_share_values_between_clients() {
+        let (_server, addr) = server();
+        let a = TcpStore::connect(&addr, TOKEN, Duration::from_secs(5)).unwrap();
+        let b = TcpStore::connect(&addr, TOKEN, Duration::from_secs(5)).unwrap();
+        assert_eq!(a.add("counter", 2).unwrap(), 2);
+        assert_eq!(b.add("counter", -5).unwrap(), -3);
+        assert_eq!(a.get("counter", Duration::from_secs(1)).unwrap(), b"-3");
+        a.set("text", b"not a number").unwrap();
+        assert!(matches!(
+            b.add("text", 1),
+            Err(CommError::StoreRejected { .. })
+        ));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                a.set("late", &[1, 2, 3]).unwrap();
+            });
+            assert_eq!(
+                b.get("late", Duration::from_secs(5)).unwrap(),
+                vec![1, 2, 3]
+            );
+        });
+        b.wait(&["late", "text"], Duration::from_secs(1)).unwrap();
+    }
+
+    #[test]
+    fn waits_time_out_naming_the_missing_keys() {
+        let (_server, addr) = server();
+        let client = TcpStore::connect(&addr, TOKEN, Duration::from_secs(5)).unwrap();
+        client.set("present", b"1").unwrap();
+        let start = Instant::now();
+        let err = client
+            .wait(&["present", "absent"], Duration::from_millis(200))
+            .unwrap_err();
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        match err {
+            CommError::StoreTimeout {
+                op: "wait",
+                missing,
+                ..
+            } => assert_eq!(missing, vec!["absent"]),
+            other => panic!("unexpected {other}"),
+        }
+        let err = client
+            .barrier("half", 2, Duration::from_millis(100))
+            .unwrap_err();
+        assert!(err.to_string().contains("1 of 2 ranks arrived"), "{err}");
+    }
+
+    #[test]
+    fn barrier_releases_all_ranks_together() {
+        let (_server, addr) = server();
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    let client = TcpStore::connect(&addr, TOKEN, Duration::from_secs(5)).unwrap();
+                    client.barrier("start", 3, Duration::from_secs(5)).unwrap();
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn clients_retry_until_the_server_is_up_and_give_up_at_their_timeout() {
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let addr = format!("127.0.0.1:{port}");
+        let start = Instant::now();
+        let err = TcpStore::connect(&addr, TOKEN, Duration::from_millis(200)).unwrap_err();
+        assert!(err.to_string().contains(&addr), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(3));
+        std::thread::scope(|s| {
+            let client = s.spawn(|| TcpStore::connect(&addr, TOKEN, Duration::from_secs(10)));
+            std::thread::sleep(Duration::from_millis(100));
+            let _server = TcpStoreServer::bind(&addr, TOKEN).unwrap();
+            client.join().unwrap().unwrap().set("k", b"v").unwrap();
+        });
+    }
+}
