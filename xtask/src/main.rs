@@ -1,5 +1,6 @@
 //! `cargo xtask …`: the project's commands — the ResNet trainer and the benchmarks.
 
+mod bench_collectives;
 mod bench_ddp;
 mod bench_step;
 mod launch;
@@ -23,6 +24,8 @@ enum Command {
     BenchStep(bench_step::BenchStepArgs),
     /// Data-parallel scaling on this machine: 1 rank vs N ranks
     BenchDdp(bench_ddp::BenchDdpArgs),
+    /// Collective bandwidth and latency (nccl-tests style), beside PyTorch gloo
+    BenchCollectives(bench_collectives::BenchCollectivesArgs),
 }
 
 fn main() {
@@ -31,6 +34,7 @@ fn main() {
         Command::TrainResnet(args) => train_resnet(args),
         Command::BenchStep(args) => bench_step::run(&args),
         Command::BenchDdp(args) => bench_ddp::run(&args),
+        Command::BenchCollectives(args) => bench_collectives::run(&args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

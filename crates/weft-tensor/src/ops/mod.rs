@@ -1,1 +1,29 @@
-//! Fast CPU kernels as Candle custom ops (placeholder until the kernels land).
+//! Fast CPU kernels as Candle custom ops, for training convolutional networks on the CPU.
+//!
+//! - [`conv2d`]: im2col + GEMM convolution whose backward runs dedicated input-gradient
+//!   (GEMM + col2im) and weight-gradient (GEMM over im2col) kernels.
+//! - [`max_pool2d`]: max pooling with any kernel, stride and padding, with a backward that
+//!   routes each output gradient to the first maximum of its window (as PyTorch does).
+//! - [`batch_norm_train`]: training-mode 2-D batch normalisation with a fused analytic
+//!   backward; also returns the batch statistics for the running averages.
+//!
+//! The CPU kernels handle f32 and f64; tensors on other devices or of other dtypes are
+//! computed with Candle's own (differentiable) ops instead.
+
+mod batch_norm;
+mod batch_norm_cpu;
+mod conv2d;
+mod conv_cpu;
+mod im2col;
+mod matmul;
+mod max_pool;
+mod max_pool_cpu;
+mod scratch;
+mod storage;
+
+pub use batch_norm::batch_norm_train;
+pub use conv2d::conv2d;
+pub use max_pool::max_pool2d;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,254 @@
+//! `batch_norm_train`: training-mode 2-D batch normalisation. On CPU f32/f64 tensors it is
+//! a fused custom op with an analytic backward; elsewhere it is composed of Candle ops.
+
+use super::batch_norm_cpu::{forward, grad_input, grad_sums, moments, ChannelLayout};
+use super::storage::{dims4, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
+
+/// Normalises `x` (`N x C x H x W`) per channel with its batch mean and biased variance
+/// over `N, H, W`, then scales by `weight` and shifts by `bias` (both of shape `C`):
+/// `y = (x - mean) / sqrt(var + eps) * weight + bias`. Returns `(y, mean, var)`; `y` is
+/// differentiable w.r.t. `x`, `weight` and `bias`, while `mean` and `var` (shape `C`,
+/// biased variance) are detached, for updating running statistics.
+pub fn batch_norm_train(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (n, c, h, w) = dims4(x.dims(), "batch_norm_train", "x")?;
+    if n * h * w == 0 || c == 0 {
+        bail!(
+            "batch_norm_train: x {:?} has no elements to normalise",
+            x.dims()
+        );
+    }
+    for (name, param) in [("weight", weight), ("bias", bias)] {
+        if param.dims() != [c] {
+            bail!(
+                "batch_norm_train: {name} has shape {:?}, expected [{c}] for x {:?}",
+                param.dims(),
+                x.dims()
+            );
+        }
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        bail!("batch_norm_train: eps must be finite and non-negative, got {eps}");
+    }
+    if !uses_cpu_kernels(&[x, weight, bias]) {
+        return batch_norm_train_candle(x, weight, bias, eps);
+    }
+    let x = x.contiguous()?;
+    let stats = x.apply_op1_no_bwd(&BatchNormOp {
+        pass: BnPass::Moments,
+        eps,
+    })?;
+    let affine = Tensor::stack(&[weight, bias], 0)?;
+    let y = x.apply_op3(
+        &affine,
+        &stats,
+        BatchNormOp {
+            pass: BnPass::Forward,
+            eps,
+        },
+    )?;
+    Ok((y, stats.get(0)?, stats.get(1)?))
+}
+
+/// The same computation from Candle ops (differentiable by Candle's autograd).
+pub(super) fn batch_norm_train_candle(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let per_channel = (1, weight.dim(0)?, 1, 1);
+    let mean = x.mean_keepdim((0, 2, 3))?;
+    let centered = x.broadcast_sub(&mean)?;
+    let var = centered.sqr()?.mean_keepdim((0, 2, 3))?;
+    let inv_std = (var.clone() + eps)?.sqrt()?.recip()?;
+    let y = centered
+        .broadcast_mul(&inv_std)?
+        .broadcast_mul(&weight.reshape(per_channel)?)?
+        .broadcast_add(&bias.reshape(per_channel)?)?;
+    Ok((y, mean.flatten_all()?.detach(), var.flatten_all()?.detach()))
+}
+
+/// Which batch-norm kernel a custom op runs, with its arguments.
+#[derive(Clone, Copy, Debug)]
+enum BnPass {
+    /// `(x)` -> `[mean; var]`, shape `2 x C`.
+    Moments,
+    /// `(x, [weight; bias], [mean; var])` -> `y`.
+    Forward,
+    /// `(x, dy, [mean; var])` -> `[sum(dy * xhat); sum(dy)]`, shape `2 x C`.
+    GradSums,
+    /// `(x, dy, [mean; var; weight; bias; sum(dy * xhat); sum(dy)])` -> `dx`.
+    GradInput,
+}
+
+/// A batch-norm custom op (unary for `Moments`, ternary otherwise).
+struct BatchNormOp {
+    pass: BnPass,
+    eps: f64,
+}
+
+/// A batch-norm kernel bound to its data layout.
+struct BnKernel {
+    pass: BnPass,
+    layout: ChannelLayout,
+    eps: f64,
+}
+
+impl CpuKernel for BnKernel {
+    fn run<T: Float>(&self, args: &[&[T]]) -> Result<Vec<T>> {
+        let (l, eps) = (&self.layout, self.eps);
+        Ok(match (self.pass, args) {
+            (BnPass::Moments, &[x]) => moments(x, l),
+            (BnPass::Forward, &[x, affine, stats]) => forward(x, affine, stats, l, eps),
+            (BnPass::GradSums, &[x, dy, stats]) => grad_sums(x, dy, stats, l, eps),
+            (BnPass::GradInput, &[x, dy, table]) => grad_input(x, dy, table, l, eps),
+            (pass, _) => bail!(
+                "batch-norm kernel {pass:?}: wrong argument count {}",
+                args.len()
+            ),
+        })
+    }
+}
+
+impl BatchNormOp {
+    /// Checks the argument shapes, runs the kernel and returns its result with its shape.
+    fn run(&self, args: &[Arg<'_>]) -> Result<(CpuStorage, Shape)> {
+        let x_shape = args[0].layout.shape();
+        let (_, channels, h, w) = dims4(x_shape.dims(), self.name(), "x")?;
+        let table_rows = match self.pass {
+            BnPass::GradInput => 6,
+            _ => 2,
+        };
+        for arg in &args[1..] {
+            let expected: &[usize] = match arg.name {
+                "dy" => x_shape.dims(),
+                "affine" | "stats" => &[2, channels],
+                _ => &[table_rows, channels],
+            };
+            if arg.layout.dims() != expected {
+                bail!(
+                    "{}: `{}` has shape {:?}, expected {expected:?}",
+                    self.name(),
+                    arg.name,
+                    arg.layout.dims()
+                );
+            }
+        }
+        let kernel = BnKernel {
+            pass: self.pass,
+            layout: ChannelLayout {
+                channels,
+                plane: h * w,
+            },
+            eps: self.eps,
+        };
+        let storage = run_kernel(&kernel, self.name(), args)?;
+        let shape = match self.pass {
+            BnPass::Moments | BnPass::GradSums => (2, channels).into(),
+            BnPass::Forward | BnPass::GradInput => x_shape.clone(),
+        };
+        Ok((storage, shape))
+    }
+
+    fn name(&self) -> &'static str {
+        match self.pass {
+            BnPass::Moments => "weft-batch-norm-moments",
+            BnPass::Forward => "weft-batch-norm",
+            BnPass::GradSums => "weft-batch-norm-grad-sums",
+            BnPass::GradInput => "weft-batch-norm-grad-input",
+        }
+    }
+}
+
+impl CustomOp1 for BatchNormOp {
+    fn name(&self) -> &'static str {
+        BatchNormOp::name(self)
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.run(&[Arg {
+            storage,
+            layout,
+            name: "x",
+        }])
+    }
+}
+
+impl CustomOp3 for BatchNormOp {
+    fn name(&self) -> &'static str {
+        BatchNormOp::name(self)
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (name2, name3) = match self.pass {
+            BnPass::Forward => ("affine", "stats"),
+            BnPass::GradSums => ("dy", "stats"),
+            _ => ("dy", "table"),
+        };
+        self.run(&[
+            Arg {
+                storage: s1,
+                layout: l1,
+                name: "x",
+            },
+            Arg {
+                storage: s2,
+                layout: l2,
+                name: name2,
+            },
+            Arg {
+                storage: s3,
+                layout: l3,
+                name: name3,
+            },
+        ])
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        affine: &Tensor,
+        stats: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let eps = self.eps;
+        let dy = dy.contiguous()?;
+        let sums = x.apply_op3_no_bwd(
+            &dy,
+            stats,
+            &BatchNormOp {
+                pass: BnPass::GradSums,
+                eps,
+            },
+        )?;
+        let dx = if x.track_op() {
+            let table = Tensor::cat(&[stats, affine, &sums], 0)?;
+            Some(x.apply_op3_no_bwd(
+                &dy,
+                &table,
+                &BatchNormOp {
+                    pass: BnPass::GradInput,
+                    eps,
+                },
+            )?)
+        } else {
+            None
+        };
+        Ok((dx, affine.track_op().then_some(sums), None))
+    }
+}

@@ -1,0 +1,259 @@
+//! `conv2d`: 2-D convolution (NCHW input, OIHW weight, groups 1, dilation 1) as a Candle
+//! custom op whose backward runs the CPU input- and weight-gradient kernels; non-CPU or
+//! non-f32/f64 tensors use Candle's own `conv2d`.
+
+use super::conv_cpu::{conv_backward_data, conv_backward_filter, conv_forward, ConvProblem};
+use super::im2col::ConvGeometry;
+use super::storage::{dims4, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float};
+use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+
+/// 2-D convolution of `x` (`N x C_in x H x W`) with `w` (`C_out x C_in x KH x KW`), equal
+/// stride and zero padding on both spatial axes; returns `N x C_out x OH x OW` with
+/// `OH = (H + 2 * padding - KH) / stride + 1` (likewise `OW`). Differentiable.
+pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+    conv_problem(x.dims(), w.dims(), stride, padding)?;
+    if uses_cpu_kernels(&[x, w]) {
+        x.contiguous()?
+            .apply_op2(&w.contiguous()?, Conv2dOp { stride, padding })
+    } else {
+        x.conv2d(w, padding, stride, 1, 1)
+    }
+}
+
+/// Validates the shapes of a convolution and derives its problem description.
+fn conv_problem(
+    x_dims: &[usize],
+    w_dims: &[usize],
+    stride: usize,
+    padding: usize,
+) -> Result<ConvProblem> {
+    let (batch, c_in, in_h, in_w) = dims4(x_dims, "conv2d", "x")?;
+    let (c_out, w_c_in, k_h, k_w) = dims4(w_dims, "conv2d", "w")?;
+    if stride == 0 {
+        bail!("conv2d: stride must be positive");
+    }
+    if c_in == 0 || c_out == 0 || k_h == 0 || k_w == 0 {
+        bail!("conv2d: x {x_dims:?} and w {w_dims:?} must have non-zero channels and kernel");
+    }
+    if w_c_in != c_in {
+        bail!("conv2d: w has {w_c_in} input channels (shape {w_dims:?}) but x has {c_in} (shape {x_dims:?})");
+    }
+    let (padded_h, padded_w) = (in_h + 2 * padding, in_w + 2 * padding);
+    if padded_h < k_h || padded_w < k_w {
+        bail!("conv2d: kernel {k_h}x{k_w} is larger than the padded input {padded_h}x{padded_w}");
+    }
+    let geom = ConvGeometry {
+        c_in,
+        in_h,
+        in_w,
+        k_h,
+        k_w,
+        stride,
+        padding,
+        out_h: (padded_h - k_h) / stride + 1,
+        out_w: (padded_w - k_w) / stride + 1,
+    };
+    Ok(ConvProblem { batch, c_out, geom })
+}
+
+/// The differentiable forward op on the CPU: args `(x, w)`.
+struct Conv2dOp {
+    stride: usize,
+    padding: usize,
+}
+
+/// Input gradient op: args `(dy, w)`, result `dx` of spatial size `in_hw`.
+struct Conv2dBackwardData {
+    stride: usize,
+    padding: usize,
+    in_hw: (usize, usize),
+}
+
+/// Weight gradient op: args `(x, dy)`, result `dw` with kernel size `kernel_hw`.
+struct Conv2dBackwardFilter {
+    stride: usize,
+    padding: usize,
+    kernel_hw: (usize, usize),
+}
+
+impl ConvProblem {
+    /// The output shape `N x C_out x OH x OW`.
+    fn output_shape(&self) -> Shape {
+        (self.batch, self.c_out, self.geom.out_h, self.geom.out_w).into()
+    }
+
+    /// Checks that an output gradient has this problem's output shape.
+    fn check_output_grad(&self, dy_dims: &[usize], op: &str) -> Result<()> {
+        if dy_dims != self.output_shape().dims() {
+            bail!(
+                "{op}: output gradient has shape {dy_dims:?}, expected {:?}",
+                self.output_shape().dims()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Which convolution kernel a custom op runs.
+#[derive(Clone, Copy)]
+enum ConvPass {
+    Forward,
+    BackwardData,
+    BackwardFilter,
+}
+
+/// A convolution kernel bound to its problem, runnable on f32 or f64 slices.
+struct ConvKernel {
+    pass: ConvPass,
+    problem: ConvProblem,
+}
+
+impl CpuKernel for ConvKernel {
+    fn run<T: Float>(&self, args: &[&[T]]) -> Result<Vec<T>> {
+        let &[a, b] = args else {
+            bail!("conv2d kernel: expected 2 arguments, got {}", args.len());
+        };
+        let p = &self.problem;
+        Ok(match self.pass {
+            ConvPass::Forward => conv_forward(a, b, p),
+            ConvPass::BackwardData => conv_backward_data(a, b, p),
+            ConvPass::BackwardFilter => conv_backward_filter(a, b, p),
+        })
+    }
+}
+
+/// Runs one convolution pass on two CPU arguments.
+fn run_conv(
+    pass: ConvPass,
+    problem: ConvProblem,
+    op: &str,
+    args: [(&CpuStorage, &Layout, &'static str); 2],
+) -> Result<CpuStorage> {
+    let args = args.map(|(storage, layout, name)| Arg {
+        storage,
+        layout,
+        name,
+    });
+    run_kernel(&ConvKernel { pass, problem }, op, &args)
+}
+
+impl CustomOp2 for Conv2dOp {
+    fn name(&self) -> &'static str {
+        "weft-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let problem = conv_problem(l1.dims(), l2.dims(), self.stride, self.padding)?;
+        let storage = run_conv(
+            ConvPass::Forward,
+            problem,
+            self.name(),
+            [(s1, l1, "x"), (s2, l2, "w")],
+        )?;
+        Ok((storage, problem.output_shape()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let (_, _, in_h, in_w) = x.dims4()?;
+        let (_, _, k_h, k_w) = w.dims4()?;
+        let (stride, padding) = (self.stride, self.padding);
+        let dx = if x.track_op() {
+            let op = Conv2dBackwardData {
+                stride,
+                padding,
+                in_hw: (in_h, in_w),
+            };
+            Some(dy.apply_op2_no_bwd(w, &op)?)
+        } else {
+            None
+        };
+        let dw = if w.track_op() {
+            let op = Conv2dBackwardFilter {
+                stride,
+                padding,
+                kernel_hw: (k_h, k_w),
+            };
+            Some(x.apply_op2_no_bwd(&dy, &op)?)
+        } else {
+            None
+        };
+        Ok((dx, dw))
+    }
+}
+
+impl CustomOp2 for Conv2dBackwardData {
+    fn name(&self) -> &'static str {
+        "weft-conv2d-backward-data"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (batch, _, _, _) = dims4(l1.dims(), self.name(), "dy")?;
+        let (_, c_in, _, _) = dims4(l2.dims(), self.name(), "w")?;
+        let (in_h, in_w) = self.in_hw;
+        let problem = conv_problem(
+            &[batch, c_in, in_h, in_w],
+            l2.dims(),
+            self.stride,
+            self.padding,
+        )?;
+        problem.check_output_grad(l1.dims(), self.name())?;
+        let storage = run_conv(
+            ConvPass::BackwardData,
+            problem,
+            self.name(),
+            [(s1, l1, "dy"), (s2, l2, "w")],
+        )?;
+        Ok((storage, (batch, c_in, in_h, in_w).into()))
+    }
+}
+
+impl CustomOp2 for Conv2dBackwardFilter {
+    fn name(&self) -> &'static str {
+        "weft-conv2d-backward-filter"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, c_in, _, _) = dims4(l1.dims(), self.name(), "x")?;
+        let (_, c_out, _, _) = dims4(l2.dims(), self.name(), "dy")?;
+        let (k_h, k_w) = self.kernel_hw;
+        let problem = conv_problem(
+            l1.dims(),
+            &[c_out, c_in, k_h, k_w],
+            self.stride,
+            self.padding,
+        )?;
+        problem.check_output_grad(l2.dims(), self.name())?;
+        let storage = run_conv(
+            ConvPass::BackwardFilter,
+            problem,
+            self.name(),
+            [(s1, l1, "x"), (s2, l2, "dy")],
+        )?;
+        Ok((storage, (c_out, c_in, k_h, k_w).into()))
+    }
+}

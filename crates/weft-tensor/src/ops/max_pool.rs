@@ -1,0 +1,163 @@
+//! `max_pool2d`: 2-D max pooling with any kernel, stride and padding (padding counts as
+//! `-inf`), differentiable; the gradient of each output goes to the first maximum of its
+//! window in row-major order, as in PyTorch. CPU f32/f64 tensors use a custom op (kernels
+//! in `max_pool_cpu`); others use Candle ops (see [`max_pool2d_candle`]).
+
+use super::max_pool_cpu::{PoolKernel, PoolWindow};
+use super::storage::{run_kernel, uses_cpu_kernels, Arg};
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Shape, Tensor,
+};
+
+/// Max pooling of `x` (`N x C x H x W`) over `kernel x kernel` windows with equal stride and
+/// `-inf` padding on both spatial axes; returns `N x C x OH x OW` with
+/// `OH = (H + 2 * padding - kernel) / stride + 1`. Requires `padding <= kernel / 2`.
+pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
+    let window = PoolWindow {
+        kernel,
+        stride,
+        padding,
+    };
+    window.output_shape(x.dims())?;
+    if uses_cpu_kernels(&[x]) {
+        x.contiguous()?.apply_op1(MaxPool2dOp { window })
+    } else {
+        max_pool2d_candle(x, kernel, stride, padding)
+    }
+}
+
+/// The differentiable CPU op: arg `x`.
+struct MaxPool2dOp {
+    window: PoolWindow,
+}
+
+/// Input gradient op: args `(x, y, dy)`.
+struct MaxPool2dBackward {
+    window: PoolWindow,
+}
+
+impl CustomOp1 for MaxPool2dOp {
+    fn name(&self) -> &'static str {
+        "weft-max-pool2d"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, c, out_h, out_w) = self.window.output_shape(layout.dims())?;
+        let (_, _, h, w) = layout.shape().dims4()?;
+        let kernel = PoolKernel::new(self.window, (h, w), (out_h, out_w), false);
+        let arg = Arg {
+            storage,
+            layout,
+            name: "x",
+        };
+        Ok((
+            run_kernel(&kernel, self.name(), &[arg])?,
+            (n, c, out_h, out_w).into(),
+        ))
+    }
+
+    fn bwd(&self, x: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        let op = MaxPool2dBackward {
+            window: self.window,
+        };
+        Ok(Some(x.apply_op3_no_bwd(y, &dy.contiguous()?, &op)?))
+    }
+}
+
+impl CustomOp3 for MaxPool2dBackward {
+    fn name(&self) -> &'static str {
+        "weft-max-pool2d-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, c, out_h, out_w) = self.window.output_shape(l1.dims())?;
+        for (name, dims) in [("y", l2.dims()), ("dy", l3.dims())] {
+            if dims != [n, c, out_h, out_w] {
+                bail!(
+                    "{}: {name} has shape {dims:?}, expected {:?}",
+                    self.name(),
+                    (n, c, out_h, out_w)
+                );
+            }
+        }
+        let (_, _, h, w) = l1.shape().dims4()?;
+        let kernel = PoolKernel::new(self.window, (h, w), (out_h, out_w), true);
+        let args = [
+            Arg {
+                storage: s1,
+                layout: l1,
+                name: "x",
+            },
+            Arg {
+                storage: s2,
+                layout: l2,
+                name: "y",
+            },
+            Arg {
+                storage: s3,
+                layout: l3,
+                name: "dy",
+            },
+        ];
+        Ok((run_kernel(&kernel, self.name(), &args)?, l1.shape().clone()))
+    }
+}
+
+/// Max pooling from Candle ops, for devices and dtypes without the CPU kernel: a running
+/// maximum over the `kernel^2` strided window offsets that keeps the first maximum, with
+/// `-inf` padding. (Candle's own `max_pool2d` backward is not used: in candle-core 0.11.1
+/// it scales gradients by the tie fraction instead of dividing by it, and misroutes them
+/// when the input size is not a multiple of the kernel.)
+pub(super) fn max_pool2d_candle(
+    x: &Tensor,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    let window = PoolWindow {
+        kernel,
+        stride,
+        padding,
+    };
+    let (n, c, out_h, out_w) = window.output_shape(x.dims())?;
+    let (_, _, h, w) = x.dims4()?;
+    let padded_dims = (n, c, h + 2 * padding, w + 2 * padding);
+    let inside = Tensor::ones((h, w), DType::U8, x.device())?
+        .pad_with_zeros(0, padding, padding)?
+        .pad_with_zeros(1, padding, padding)?
+        .broadcast_as(padded_dims)?;
+    let minus_inf = Tensor::new(f32::NEG_INFINITY, x.device())?
+        .to_dtype(x.dtype())?
+        .broadcast_as(padded_dims)?;
+    let zero_padded = x
+        .pad_with_zeros(2, padding, padding)?
+        .pad_with_zeros(3, padding, padding)?;
+    let padded = inside.where_cond(&zero_padded, &minus_inf)?;
+    let offsets = |start: usize, count: usize, device: &Device| {
+        let idx: Vec<u32> = (0..count).map(|o| (start + o * stride) as u32).collect();
+        Tensor::new(idx, device)
+    };
+    let mut running_max: Option<Tensor> = None;
+    for kr in 0..kernel {
+        let rows = padded.index_select(&offsets(kr, out_h, x.device())?, 2)?;
+        for kc in 0..kernel {
+            let candidate = rows.index_select(&offsets(kc, out_w, x.device())?, 3)?;
+            running_max = Some(match running_max {
+                None => candidate,
+                Some(best) => candidate.gt(&best)?.where_cond(&candidate, &best)?,
+            });
+        }
+    }
+    match running_max {
+        Some(y) => Ok(y),
+        None => bail!("max_pool2d: empty kernel"),
+    }
+}

@@ -1,0 +1,135 @@
+//! `conv2d` against Candle's convolution, its autograd, and finite differences.
+
+use super::support::{assert_close, autograd, finite_differences, seeded, values, weighted_sum};
+use crate::ops::conv2d;
+use candle_core::{DType, Result, Tensor, Var};
+
+/// (x shape, w shape, stride, padding) cases: ResNet's kinds of convolutions, a
+/// rectangular kernel, batches large enough to put several images in one GEMM, and
+/// images wide enough to be split into bands of output rows, and (last) a non-square
+/// input.
+const CASES: &[([usize; 4], [usize; 4], usize, usize)] = &[
+    ([2, 3, 6, 6], [4, 3, 3, 3], 1, 1),
+    ([2, 3, 7, 7], [4, 3, 3, 3], 2, 1),
+    ([6, 2, 5, 5], [3, 2, 3, 3], 1, 0),
+    ([2, 3, 6, 6], [5, 3, 1, 1], 2, 0),
+    ([6, 4, 3, 3], [2, 4, 1, 1], 1, 0),
+    ([1, 2, 9, 9], [3, 2, 7, 7], 2, 3),
+    ([5, 2, 6, 6], [3, 2, 3, 2], 2, 1),
+    ([1, 3, 4, 4], [2, 3, 3, 3], 1, 1),
+    ([2, 2, 24, 24], [3, 2, 3, 3], 1, 1),
+    ([1, 2, 40, 40], [3, 2, 3, 3], 2, 1),
+    ([2, 3, 20, 20], [2, 3, 1, 1], 1, 0),
+    ([2, 3, 7, 6], [4, 3, 3, 3], 2, 1),
+];
+
+fn inputs(case: usize) -> (Tensor, Tensor, usize, usize) {
+    let (x_shape, w_shape, stride, padding) = CASES[case];
+    let seed = case as u64 * 2;
+    (
+        seeded(&x_shape, seed),
+        seeded(&w_shape, seed + 1),
+        stride,
+        padding,
+    )
+}
+
+#[test]
+fn forward_matches_candle_in_f32_and_f64() -> Result<()> {
+    for case in 0..CASES.len() {
+        let (x, w, stride, padding) = inputs(case);
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let (x, w) = (x.to_dtype(dtype)?, w.to_dtype(dtype)?);
+            let ours = conv2d(&x, &w, stride, padding)?;
+            let candle = x.conv2d(&w, padding, stride, 1, 1)?;
+            assert_eq!(ours.dims(), candle.dims(), "case {case}");
+            assert_close(
+                &values(&ours),
+                &values(&candle),
+                tol,
+                &format!("case {case} {dtype:?}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn forward_accepts_non_contiguous_input() -> Result<()> {
+    let x = seeded(&[2, 3, 5, 6], 40).transpose(2, 3)?;
+    let w = seeded(&[4, 3, 3, 3], 41);
+    let ours = conv2d(&x, &w, 2, 1)?;
+    let candle = x.contiguous()?.conv2d(&w, 1, 2, 1, 1)?;
+    assert_close(&values(&ours), &values(&candle), 1e-12, "transposed x");
+    Ok(())
+}
+
+#[test]
+fn gradients_match_finite_differences() -> Result<()> {
+    for case in [0, 1, 3, 5, 6, 11] {
+        let (x, w, stride, padding) = inputs(case);
+        let f = |t: &[Tensor]| conv2d(&t[0], &t[1], stride, padding);
+        let grads = autograd(&f, &[x.clone(), w.clone()])?;
+        for (which, name) in [(0, "dx"), (1, "dw")] {
+            let numeric = finite_differences(&f, &[x.clone(), w.clone()], which)?;
+            assert_close(
+                &grads[which],
+                &numeric,
+                1e-6,
+                &format!("case {case} {name}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gradients_match_candle_autograd() -> Result<()> {
+    // Candle's own conv2d backward fails unless input and kernel are square (it derives the
+    // transposed convolution's output padding from the heights alone), so only those here.
+    let square = |c: &usize| CASES[*c].0[2] == CASES[*c].0[3] && CASES[*c].1[2] == CASES[*c].1[3];
+    for case in (0..CASES.len()).filter(square) {
+        let (x, w, stride, padding) = inputs(case);
+        let ours = autograd(
+            &|t| conv2d(&t[0], &t[1], stride, padding),
+            &[x.clone(), w.clone()],
+        )?;
+        let candle = autograd(&|t| t[0].conv2d(&t[1], padding, stride, 1, 1), &[x, w])?;
+        assert_close(&ours[0], &candle[0], 1e-12, &format!("case {case} dx"));
+        assert_close(&ours[1], &candle[1], 1e-12, &format!("case {case} dw"));
+    }
+    Ok(())
+}
+
+#[test]
+fn input_without_gradient_gets_none_and_weight_gradient_is_right() -> Result<()> {
+    let (x, w, stride, padding) = inputs(1);
+    let w_var = Var::from_tensor(&w)?;
+    let grads = weighted_sum(&conv2d(&x, w_var.as_tensor(), stride, padding)?)?.backward()?;
+    assert!(grads.get(&x).is_none(), "x is not a variable");
+    let dw = grads.get(w_var.as_tensor()).expect("weight gradient");
+    let candle = autograd(&|t| t[0].conv2d(&t[1], padding, stride, 1, 1), &[x, w])?;
+    assert_close(&values(dw), &candle[1], 1e-12, "dw");
+    Ok(())
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let x = seeded(&[1, 3, 5, 5], 50);
+    assert!(
+        conv2d(&x, &seeded(&[2, 4, 3, 3], 51), 1, 1).is_err(),
+        "channel mismatch"
+    );
+    assert!(
+        conv2d(&x, &seeded(&[2, 3, 9, 9], 52), 1, 1).is_err(),
+        "kernel too large"
+    );
+    assert!(
+        conv2d(&x, &seeded(&[2, 3, 3, 3], 53), 0, 1).is_err(),
+        "zero stride"
+    );
+    assert!(
+        conv2d(&x.flatten_all().unwrap(), &seeded(&[2, 3, 3, 3], 54), 1, 1).is_err(),
+        "rank"
+    );
+}

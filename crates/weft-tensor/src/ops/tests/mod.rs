@@ -1,0 +1,7 @@
+//! Tests of the CPU custom ops against hand-computed values, Candle's own ops and
+//! autograd, and central finite differences in f64.
+
+mod batch_norm;
+mod conv2d;
+mod max_pool;
+mod support;
