@@ -43,7 +43,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 32)]
     pub image_size: usize,
     /// Training samples of the synthetic data set
-    #[arg(long, default_value_t = 12_800)]
+    #[arg(long, default_value_t = 8_192)]
     pub synthetic_train: usize,
     /// Validation samples of the synthetic data set
     #[arg(long, default_value_t = 2_000)]
@@ -51,7 +51,7 @@ pub struct TrainArgs {
     /// Global batch size
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 2)]
     pub epochs: usize,
     /// Stop after this many optimizer steps in total (overrides epochs when smaller)
     #[arg(long)]
