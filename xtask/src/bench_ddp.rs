@@ -35,7 +35,9 @@ struct Measured {
 }
 
 pub fn run(args: &BenchDdpArgs) -> Result<()> {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let per_rank_threads = (cores / args.nproc).max(1);
     println!(
         "bench-ddp: {} global batch {} at {}x{}, {} steps ({} warm-up), {cores} cores",
@@ -45,12 +47,24 @@ pub fn run(args: &BenchDdpArgs) -> Result<()> {
     let single_wide = measure(args, 1, cores, "1rank-wide")?;
     let multi = measure(args, args.nproc, per_rank_threads, "nrank")?;
     let row = |label: String, m: &Measured| {
-        let hidden = m.comm_hidden.map(|h| format!("{:.0}%", 100.0 * h)).unwrap_or_else(|| "-".into());
-        println!("{label:<34} {:>10.1} img/s   comm hidden {hidden}", m.images_per_sec);
+        let hidden = m
+            .comm_hidden
+            .map(|h| format!("{:.0}%", 100.0 * h))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{label:<34} {:>10.1} img/s   comm hidden {hidden}",
+            m.images_per_sec
+        );
     };
-    row(format!("1 rank x {per_rank_threads} thread(s)"), &single_narrow);
+    row(
+        format!("1 rank x {per_rank_threads} thread(s)"),
+        &single_narrow,
+    );
     row(format!("1 rank x {cores} thread(s)"), &single_wide);
-    row(format!("{} ranks x {per_rank_threads} thread(s)", args.nproc), &multi);
+    row(
+        format!("{} ranks x {per_rank_threads} thread(s)", args.nproc),
+        &multi,
+    );
     println!(
         "scaling efficiency {} ranks vs 1 rank of the same threads: {:.1}%; throughput vs 1 rank on all cores: {:.2}x",
         args.nproc,
@@ -95,7 +109,13 @@ fn measure(args: &BenchDdpArgs, nproc: usize, threads: usize, tag: &str) -> Resu
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
     };
     // Throughput from the mean step time, not the mean of per-step rates.
-    let mean_seconds = steps.iter().map(|v| args.batch_size as f64 / v["images_per_sec"].as_f64().unwrap_or(f64::NAN)).sum::<f64>()
+    let mean_seconds = steps
+        .iter()
+        .map(|v| args.batch_size as f64 / v["images_per_sec"].as_f64().unwrap_or(f64::NAN))
+        .sum::<f64>()
         / steps.len() as f64;
-    Ok(Measured { images_per_sec: args.batch_size as f64 / mean_seconds, comm_hidden: mean("comm_hidden") })
+    Ok(Measured {
+        images_per_sec: args.batch_size as f64 / mean_seconds,
+        comm_hidden: mean("comm_hidden"),
+    })
 }

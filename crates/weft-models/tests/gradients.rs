@@ -121,7 +121,7 @@ fn grads_by_name(
         Some(ckpt) => {
             let tape = tape::forward(model, x, Mode::TRAIN, ckpt).unwrap();
             let l = loss::cross_entropy(tape.output(), labels).unwrap();
-            tape.backward(&l, model, |ready| {
+            tape.backward(&l, model, |ready| -> weft_tensor::Result<()> {
                 for (id, g) in ready.grads {
                     let g = g.unwrap().flatten_all().unwrap().to_vec1().unwrap();
                     out.push((store.entries()[id].name.clone(), g));

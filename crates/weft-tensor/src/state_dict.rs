@@ -98,7 +98,10 @@ mod tests {
     use crate::params::EntryKind;
     use candle_core::{DType, Device};
 
-    fn store_with(names: &[(&str, &[usize])]) -> ParamStore {
+    /// A parameter name and its shape.
+    type Named<'a> = (&'a str, &'a [usize]);
+
+    fn store_with(names: &[Named]) -> ParamStore {
         let mut store = ParamStore::new(&Device::Cpu, DType::F32);
         for (i, (name, shape)) in names.iter().enumerate() {
             let n: usize = shape.iter().product();
@@ -143,7 +146,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.safetensors");
         save_safetensors(&store_with(&[("w", &[2, 3]), ("b", &[3])]), &path).unwrap();
-        let cases: [(&[(&str, &[usize])], &str); 3] = [
+        let cases: [(&[Named], &str); 3] = [
             (
                 &[("w", &[2, 3]), ("b", &[3]), ("c", &[1])],
                 "missing key `c`",

@@ -110,13 +110,17 @@ fn blockwise_grads(
     let loss = loss_of(tape.output());
     let mut grads = Vec::new();
     let mut order = Vec::new();
-    tape.backward(&loss, model, |ready: BlockGrads| {
-        order.push(ready.block);
-        for (id, g) in ready.grads {
-            grads.push((id, flat(&g.expect("every parameter is used"))));
-        }
-        Ok(())
-    })
+    tape.backward(
+        &loss,
+        model,
+        |ready: BlockGrads| -> weft_tensor::Result<()> {
+            order.push(ready.block);
+            for (id, g) in ready.grads {
+                grads.push((id, flat(&g.expect("every parameter is used"))));
+            }
+            Ok(())
+        },
+    )
     .unwrap();
     grads.sort_by_key(|(id, _)| *id);
     (grads, order)

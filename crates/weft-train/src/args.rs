@@ -124,14 +124,14 @@ impl TrainArgs {
         if self.nproc == 0 {
             bail!("--nproc must be at least 1");
         }
-        if self.batch_size % self.nproc != 0 {
+        if !self.batch_size.is_multiple_of(self.nproc) {
             bail!(
                 "--batch-size {} is not divisible by --nproc {}",
                 self.batch_size,
                 self.nproc
             );
         }
-        if !(self.bucket_cap_mb > 0.0) {
+        if self.bucket_cap_mb.is_nan() || self.bucket_cap_mb <= 0.0 {
             bail!("--bucket-cap-mb {} must be positive", self.bucket_cap_mb);
         }
         if self.epochs == 0 && self.steps.is_none() {

@@ -41,7 +41,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     args.validate()?;
     let started = Instant::now();
     let ctx = RankContext::from_env()?;
-    if args.batch_size % ctx.world_size != 0 {
+    if !args.batch_size.is_multiple_of(ctx.world_size) {
         bail!(
             "--batch-size {} is not divisible by the {} ranks",
             args.batch_size,

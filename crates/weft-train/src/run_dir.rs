@@ -116,6 +116,7 @@ mod tests {
             loss: 2.3,
             lr: 0.1,
             images_per_sec: 10.0,
+            comm_hidden: None,
         })
         .unwrap();
         run.log(&StepMetrics {
@@ -124,6 +125,7 @@ mod tests {
             loss: 2.2,
             lr: 0.1,
             images_per_sec: 11.0,
+            comm_hidden: Some(0.5),
         })
         .unwrap();
         let text = fs::read_to_string(run.path().join("metrics.jsonl")).unwrap();
@@ -134,6 +136,8 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["step"], 1);
         assert_eq!(lines[0]["loss"], 2.3);
+        assert!(lines[0].get("comm_hidden").is_none());
+        assert_eq!(lines[1]["comm_hidden"], 0.5);
         let config: serde_json::Value =
             serde_json::from_slice(&fs::read(run.path().join("config.json")).unwrap()).unwrap();
         assert_eq!(config["model"], "resnet20");

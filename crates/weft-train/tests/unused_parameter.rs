@@ -32,12 +32,25 @@ fn unused_parameter_is_named() {
     let dev = Device::Cpu;
     let mut store = ParamStore::new(&dev, DType::F32);
     let mut scope = store.scope("linear");
-    let weight = scope.parameter("weight", Tensor::ones((3, 4), DType::F32, &dev).unwrap()).unwrap();
-    scope.parameter("unused", Tensor::ones(2, DType::F32, &dev).unwrap()).unwrap();
+    let weight = scope
+        .parameter("weight", Tensor::ones((3, 4), DType::F32, &dev).unwrap())
+        .unwrap();
+    scope
+        .parameter("unused", Tensor::ones(2, DType::F32, &dev).unwrap())
+        .unwrap();
     let entries = 0..scope.store_len();
     let model = BlockModel::new(store, vec![Box::new(Linear { weight, entries })]);
-    let sgd = Sgd::new(SgdConfig { lr: 0.1, ..SgdConfig::default() }).unwrap();
-    let mut trainer = Trainer::new(model, FlatOptimizer::F32(Box::new(sgd)), Checkpointing::None).unwrap();
+    let sgd = Sgd::new(SgdConfig {
+        lr: 0.1,
+        ..SgdConfig::default()
+    })
+    .unwrap();
+    let mut trainer = Trainer::new(
+        model,
+        FlatOptimizer::F32(Box::new(sgd)),
+        Checkpointing::None,
+    )
+    .unwrap();
     let x = Tensor::ones((2, 4), DType::F32, &dev).unwrap();
     let y = Tensor::new(&[0u32, 1], &dev).unwrap();
     let err = trainer.step(&x, &y, 0.1).unwrap_err().to_string();

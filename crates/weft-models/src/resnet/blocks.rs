@@ -206,7 +206,7 @@ impl Block for Head {
 
     fn forward(&self, x: &Tensor, _mode: Mode) -> weft_tensor::Result<Tensor> {
         let pooled = x.mean(D::Minus1)?.mean(D::Minus1)?;
-        Ok(self.fc.forward(&pooled)?)
+        self.fc.forward(&pooled)
     }
 
     fn entries(&self) -> Range<EntryId> {
