@@ -190,7 +190,8 @@ impl FlatBuffer {
 
     /// Runs `f` over this buffer's elements in `range` as a mutable slice, together with
     /// `other`'s elements in the same range (e.g. parameters and their gradients, for an
-    /// optimizer step). Both buffers must hold `T` (f32 or f64) and be on the CPU.
+    /// optimizer step). Both buffers must hold `T` (f32 or f64). On a GPU the range is copied to
+    /// the host and back (a fused device kernel is future work).
     pub fn update_with<T, F>(&self, other: &FlatBuffer, range: Range<usize>, f: F) -> Result<()>
     where
         T: HostElement,
@@ -209,6 +210,9 @@ impl FlatBuffer {
                 self.layout.len()
             )));
         }
+        if !self.data.device().is_cpu() {
+            return self.update_via_host(other, range, f);
+        }
         let op = ZipUpdate {
             range,
             f: std::sync::Mutex::new(f),
@@ -219,8 +223,26 @@ impl FlatBuffer {
     }
 }
 
+impl FlatBuffer {
+    fn update_via_host<T, F>(&self, other: &FlatBuffer, range: Range<usize>, mut f: F) -> Result<()>
+    where
+        T: HostElement,
+        F: FnMut(&mut [T], &[T]),
+    {
+        let host = |t: &Tensor| -> Result<Vec<T>> {
+            Ok(t.narrow(0, range.start, range.len())?.to_device(&Device::Cpu)?.to_vec1::<T>()?)
+        };
+        let mut mine = host(&self.data)?;
+        let theirs = host(&other.data)?;
+        f(&mut mine, &theirs);
+        let updated = Tensor::from_vec(mine, range.len(), &Device::Cpu)?.to_device(self.data.device())?;
+        self.data.slice_set(&updated, 0, range.start)?;
+        Ok(())
+    }
+}
+
 /// Element types a flat buffer can expose to host code as slices.
-pub trait HostElement: Copy {
+pub trait HostElement: candle_core::WithDType {
     fn slice(storage: &CpuStorage) -> Option<&[Self]>;
     fn slice_mut(storage: &mut CpuStorage) -> Option<&mut [Self]>;
 }
