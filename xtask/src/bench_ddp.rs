@@ -1,6 +1,6 @@
 //! `cargo xtask bench-ddp`: data-parallel scaling on this machine. Trains the same model on
 //! synthetic data with 1 rank (one thread, and all threads) and with N ranks (one thread pool
-//! share each), and reports images/s, the share of communication hidden under backward and
+//! share each) at the same batch per rank, and reports images/s, the share of communication hidden under backward and
 //! the scaling efficiency `img/s(N) / (N × img/s(1 rank, same threads per rank))`.
 
 use std::process::Command;
@@ -14,8 +14,8 @@ use crate::python::workspace_root;
 pub struct BenchDdpArgs {
     #[arg(long, default_value = "resnet20")]
     model: String,
-    /// Global batch size (split over the ranks)
-    #[arg(long, default_value_t = 64)]
+    /// Batch size per rank (the N-rank run trains on N times as many images per step)
+    #[arg(long, default_value_t = 32)]
     batch_size: usize,
     #[arg(long, default_value_t = 32)]
     image_size: usize,
@@ -40,7 +40,7 @@ pub fn run(args: &BenchDdpArgs) -> Result<()> {
         .unwrap_or(1);
     let per_rank_threads = (cores / args.nproc).max(1);
     println!(
-        "bench-ddp: {} global batch {} at {}x{}, {} steps ({} warm-up), {cores} cores",
+        "bench-ddp: {} batch {} per rank at {}x{}, {} steps ({} warm-up), {cores} cores",
         args.model, args.batch_size, args.image_size, args.image_size, args.steps, args.warmup
     );
     let single_narrow = measure(args, 1, per_rank_threads, "1rank-narrow")?;
@@ -75,16 +75,17 @@ pub fn run(args: &BenchDdpArgs) -> Result<()> {
 }
 
 fn measure(args: &BenchDdpArgs, nproc: usize, threads: usize, tag: &str) -> Result<Measured> {
+    let global_batch = args.batch_size * nproc;
     let out = workspace_root().join("target/bench-runs");
     let name = format!("bench-ddp-{tag}-{}", std::process::id());
     let me = std::env::current_exe()?;
     let status = Command::new(me)
         .args(["train-resnet", "--quiet", "--model", &args.model])
-        .args(["--batch-size", &args.batch_size.to_string()])
+        .args(["--batch-size", &global_batch.to_string()])
         .args(["--image-size", &args.image_size.to_string()])
         .args(["--steps", &args.steps.to_string()])
         .args(["--nproc", &nproc.to_string()])
-        .args(["--synthetic-val", &args.batch_size.to_string()])
+        .args(["--synthetic-val", &global_batch.to_string()])
         .arg("--out")
         .arg(&out)
         .args(["--name", &name])
