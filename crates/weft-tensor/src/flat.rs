@@ -230,12 +230,15 @@ impl FlatBuffer {
         F: FnMut(&mut [T], &[T]),
     {
         let host = |t: &Tensor| -> Result<Vec<T>> {
-            Ok(t.narrow(0, range.start, range.len())?.to_device(&Device::Cpu)?.to_vec1::<T>()?)
+            Ok(t.narrow(0, range.start, range.len())?
+                .to_device(&Device::Cpu)?
+                .to_vec1::<T>()?)
         };
         let mut mine = host(&self.data)?;
         let theirs = host(&other.data)?;
         f(&mut mine, &theirs);
-        let updated = Tensor::from_vec(mine, range.len(), &Device::Cpu)?.to_device(self.data.device())?;
+        let updated =
+            Tensor::from_vec(mine, range.len(), &Device::Cpu)?.to_device(self.data.device())?;
         self.data.slice_set(&updated, 0, range.start)?;
         Ok(())
     }
