@@ -34,7 +34,7 @@ pub struct BenchStepArgs {
     #[arg(long, default_value_t = 1)]
     warmup: usize,
     #[arg(long, default_value = "cpu")]
-    device: String,
+    pub device: String,
     /// Skip the PyTorch anchor
     #[arg(long, default_value_t = false)]
     no_anchor: bool,

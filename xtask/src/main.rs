@@ -3,6 +3,7 @@
 mod bench_collectives;
 mod bench_ddp;
 mod bench_step;
+mod cuda_build;
 mod launch;
 mod python;
 
@@ -45,7 +46,10 @@ fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::TrainResnet(args) => train_resnet(args),
-        Command::BenchStep(args) => bench_step::run(&args),
+        Command::BenchStep(args) => match cuda_build::needs_cuda_build(&args.device) {
+            true => cuda_build::rerun_with_cuda(),
+            false => bench_step::run(&args),
+        },
         Command::BenchDdp(args) => bench_ddp::run(&args),
         Command::BenchCollectives(args) => bench_collectives::run(&args),
     };
@@ -58,6 +62,9 @@ fn main() {
 /// Trains in this process, or, with `--nproc N` outside a launched job, starts N ranks.
 fn train_resnet(args: weft_train::TrainArgs) -> Result<()> {
     args.validate()?;
+    if cuda_build::needs_cuda_build(&args.device) {
+        return cuda_build::rerun_with_cuda();
+    }
     let launched = std::env::var_os("WORLD_SIZE").is_some();
     if args.nproc > 1 && !launched {
         let mut rank_args: Vec<String> = std::env::args().skip(1).collect();
