@@ -17,7 +17,7 @@ pub fn needs_cuda_build(device: &str) -> bool {
 fn find_nvcc() -> Option<PathBuf> {
     let from_home = ["CUDA_HOME", "CUDA_PATH"]
         .iter()
-        .filter_map(|v| std::env::var_os(v))
+        .filter_map(std::env::var_os)
         .map(|home| PathBuf::from(home).join("bin/nvcc"));
     let from_path = std::env::var_os("PATH")
         .map(|p| {
