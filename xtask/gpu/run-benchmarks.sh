@@ -32,3 +32,6 @@ with_peak_memory "$OUT/bench-step-resnet50-weft.log" timeout 420 $X bench-step -
 
 echo "== bench-step: same, with the PyTorch anchor (TF32 convs, PyTorch's default) in the same call =="
 timeout 420 $X bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 5 --warmup 2 2>&1 | tee "$OUT/bench-step-resnet50.log"
+
+echo "== gpu-check: CUDA ops and training steps against the CPU reference =="
+timeout 300 $X gpu-check 2>&1 | tee "$OUT/gpu-check.log"

@@ -4,6 +4,7 @@ mod bench_collectives;
 mod bench_ddp;
 mod bench_step;
 mod cuda_build;
+mod gpu_check;
 mod launch;
 mod python;
 
@@ -27,6 +28,8 @@ enum Command {
     BenchDdp(bench_ddp::BenchDdpArgs),
     /// Collective bandwidth and latency (nccl-tests style), beside PyTorch gloo
     BenchCollectives(bench_collectives::BenchCollectivesArgs),
+    /// The CUDA path against the CPU reference, as a pass/fail table (needs a GPU)
+    GpuCheck,
 }
 
 /// Keeps freed large buffers in the heap instead of returning them to the kernel: a training
@@ -55,6 +58,10 @@ fn main() {
         },
         Command::BenchDdp(args) => bench_ddp::run(&args),
         Command::BenchCollectives(args) => bench_collectives::run(&args),
+        Command::GpuCheck => match cuda_build::needs_cuda_build("cuda") {
+            true => cuda_build::rerun_with_cuda(),
+            false => gpu_check::run(),
+        },
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");
