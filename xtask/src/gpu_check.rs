@@ -14,6 +14,9 @@ use weft_optim::{Sgd, SgdConfig};
 use weft_tensor::{ops, Checkpointing};
 use weft_train::step::{FlatOptimizer, Trainer};
 
+/// A convolution to check: name, input shape, weight shape, stride, padding.
+type ConvCase = (&'static str, [usize; 4], [usize; 4], usize, usize);
+
 /// One row of the table.
 struct Check {
     name: &'static str,
@@ -43,7 +46,7 @@ pub fn run() -> Result<()> {
         });
     }
     // ResNet-50's own sizes at 64x64 input, batch 4.
-    let big_convs: [(&str, [usize; 4], [usize; 4], usize, usize); 3] = [
+    let big_convs: [ConvCase; 3] = [
         (
             "conv2d stem 7x7/2 @64 (3->64)",
             [4, 3, 64, 64],
