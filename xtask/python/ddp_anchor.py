@@ -1,0 +1,67 @@
+"""PyTorch anchor for the data-parallel benchmarks: torchvision ResNet-50 with
+DistributedDataParallel over NCCL, one process per GPU, synthetic 224x224 data, SGD momentum 0.9,
+lr 0.1, weight decay 1e-4, fp32 (TF32 convolutions, PyTorch's default). Prints one JSON line per
+world size with global images/s, scaling efficiency against 1 GPU and peak memory per rank."""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torchvision
+
+
+def worker(rank: int, world: int, args, queue) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(args.port + world)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    model = torchvision.models.resnet50(num_classes=1000).cuda()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(args.batch_per_gpu, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 1000, (args.batch_per_gpu,), device="cuda")
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(ddp(x), y).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    elapsed = torch.tensor([time.perf_counter() - t0], device="cuda")
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    peak = torch.tensor([float(torch.cuda.max_memory_allocated())], device="cuda")
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        queue.put({"world_size": world, "images_per_sec": world * args.batch_per_gpu * args.steps / elapsed.item(),
+                   "peak_allocated_mib_per_rank": peak.item() / 2**20})
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--world-sizes", default="1,2,4")
+    p.add_argument("--batch-per-gpu", type=int, default=32)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--port", type=int, default=29600)
+    args = p.parse_args()
+    ctx = mp.get_context("spawn")
+    base = None
+    for world in [int(w) for w in args.world_sizes.split(",") if int(w) <= torch.cuda.device_count()]:
+        queue = ctx.SimpleQueue()
+        mp.spawn(worker, args=(world, args, queue), nprocs=world)
+        result = queue.get()
+        base = base or result["images_per_sec"]
+        result["scaling_efficiency"] = result["images_per_sec"] / (world * base)
+        result.update({"framework": "pytorch-ddp", "torch": torch.__version__, "batch_per_gpu": args.batch_per_gpu})
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
