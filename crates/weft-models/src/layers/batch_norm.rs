@@ -200,33 +200,18 @@ mod tests {
         assert_eq!(rm, [0.0, 0.0]);
     }
 
+    fn set(store: &ParamStore, name: &str, values: &[f64]) {
+        let value = Tensor::new(values, &Device::Cpu).unwrap();
+        store.get(name).unwrap().var.set(&value).unwrap();
+    }
+
     #[test]
     fn eval_mode_uses_running_statistics() {
         let (store, bn) = bn();
-        store
-            .get("bn.running_mean")
-            .unwrap()
-            .var
-            .set(&Tensor::new(&[1f64, 2.], &Device::Cpu).unwrap())
-            .unwrap();
-        store
-            .get("bn.running_var")
-            .unwrap()
-            .var
-            .set(&Tensor::new(&[4f64, 9.], &Device::Cpu).unwrap())
-            .unwrap();
-        store
-            .get("bn.weight")
-            .unwrap()
-            .var
-            .set(&Tensor::new(&[2f64, 1.], &Device::Cpu).unwrap())
-            .unwrap();
-        store
-            .get("bn.bias")
-            .unwrap()
-            .var
-            .set(&Tensor::new(&[0.5f64, -1.], &Device::Cpu).unwrap())
-            .unwrap();
+        set(&store, "bn.running_mean", &[1f64, 2.]);
+        set(&store, "bn.running_var", &[4f64, 9.]);
+        set(&store, "bn.weight", &[2f64, 1.]);
+        set(&store, "bn.bias", &[0.5f64, -1.]);
         let y: Vec<f64> = bn
             .forward(&input(), Mode::EVAL)
             .unwrap()

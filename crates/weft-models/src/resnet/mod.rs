@@ -140,6 +140,11 @@ mod tests {
         assert!(w.iter().all(|&v| v == 1.0));
     }
 
+    fn values(store: &ParamStore, name: &str) -> Vec<f32> {
+        let t = store.get(name).unwrap().tensor().flatten_all().unwrap();
+        t.to_vec1().unwrap()
+    }
+
     #[test]
     fn same_seed_same_init_and_unknown_names_are_errors() {
         let config = ResNetConfig::from_name("resnet20", 10)
@@ -147,24 +152,8 @@ mod tests {
             .with_seed(3);
         let a = resnet(&config, DType::F32, &Device::Cpu).unwrap();
         let b = resnet(&config, DType::F32, &Device::Cpu).unwrap();
-        let wa: Vec<f32> = a
-            .store()
-            .get("conv1.weight")
-            .unwrap()
-            .tensor()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let wb: Vec<f32> = b
-            .store()
-            .get("conv1.weight")
-            .unwrap()
-            .tensor()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let wa = values(a.store(), "conv1.weight");
+        let wb = values(b.store(), "conv1.weight");
         assert_eq!(wa, wb);
         let err = ResNetConfig::from_name("resnet7", 10)
             .unwrap_err()
