@@ -73,6 +73,21 @@ impl Timeline {
         self.spans.lock().expect("timeline lock").clone()
     }
 
+    /// Number of spans recorded so far.
+    pub fn len(&self) -> usize {
+        self.spans.lock().expect("timeline lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The spans recorded after the first `start` ones (e.g. those of the current step).
+    pub fn spans_since(&self, start: usize) -> Vec<Span> {
+        let spans = self.spans.lock().expect("timeline lock");
+        spans.get(start..).map(<[Span]>::to_vec).unwrap_or_default()
+    }
+
     /// Forgets every span (e.g. after writing a step out).
     pub fn clear(&self) {
         self.spans.lock().expect("timeline lock").clear();

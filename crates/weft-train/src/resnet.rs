@@ -143,7 +143,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             timeline.record("data", "data", "compute", data_wait, Instant::now());
             let lr = schedule.lr_at(step);
             let t = Instant::now();
-            let spans_before = timeline.spans().len();
+            let spans_before = timeline.len();
             let outcome = trainer.step(&images, &labels, lr)?;
             let seconds = t.elapsed().as_secs_f64();
             let mut global = [
@@ -152,7 +152,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             ];
             ctx.sum(&mut global)?;
             let hidden =
-                (ctx.world_size > 1).then(|| comm_hidden(&timeline.spans()[spans_before..]));
+                (ctx.world_size > 1).then(|| comm_hidden(&timeline.spans_since(spans_before)));
             if let Some(run) = run.writer.as_mut() {
                 run.log(&StepMetrics {
                     step,
