@@ -1,6 +1,6 @@
 //! `cargo xtask bench-collectives`: weft's collectives (nccl-tests style table from
-//! `weft-bench-collectives` under `weft-run`), then PyTorch's gloo backend with the same
-//! process count and sizes in the same run, and the bus-bandwidth ratio per size.
+//! `weft-bench-collectives` under `weft-run`), then torch.distributed with the same process
+//! count and sizes in the same run (gloo for shm, NCCL for nccl), and the ratios per size.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,12 +10,13 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::launch::build_launcher;
+use crate::launch::{build_launcher, collectives_binary};
 use crate::python;
 
 #[derive(Debug, Args)]
 pub struct BenchCollectivesArgs {
-    /// shm (CPU processes); nccl needs the GPU build
+    /// shm (CPU processes, anchor: gloo) or nccl (one process per GPU, anchor: torch's NCCL;
+    /// needs the GPU build)
     #[arg(long, default_value = "shm")]
     backend: String,
     #[arg(long, default_value_t = 2)]
@@ -31,7 +32,7 @@ pub struct BenchCollectivesArgs {
     /// Also write every measurement (weft and anchors) as JSON lines here
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Skip the gloo anchor
+    /// Skip the torch.distributed anchor
     #[arg(long, default_value_t = false)]
     no_anchor: bool,
 }
@@ -39,40 +40,23 @@ pub struct BenchCollectivesArgs {
 type Key = (String, usize);
 
 pub fn run(args: &BenchCollectivesArgs) -> Result<()> {
-    if args.backend != "shm" {
-        bail!("--backend {}: only shm is available in this build (the NCCL backend is not written yet)", args.backend);
-    }
+    let (device, anchor_backend) = match args.backend.as_str() {
+        "shm" => ("cpu", "gloo"),
+        "nccl" => ("cuda", "nccl"),
+        other => bail!("--backend {other}: expected shm or nccl"),
+    };
     let json = args.json.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("weft-bench-{}.jsonl", std::process::id()))
     });
     let _ = std::fs::remove_file(&json);
     let launcher = build_launcher()?;
-    let bench = launcher.with_file_name("weft-bench-collectives");
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "weft-collectives",
-            "--bin",
-            "weft-bench-collectives",
-        ])
-        .status()?;
-    if !status.success() {
-        bail!("building weft-bench-collectives failed");
-    }
+    let bench = collectives_binary("weft-bench-collectives")?;
     let status = Command::new(&launcher)
         .args(["--nproc-per-node", &args.nproc.to_string(), "--"])
         .arg(&bench)
-        .args([
-            "--ops",
-            &args.ops,
-            "--min-bytes",
-            &args.min_bytes.to_string(),
-            "--max-bytes",
-            &args.max_bytes.to_string(),
-        ])
+        .args(["--device", device, "--ops", &args.ops])
+        .args(["--min-bytes", &args.min_bytes.to_string()])
+        .args(["--max-bytes", &args.max_bytes.to_string()])
         .args(["--iters", &args.iters.to_string(), "--json"])
         .arg(&json)
         .status()
@@ -85,20 +69,17 @@ pub fn run(args: &BenchCollectivesArgs) -> Result<()> {
     }
     let python = python::torch_python()?;
     let output = Command::new(python)
-        .arg(python::script("bench_collectives_gloo.py"))
+        .arg(python::script("bench_collectives_torch.py"))
+        .args(["--backend", anchor_backend])
         .args(["--nproc", &args.nproc.to_string(), "--ops", &args.ops])
-        .args([
-            "--min-bytes",
-            &args.min_bytes.to_string(),
-            "--max-bytes",
-            &args.max_bytes.to_string(),
-        ])
+        .args(["--min-bytes", &args.min_bytes.to_string()])
+        .args(["--max-bytes", &args.max_bytes.to_string()])
         .args(["--iters", &args.iters.to_string()])
         .output()
-        .context("cannot run the gloo anchor")?;
+        .context("cannot run the torch.distributed anchor")?;
     if !output.status.success() {
         bail!(
-            "gloo anchor failed: {}",
+            "torch.distributed anchor ({anchor_backend}) failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
     }
@@ -107,10 +88,10 @@ pub fn run(args: &BenchCollectivesArgs) -> Result<()> {
         .append(true)
         .open(&json)?
         .write_all(anchor.as_bytes())?;
-    print_comparison(&json)
+    print_comparison(&json, &args.backend, &format!("torch-{anchor_backend}"))
 }
 
-fn print_comparison(json: &Path) -> Result<()> {
+fn print_comparison(json: &Path, ours: &str, theirs: &str) -> Result<()> {
     let mut by_backend: BTreeMap<String, BTreeMap<Key, (f64, f64)>> = BTreeMap::new();
     for line in std::fs::read_to_string(json)?.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -130,14 +111,16 @@ fn print_comparison(json: &Path) -> Result<()> {
             .or_default()
             .insert((op.into(), bytes as usize), entry);
     }
-    let weft = by_backend.get("shm").context("no shm measurements")?;
-    let gloo = by_backend.get("gloo").cloned().unwrap_or_default();
+    let weft = by_backend
+        .get(ours)
+        .with_context(|| format!("no {ours} measurements"))?;
+    let anchor = by_backend.get(theirs).cloned().unwrap_or_default();
     println!(
         "\n{:<15} {:>10} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8}",
-        "op", "bytes", "weft us", "gloo us", "weft busbw", "gloo busbw", "bw x", "lat x"
+        "op", "bytes", "weft us", "anchor us", "weft busbw", "anchor busbw", "bw x", "lat x"
     );
     for ((op, bytes), (t, bw)) in weft {
-        match gloo.get(&(op.clone(), *bytes)) {
+        match anchor.get(&(op.clone(), *bytes)) {
             Some((gt, gbw)) => println!(
                 "{op:<15} {bytes:>10} {t:>12.1} {gt:>12.1} {bw:>12.3} {gbw:>12.3} {:>8.2} {:>8.2}",
                 bw / gbw,
@@ -150,7 +133,7 @@ fn print_comparison(json: &Path) -> Result<()> {
         }
     }
     println!(
-        "(bw x = weft busbw / gloo busbw; lat x = gloo time / weft time; measurements in {})",
+        "(anchor: {theirs}; bw x = weft busbw / anchor busbw; lat x = anchor time / weft time; measurements in {})",
         json.display()
     );
     Ok(())

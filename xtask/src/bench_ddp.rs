@@ -27,6 +27,15 @@ pub struct BenchDdpArgs {
     /// Ranks of the data-parallel run
     #[arg(long, default_value_t = 2)]
     nproc: usize,
+    /// cpu (ranks share this machine's cores) or cuda (one GPU per rank, NCCL)
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Classes of the synthetic data set (the GPU anchor uses 1000)
+    #[arg(long)]
+    num_classes: Option<usize>,
+    /// Skip the PyTorch DDP anchor (GPU only)
+    #[arg(long, default_value_t = false)]
+    no_anchor: bool,
 }
 
 struct Measured {
@@ -35,6 +44,9 @@ struct Measured {
 }
 
 pub fn run(args: &BenchDdpArgs) -> Result<()> {
+    if args.device.starts_with("cuda") {
+        return run_gpu(args);
+    }
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -74,13 +86,102 @@ pub fn run(args: &BenchDdpArgs) -> Result<()> {
     Ok(())
 }
 
+/// One GPU against `nproc` GPUs at the same batch per GPU, and PyTorch's
+/// `DistributedDataParallel` on the same GPUs as the anchor.
+fn run_gpu(args: &BenchDdpArgs) -> Result<()> {
+    println!(
+        "bench-ddp: {} on {}, batch {} per GPU at {}x{}, {} steps ({} warm-up)",
+        args.model,
+        args.device,
+        args.batch_size,
+        args.image_size,
+        args.image_size,
+        args.steps,
+        args.warmup
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    announce_phase("weft-1gpu");
+    let single = measure(args, 1, cores, "1gpu")?;
+    announce_phase("weft-ngpu");
+    let multi = measure(args, args.nproc, (cores / args.nproc).max(1), "ngpu")?;
+    let efficiency = multi.images_per_sec / (args.nproc as f64 * single.images_per_sec);
+    println!(
+        "weft   1 GPU  {:>9.1} img/s\nweft   {} GPUs {:>9.1} img/s   comm hidden {:.0}%   scaling efficiency {:.1}%",
+        single.images_per_sec,
+        args.nproc,
+        multi.images_per_sec,
+        100.0 * multi.comm_hidden.unwrap_or(f64::NAN),
+        100.0 * efficiency
+    );
+    if args.no_anchor {
+        return Ok(());
+    }
+    let python = crate::python::torch_python()?;
+    announce_phase("torch");
+    let output = Command::new(python)
+        .arg(crate::python::script("ddp_anchor.py"))
+        .args(["--world-sizes", &format!("1,{}", args.nproc)])
+        .args(["--batch-per-gpu", &args.batch_size.to_string()])
+        .args(["--steps", &(args.steps - args.warmup).to_string()])
+        .args(["--warmup", &args.warmup.to_string()])
+        .output()
+        .context("cannot run the PyTorch DDP anchor")?;
+    if !output.status.success() {
+        bail!(
+            "PyTorch DDP anchor failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let anchor: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let rate = |world: usize| {
+        anchor
+            .iter()
+            .find(|v| v["world_size"].as_u64() == Some(world as u64))
+            .and_then(|v| v["images_per_sec"].as_f64())
+            .unwrap_or(f64::NAN)
+    };
+    let (torch_single, torch_multi) = (rate(1), rate(args.nproc));
+    println!(
+        "torch  1 GPU  {torch_single:>9.1} img/s\ntorch  {} GPUs {torch_multi:>9.1} img/s   scaling efficiency {:.1}%",
+        args.nproc,
+        100.0 * torch_multi / (args.nproc as f64 * torch_single)
+    );
+    for line in &anchor {
+        println!("anchor {line}");
+    }
+    println!(
+        "weft / torch images/s: 1 GPU {:.3}, {} GPUs {:.3}",
+        single.images_per_sec / torch_single,
+        args.nproc,
+        multi.images_per_sec / torch_multi
+    );
+    Ok(())
+}
+
+/// Prints `phase NAME at UNIX-SECONDS`, so that a memory sampler running beside the benchmark
+/// (xtask/gpu/run-distributed.sh) can attribute its samples.
+fn announce_phase(name: &str) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    println!("phase {name} at {now:.3}");
+}
+
 fn measure(args: &BenchDdpArgs, nproc: usize, threads: usize, tag: &str) -> Result<Measured> {
     let global_batch = args.batch_size * nproc;
     let out = workspace_root().join("target/bench-runs");
     let name = format!("bench-ddp-{tag}-{}", std::process::id());
     let me = std::env::current_exe()?;
-    let status = Command::new(me)
-        .args(["train-resnet", "--quiet", "--model", &args.model])
+    let mut command = Command::new(me);
+    command.args(["train-resnet", "--quiet", "--model", &args.model]);
+    if let Some(classes) = args.num_classes {
+        command.args(["--num-classes", &classes.to_string()]);
+    }
+    let status = command
+        .args(["--device", &args.device])
         .args(["--batch-size", &global_batch.to_string()])
         .args(["--image-size", &args.image_size.to_string()])
         .args(["--steps", &args.steps.to_string()])

@@ -8,25 +8,30 @@ use anyhow::{bail, Context, Result};
 
 use crate::python::workspace_root;
 
-/// Builds `weft-run` in release mode and returns its path.
-pub fn build_launcher() -> Result<PathBuf> {
+/// Path of the weft-collectives binary `name`: the one next to this xtask binary when it
+/// was shipped alongside (a bundle carried to a machine without cargo), otherwise built in
+/// release mode with cargo.
+pub fn collectives_binary(name: &str) -> Result<PathBuf> {
+    let me = std::env::current_exe().context("cannot find the xtask binary")?;
+    let beside = me.with_file_name(name);
+    if std::env::var_os("CARGO").is_none() && beside.exists() {
+        return Ok(beside);
+    }
     let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "weft-collectives",
-            "--bin",
-            "weft-run",
-        ])
+        .args(["build", "--release", "--quiet", "-p", "weft-collectives"])
+        .args(["--bin", name])
         .current_dir(workspace_root())
         .status()
-        .context("cannot run cargo to build weft-run")?;
+        .with_context(|| format!("cannot run cargo to build {name}"))?;
     if !status.success() {
-        bail!("building weft-run failed ({status})");
+        bail!("building {name} failed ({status})");
     }
-    Ok(target_dir().join("release/weft-run"))
+    Ok(target_dir().join("release").join(name))
+}
+
+/// The `weft-run` launcher.
+pub fn build_launcher() -> Result<PathBuf> {
+    collectives_binary("weft-run")
 }
 
 fn target_dir() -> PathBuf {

@@ -6,12 +6,18 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-/// The workspace root (this crate's parent folder).
+/// The workspace root (this crate's parent folder), or the current folder for a binary
+/// carried to a machine where the workspace it was built in does not exist.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let built_in = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
-        .to_path_buf()
+        .to_path_buf();
+    if built_in.exists() {
+        built_in
+    } else {
+        std::env::current_dir().unwrap_or(built_in)
+    }
 }
 
 /// Path of the venv's python, creating the venv and installing torch + torchvision if needed.

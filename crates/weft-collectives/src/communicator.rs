@@ -10,6 +10,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::Duration;
 
 use crate::buffer::Buffer;
+use crate::device::DeviceCollectives;
 use crate::element::Element;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
@@ -65,28 +66,33 @@ pub trait Communicator: Send + Sync {
     /// Splits the ranks into groups (a collective over this communicator): ranks with the
     /// same `color` form one new communicator, ranked by `key`, then by rank here.
     fn split(&self, color: u32, key: i64) -> Result<Box<dyn Communicator>>;
+
+    /// Operations straight on device memory, for backends that have them (NCCL); `None`
+    /// for host-only backends such as shm. [`crate::TensorCollectives`] uses them for
+    /// tensors on a device they handle and goes through host buffers otherwise.
+    fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
+        None
+    }
 }
 
-enum WorkState {
-    Pending(Receiver<Result<Buffer>>),
-    Done(Result<Buffer>),
+enum WorkState<T> {
+    Pending(Receiver<Result<T>>),
+    Done(Result<T>),
 }
 
-/// Handle of an operation in flight. Dropping it does not cancel the operation.
+/// Handle of an operation in flight, yielding a host [`Buffer`] or, for device-native
+/// operations ([`crate::DeviceCollectives`]), a tensor. Dropping it does not cancel the
+/// operation.
 #[must_use = "an operation's result is only seen through its Work handle"]
-pub struct Work {
+pub struct Work<T = Buffer> {
     op: &'static str,
     rank: usize,
-    state: WorkState,
+    state: WorkState<T>,
 }
 
-impl Work {
+impl<T> Work<T> {
     /// A handle that completes when the backend sends the result on `receiver`.
-    pub(crate) fn pending(
-        op: &'static str,
-        rank: usize,
-        receiver: Receiver<Result<Buffer>>,
-    ) -> Self {
+    pub(crate) fn pending(op: &'static str, rank: usize, receiver: Receiver<Result<T>>) -> Self {
         Work {
             op,
             rank,
@@ -95,7 +101,7 @@ impl Work {
     }
 
     /// A handle that is already complete.
-    pub(crate) fn done(op: &'static str, rank: usize, result: Result<Buffer>) -> Self {
+    pub(crate) fn done(op: &'static str, rank: usize, result: Result<T>) -> Self {
         Work {
             op,
             rank,
@@ -123,7 +129,7 @@ impl Work {
 
     /// Blocks until the operation completes and returns its buffer. Never hangs: every
     /// wait inside the backend is bounded by the communicator's timeout.
-    pub fn wait(self) -> Result<Buffer> {
+    pub fn wait(self) -> Result<T> {
         match self.state {
             WorkState::Done(result) => result,
             WorkState::Pending(ref receiver) => {
@@ -134,7 +140,7 @@ impl Work {
 
     /// Like [`Work::wait`], but gives up after `timeout` with [`CommError::WaitTimeout`];
     /// the operation itself goes on, and later operations still run after it.
-    pub fn wait_timeout(self, timeout: Duration) -> Result<Buffer> {
+    pub fn wait_timeout(self, timeout: Duration) -> Result<T> {
         match self.state {
             WorkState::Done(result) => result,
             WorkState::Pending(ref receiver) => match receiver.recv_timeout(timeout) {
@@ -148,11 +154,6 @@ impl Work {
         }
     }
 
-    /// [`Work::wait`], then unwraps the buffer as a vector of `T`.
-    pub fn wait_vec<T: Element>(self) -> Result<Vec<T>> {
-        self.wait()?.into_vec()
-    }
-
     fn gone(&self) -> CommError {
         CommError::WorkerGone {
             op: self.op,
@@ -161,7 +162,14 @@ impl Work {
     }
 }
 
-impl std::fmt::Debug for Work {
+impl Work<Buffer> {
+    /// [`Work::wait`], then unwraps the buffer as a vector of `T`.
+    pub fn wait_vec<T: Element>(self) -> Result<Vec<T>> {
+        self.wait()?.into_vec()
+    }
+}
+
+impl<T> std::fmt::Debug for Work<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match self.state {
             WorkState::Pending(_) => "pending",
@@ -186,7 +194,7 @@ mod tests {
         assert!(work.is_complete());
         assert_eq!(work.wait_vec::<u8>().unwrap(), vec![1]);
 
-        let (_sender, receiver) = channel();
+        let (_sender, receiver) = channel::<Result<Buffer>>();
         let err = Work::pending("barrier", 1, receiver)
             .wait_timeout(Duration::from_millis(10))
             .unwrap_err();

@@ -144,6 +144,13 @@ pub enum CommError {
         world_size: usize,
         waited: Duration,
     },
+    /// An NCCL call failed or NCCL reported an asynchronous error.
+    #[error("NCCL {op} failed on rank {rank}: {reason}")]
+    Nccl {
+        op: &'static str,
+        rank: usize,
+        reason: String,
+    },
     /// A peer of the store sent bytes that are not a valid message.
     #[error("store protocol error with {peer}: {reason}")]
     StoreProtocol { peer: String, reason: String },
@@ -183,6 +190,7 @@ impl CommError {
                 | CommError::PeerFailed { .. }
                 | CommError::Timeout { .. }
                 | CommError::CollectiveMismatch { .. }
+                | CommError::Nccl { .. }
                 | CommError::Poisoned { .. }
         )
     }

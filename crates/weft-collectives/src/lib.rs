@@ -5,6 +5,7 @@
 //!   complete in issue order, and hand their buffers back through [`Work`].
 //! - [`CommunicatorExt`] and [`TensorCollectives`]: blocking slice and candle tensor versions.
 //! - [`shm`]: the shared-memory backend for ranks on one host (processes or threads).
+//! - `nccl` (cargo feature `nccl`): the NCCL backend, one process per GPU.
 //! - [`store`]: the TCP rendezvous store; [`env`] and [`init_from_env`]: joining a job
 //!   started by `weft-run`, torchrun or Slurm.
 //!
@@ -13,10 +14,13 @@
 
 pub mod buffer;
 pub mod communicator;
+pub mod device;
 pub mod element;
 pub mod env;
 pub mod error;
 pub mod ext;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod reduce_op;
 mod rendezvous;
 pub mod shm;
@@ -30,12 +34,13 @@ mod testing;
 
 pub use buffer::Buffer;
 pub use communicator::{Communicator, Work};
+pub use device::DeviceCollectives;
 pub use element::{DType, Element};
 pub use env::LaunchEnv;
 pub use error::{CommError, Result};
 pub use ext::CommunicatorExt;
 pub use reduce_op::ReduceOp;
-pub use rendezvous::{init_from_env, init_shm, init_shm_with_config};
+pub use rendezvous::{init_for_device, init_from_env, init_shm, init_shm_with_config};
 pub use shm::{ShmCommunicator, ShmConfig};
 pub use store::{TcpStore, TcpStoreServer};
 pub use tensor::{TensorCollectives, TensorWork};

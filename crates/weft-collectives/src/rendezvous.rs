@@ -19,6 +19,28 @@ pub fn init_from_env() -> Result<Box<dyn Communicator>> {
     Ok(Box::new(init_shm(&LaunchEnv::from_env()?)?))
 }
 
+/// Builds the communicator for a process whose model lives on `device`: NCCL for a CUDA
+/// device (with this rank's GPU as `device`, usually `cuda:LOCAL_RANK`), shm otherwise.
+pub fn init_for_device(device: &candle_core::Device) -> Result<Box<dyn Communicator>> {
+    let env = LaunchEnv::from_env()?;
+    if !device.is_cuda() {
+        return Ok(Box::new(init_shm(&env)?));
+    }
+    #[cfg(feature = "nccl")]
+    {
+        Ok(Box::new(crate::nccl::init_nccl(&env, device)?))
+    }
+    #[cfg(not(feature = "nccl"))]
+    {
+        Err(CommError::InvalidArgument {
+            op: "init",
+            reason: format!(
+                "the model is on {device:?} but this build has no NCCL backend (cargo feature `nccl`)"
+            ),
+        })
+    }
+}
+
 /// Joins the shared-memory communicator described by `env`, with default settings.
 pub fn init_shm(env: &LaunchEnv) -> Result<ShmCommunicator> {
     let config = ShmConfig {
@@ -50,7 +72,7 @@ pub fn init_shm_with_config(env: &LaunchEnv, config: ShmConfig) -> Result<ShmCom
     };
     let store_addr = format!("{}:{}", env.master_addr, env.master_port);
     let store = TcpStore::connect(&store_addr, &env.job_token, env.timeout)?;
-    check_peers(env, &store)?;
+    check_peers(env, &store, true)?;
     let region = if env.rank == 0 {
         let layout = Layout::from_config(env.world_size, &config);
         let region = Region::create(&new_segment_name(&env.job_id), layout)?;
@@ -70,14 +92,19 @@ pub fn init_shm_with_config(env: &LaunchEnv, config: ShmConfig) -> Result<ShmCom
     Ok(comm)
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     nix::unistd::gethostname()
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
 
-/// Claims this rank and checks every rank's world size, job id and host against ours.
-fn check_peers(env: &LaunchEnv, store: &TcpStore) -> Result<()> {
+/// Claims this rank and checks every rank's world size and job id against ours, and, with
+/// `same_host`, that every rank runs on this host. Returns every rank's host name.
+pub(crate) fn check_peers(
+    env: &LaunchEnv,
+    store: &TcpStore,
+    same_host: bool,
+) -> Result<Vec<String>> {
     let claims = store.add(&format!("rank/{}/claims", env.rank), 1)?;
     if claims > 1 {
         return Err(CommError::InvalidArgument {
@@ -107,10 +134,17 @@ fn check_peers(env: &LaunchEnv, store: &TcpStore) -> Result<()> {
                 .collect(),
         });
     }
+    let mut hosts = Vec::with_capacity(keys.len());
     for (peer, key) in keys.iter().enumerate() {
         let info = String::from_utf8_lossy(&store.get(key, env.timeout)?).into_owned();
         let theirs: Vec<&str> = info.split('\n').collect();
-        for (i, field) in ["world size", "job id", "host"].into_iter().enumerate() {
+        hosts.push(theirs.get(2).copied().unwrap_or("").to_string());
+        let fields = if same_host { 3 } else { 2 };
+        for (i, field) in ["world size", "job id", "host"]
+            .into_iter()
+            .enumerate()
+            .take(fields)
+        {
             let found = theirs.get(i).copied().unwrap_or("");
             if found != mine[i] {
                 return Err(CommError::RankMismatch {
@@ -122,7 +156,7 @@ fn check_peers(env: &LaunchEnv, store: &TcpStore) -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(hosts)
 }
 
 #[cfg(test)]

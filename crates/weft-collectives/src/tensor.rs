@@ -1,26 +1,23 @@
-//! Collectives over candle [`Tensor`]s on the CPU: each call copies the tensor into a flat
-//! buffer, starts the operation, and returns a [`TensorWork`] whose `wait` builds the
-//! result tensor. Supported dtypes: f32, f64, f16, bf16, i64, u8.
+//! Collectives over candle [`Tensor`]s on any device. A tensor on a device that the
+//! backend handles natively (CUDA with NCCL) goes straight through
+//! [`crate::DeviceCollectives`]; any other tensor is copied into a flat host [`Buffer`], and
+//! the result is built back on the tensor's device. Supported dtypes: f32, f64, f16, bf16,
+//! i64, u8.
 
 use candle_core::{DType as CandleDType, Device, Shape, Tensor};
 
 use crate::buffer::Buffer;
 use crate::communicator::{Communicator, Work};
+use crate::device::DeviceCollectives;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
 
-/// Copies a CPU tensor of a supported dtype into a flat [`Buffer`].
+/// Copies a tensor of a supported dtype, on any device, into a flat host [`Buffer`].
 pub fn tensor_to_buffer(op: &'static str, tensor: &Tensor) -> Result<Buffer> {
-    if !tensor.device().is_cpu() {
-        return Err(CommError::InvalidTensor {
-            op,
-            reason: format!(
-                "tensor is on {:?}; the shm backend needs CPU tensors",
-                tensor.device()
-            ),
-        });
-    }
-    let flat = tensor.flatten_all().map_err(|e| CommError::tensor(op, e))?;
+    let flat = tensor
+        .flatten_all()
+        .and_then(|t| t.to_device(&Device::Cpu))
+        .map_err(|e| CommError::tensor(op, e))?;
     let buffer = match tensor.dtype() {
         CandleDType::F32 => flat.to_vec1::<f32>().map(Buffer::F32),
         CandleDType::F64 => flat.to_vec1::<f64>().map(Buffer::F64),
@@ -52,22 +49,57 @@ pub fn buffer_to_tensor(op: &'static str, buffer: Buffer, shape: Shape) -> Resul
     tensor.map_err(|e| CommError::tensor(op, e))
 }
 
+enum Pending {
+    /// Through a host buffer; the result goes back to `device`.
+    Host { work: Work, device: Device },
+    /// Device-native; the result is a flat tensor on the input's device.
+    Native(Work<Tensor>),
+}
+
 /// An operation on a tensor in flight.
 #[must_use = "the result tensor is only available through wait()"]
-#[derive(Debug)]
 pub struct TensorWork {
-    work: Work,
+    pending: Pending,
     /// Shape of the result, or why the result cannot be shaped (reported after the
     /// collective has run, so that no peer is left waiting).
     shape: Result<Shape>,
 }
 
+impl std::fmt::Debug for TensorWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.pending {
+            Pending::Host { work, .. } => write!(f, "TensorWork(host {work:?})"),
+            Pending::Native(work) => write!(f, "TensorWork(device {work:?})"),
+        }
+    }
+}
+
 impl TensorWork {
-    /// Waits for the operation and returns the result tensor.
+    /// Whether the operation has finished; never blocks.
+    pub fn is_complete(&mut self) -> bool {
+        match &mut self.pending {
+            Pending::Host { work, .. } => work.is_complete(),
+            Pending::Native(work) => work.is_complete(),
+        }
+    }
+
+    /// Waits for the operation and returns the result tensor, on the input's device.
     pub fn wait(self) -> Result<Tensor> {
-        let op = self.work.op();
-        let buffer = self.work.wait()?;
-        buffer_to_tensor(op, buffer, self.shape?)
+        match self.pending {
+            Pending::Host { work, device } => {
+                let op = work.op();
+                let buffer = work.wait()?;
+                buffer_to_tensor(op, buffer, self.shape?)?
+                    .to_device(&device)
+                    .map_err(|e| CommError::tensor(op, e))
+            }
+            Pending::Native(work) => {
+                let op = work.op();
+                let flat = work.wait()?;
+                flat.reshape(self.shape?)
+                    .map_err(|e| CommError::tensor(op, e))
+            }
+        }
     }
 }
 
@@ -97,77 +129,127 @@ fn leading_dim_times(
     Ok(Shape::from(dims))
 }
 
+/// Starts `op` natively when the backend handles `tensor`'s device, through a host buffer
+/// otherwise.
+fn start(
+    comm: &(impl Communicator + ?Sized),
+    name: &'static str,
+    tensor: &Tensor,
+    shape: Result<Shape>,
+    native: impl FnOnce(&dyn DeviceCollectives) -> Result<Work<Tensor>>,
+    host: impl FnOnce(Buffer) -> Work,
+) -> Result<TensorWork> {
+    let pending = match comm
+        .device_collectives()
+        .filter(|d| d.handles(tensor.device()))
+    {
+        Some(device) => Pending::Native(native(device)?),
+        None => Pending::Host {
+            work: host(tensor_to_buffer(name, tensor)?),
+            device: tensor.device().clone(),
+        },
+    };
+    Ok(TensorWork { pending, shape })
+}
+
 /// Tensor versions of the [`Communicator`] operations.
 pub trait TensorCollectives: Communicator {
     /// All-reduce; the result has the input's shape.
     fn all_reduce_tensor(&self, tensor: &Tensor, op: ReduceOp) -> Result<TensorWork> {
-        let buffer = tensor_to_buffer("all_reduce", tensor)?;
         let shape = Ok(tensor.shape().clone());
-        Ok(TensorWork {
-            work: self.all_reduce(buffer, op),
+        start(
+            self,
+            "all_reduce",
+            tensor,
             shape,
-        })
+            |d| d.all_reduce(tensor, op),
+            |b| self.all_reduce(b, op),
+        )
     }
 
     /// Reduce to `root`; other ranks get their input back.
     fn reduce_tensor(&self, tensor: &Tensor, op: ReduceOp, root: usize) -> Result<TensorWork> {
-        let buffer = tensor_to_buffer("reduce", tensor)?;
         let shape = Ok(tensor.shape().clone());
-        Ok(TensorWork {
-            work: self.reduce(buffer, op, root),
+        start(
+            self,
+            "reduce",
+            tensor,
             shape,
-        })
+            |d| d.reduce(tensor, op, root),
+            |b| self.reduce(b, op, root),
+        )
     }
 
     /// Broadcast from `root`; every rank passes a tensor of the same shape and dtype.
     fn broadcast_tensor(&self, tensor: &Tensor, root: usize) -> Result<TensorWork> {
-        let buffer = tensor_to_buffer("broadcast", tensor)?;
         let shape = Ok(tensor.shape().clone());
-        Ok(TensorWork {
-            work: self.broadcast(buffer, root),
+        start(
+            self,
+            "broadcast",
+            tensor,
             shape,
-        })
+            |d| d.broadcast(tensor, root),
+            |b| self.broadcast(b, root),
+        )
     }
 
     /// All-gather, concatenated along the leading dimension (scalars become a vector).
     fn all_gather_tensor(&self, tensor: &Tensor) -> Result<TensorWork> {
-        let buffer = tensor_to_buffer("all_gather", tensor)?;
         let shape = leading_dim_times("all_gather", tensor.shape(), self.world_size(), false);
-        Ok(TensorWork {
-            work: self.all_gather(buffer),
+        start(
+            self,
+            "all_gather",
+            tensor,
             shape,
-        })
+            |d| d.all_gather(tensor),
+            |b| self.all_gather(b),
+        )
     }
 
     /// Reduce-scatter along the leading dimension, which must divide by the world size.
     fn reduce_scatter_tensor(&self, tensor: &Tensor, op: ReduceOp) -> Result<TensorWork> {
-        let buffer = tensor_to_buffer("reduce_scatter", tensor)?;
         let shape = leading_dim_times("reduce_scatter", tensor.shape(), self.world_size(), true);
-        Ok(TensorWork {
-            work: self.reduce_scatter(buffer, op),
+        start(
+            self,
+            "reduce_scatter",
+            tensor,
             shape,
-        })
+            |d| d.reduce_scatter(tensor, op),
+            |b| self.reduce_scatter(b, op),
+        )
     }
 
     /// Send to `peer`; `wait` gives the tensor back.
     fn send_tensor(&self, tensor: &Tensor, peer: usize) -> Result<TensorWork> {
-        let buffer = tensor_to_buffer("send", tensor)?;
         let shape = Ok(tensor.shape().clone());
-        Ok(TensorWork {
-            work: self.send(buffer, peer),
+        start(
+            self,
+            "send",
+            tensor,
             shape,
-        })
+            |d| d.send(tensor, peer),
+            |b| self.send(b, peer),
+        )
     }
 
-    /// Receive a tensor of `shape` and `dtype` from `peer`.
-    fn recv_tensor(&self, shape: &Shape, dtype: CandleDType, peer: usize) -> Result<TensorWork> {
+    /// Receive a tensor of `shape` and `dtype` from `peer`, onto `device`.
+    fn recv_tensor(
+        &self,
+        shape: &Shape,
+        dtype: CandleDType,
+        device: &Device,
+        peer: usize,
+    ) -> Result<TensorWork> {
         let template =
-            Tensor::zeros(shape, dtype, &Device::Cpu).map_err(|e| CommError::tensor("recv", e))?;
-        let buffer = tensor_to_buffer("recv", &template)?;
-        Ok(TensorWork {
-            work: self.recv(buffer, peer),
-            shape: Ok(shape.clone()),
-        })
+            Tensor::zeros(shape, dtype, device).map_err(|e| CommError::tensor("recv", e))?;
+        start(
+            self,
+            "recv",
+            &template,
+            Ok(shape.clone()),
+            |d| d.recv(shape.elem_count(), dtype, peer),
+            |b| self.recv(b, peer),
+        )
     }
 }
 

@@ -1,4 +1,5 @@
-//! Parsing `--device cpu|cuda|cuda:N` into a Candle device.
+//! Parsing `--device cpu|cuda|cuda:N` into a Candle device; a bare `cuda` in a launched job
+//! is the rank's own GPU.
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
@@ -21,6 +22,23 @@ pub fn parse_device(value: &str) -> Result<DeviceSpec> {
             })?)),
             None => bail!("--device {other}: expected cpu, cuda or cuda:N"),
         },
+    }
+}
+
+/// Like [`parse_device`], but a bare `cuda` in a launched job means this rank's GPU,
+/// `cuda:LOCAL_RANK` (or `SLURM_LOCALID`), one GPU per process as torchrun jobs do.
+pub fn parse_device_for_rank(value: &str) -> Result<DeviceSpec> {
+    if value != "cuda" {
+        return parse_device(value);
+    }
+    let local_rank = std::env::var("LOCAL_RANK")
+        .or_else(|_| std::env::var("SLURM_LOCALID"))
+        .ok();
+    match local_rank {
+        None => Ok(DeviceSpec::Cuda(0)),
+        Some(text) => Ok(DeviceSpec::Cuda(text.trim().parse().with_context(
+            || format!("--device cuda: LOCAL_RANK {text:?} is not a GPU index"),
+        )?)),
     }
 }
 

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use candle_core::Device;
 use weft_collectives::{Buffer, Communicator, ReduceOp};
 
 /// Rank, world size and (for more than one rank) the communicator.
@@ -24,8 +25,9 @@ impl RankContext {
     }
 
     /// Joins the job described by the environment when `WORLD_SIZE` (or `SLURM_NTASKS`) says
-    /// there is more than one rank; a single process otherwise.
-    pub fn from_env() -> Result<Self> {
+    /// there is more than one rank, through NCCL when the model is on a GPU and the shm
+    /// backend otherwise; a single process when there is one rank.
+    pub fn from_env(device: &Device) -> Result<Self> {
         let world: usize = std::env::var("WORLD_SIZE")
             .or_else(|_| std::env::var("SLURM_NTASKS"))
             .ok()
@@ -35,7 +37,7 @@ impl RankContext {
             return Ok(Self::single());
         }
         let comm: Arc<dyn Communicator> =
-            Arc::from(weft_collectives::init_from_env().context("joining the job")?);
+            Arc::from(weft_collectives::init_for_device(device).context("joining the job")?);
         Ok(Self {
             rank: comm.rank(),
             world_size: comm.world_size(),

@@ -40,7 +40,8 @@ pub struct RunSummary {
 pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     args.validate()?;
     let started = Instant::now();
-    let ctx = RankContext::from_env()?;
+    let device = crate::device::parse_device_for_rank(&args.device)?.open()?;
+    let ctx = RankContext::from_env(&device)?;
     if !args.batch_size.is_multiple_of(ctx.world_size) {
         bail!(
             "--batch-size {} is not divisible by the {} ranks",
@@ -48,7 +49,6 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             ctx.world_size
         );
     }
-    let device = crate::device::parse_device(&args.device)?.open()?;
     let data = data::open(args)?;
     let mut config = ResNetConfig::from_name(&args.model, data.num_classes)?.with_seed(args.seed);
     if args.cifar_stem {

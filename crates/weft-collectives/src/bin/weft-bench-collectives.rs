@@ -1,7 +1,8 @@
 //! Collective benchmark in the style of nccl-tests, run under `weft-run`:
 //!
 //! `weft-run --nproc-per-node 2 -- weft-bench-collectives [--ops all_reduce,reduce_scatter,all_gather]
-//! [--min-bytes 4K] [--max-bytes 256M] [--iters 20] [--warmup 5] [--dtype f32|bf16] [--json FILE]`
+//! [--min-bytes 4K] [--max-bytes 256M] [--iters 20] [--warmup 5] [--dtype f32|bf16]
+//! [--device cpu|cuda] [--json FILE]`
 //!
 //! For each operation and size (doubling) rank 0 prints the time per operation (the
 //! slowest rank's average), the algorithm bandwidth (bytes / time) and the bus bandwidth
@@ -14,9 +15,12 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use candle_core::{Device, Tensor};
 use clap::Parser;
 use half::bf16;
-use weft_collectives::{init_from_env, Communicator, Element, ReduceOp};
+use weft_collectives::{
+    init_for_device, Communicator, Element, LaunchEnv, ReduceOp, TensorCollectives,
+};
 
 #[derive(Parser)]
 struct Args {
@@ -42,6 +46,10 @@ struct Args {
     /// Element type: f32 or bf16.
     #[arg(long, default_value = "f32")]
     dtype: String,
+    /// Where the buffers live: cpu (host buffers) or cuda (this rank's GPU, `cuda:LOCAL_RANK`,
+    /// through the NCCL backend).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Append one JSON object per measurement to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -122,8 +130,17 @@ impl Report {
     }
 }
 
+fn open_device(name: &str) -> Result<Device, BoxError> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::new_cuda(LaunchEnv::from_env()?.local_rank)?),
+        other => Err(format!("--device {other}: expected cpu or cuda").into()),
+    }
+}
+
 fn run<T: Element>(args: &Args) -> Result<(), BoxError> {
-    let comm = init_from_env()?;
+    let device = open_device(&args.device)?;
+    let comm = init_for_device(&device)?;
     let json = match (&args.json, comm.rank()) {
         (Some(path), 0) => Some(OpenOptions::new().create(true).append(true).open(path)?),
         _ => None,
@@ -137,7 +154,9 @@ fn run<T: Element>(args: &Args) -> Result<(), BoxError> {
             args.iters
         );
     }
-    memcpy_ceiling(&mut report)?;
+    if !device.is_cuda() {
+        memcpy_ceiling(&mut report)?;
+    }
     for op in &args.ops {
         let bus_factor = match op.as_str() {
             "all_reduce" => 2.0 * (n - 1) as f64 / n as f64,
@@ -153,7 +172,11 @@ fn run<T: Element>(args: &Args) -> Result<(), BoxError> {
         let mut bytes = args.min_bytes.max(size_of::<T>() * n);
         while bytes <= args.max_bytes {
             let elems = bytes / size_of::<T>() / n * n;
-            let seconds = time_op::<T>(&*report.comm, op, elems, args)?;
+            let seconds = if device.is_cuda() {
+                time_device_op::<T>(&*report.comm, op, elems, args, &device)?
+            } else {
+                time_op::<T>(&*report.comm, op, elems, args)?
+            };
             let seconds = report.slowest(seconds)?;
             report.row(
                 op,
@@ -196,6 +219,37 @@ fn time_op<T: Element>(
         data = result;
     }
     Ok(total.as_secs_f64() / args.iters.max(1) as f64)
+}
+
+/// Average seconds per operation on GPU tensors: the iterations are issued back to back and
+/// waited for at the end, as nccl-tests does.
+fn time_device_op<T: Element>(
+    comm: &dyn Communicator,
+    op: &str,
+    elems: usize,
+    args: &Args,
+    device: &Device,
+) -> Result<f64, BoxError> {
+    let n = comm.world_size();
+    let input_len = if op == "all_gather" { elems / n } else { elems };
+    let input = Tensor::zeros(input_len, T::DTYPE.to_candle(), device)?;
+    let batch = |count: usize| -> Result<f64, BoxError> {
+        let start = Instant::now();
+        let works = (0..count)
+            .map(|_| match op {
+                "all_reduce" => comm.all_reduce_tensor(&input, ReduceOp::Sum),
+                "reduce_scatter" => comm.reduce_scatter_tensor(&input, ReduceOp::Sum),
+                _ => comm.all_gather_tensor(&input),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for work in works {
+            work.wait()?;
+        }
+        Ok(start.elapsed().as_secs_f64())
+    };
+    batch(args.warmup)?;
+    comm.barrier().wait()?;
+    Ok(batch(args.iters)? / args.iters.max(1) as f64)
 }
 
 /// Copy bandwidth of one 64 MiB buffer into another, all ranks copying at once.

@@ -4,15 +4,24 @@
 //! - `loop`: prints its pid, then all-reduces until an operation fails (a test kills one rank);
 //! - `exit`: prints its pid; rank `--rank` exits with `--code`, the others sleep;
 //! - `store-probe`: talks to a store at `--addr` with `--token` (no launcher needed).
+//!
+//! `--device cuda` runs `collectives` and `loop` over NCCL on `cuda:LOCAL_RANK`, and
+//! `collectives` then also checks the device-tensor path.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use candle_core::{Device, Tensor};
 use clap::{Parser, Subcommand};
-use weft_collectives::{init_from_env, Communicator, ReduceOp, Result, TcpStore};
+use weft_collectives::{
+    init_for_device, Communicator, LaunchEnv, ReduceOp, Result, TcpStore, TensorCollectives,
+};
 
 #[derive(Parser)]
 struct Args {
+    /// cpu (shm backend) or cuda (NCCL on cuda:LOCAL_RANK)
+    #[arg(long, default_value = "cpu", global = true)]
+    device: String,
     #[command(subcommand)]
     mode: Mode,
 }
@@ -36,9 +45,10 @@ enum Mode {
 }
 
 fn main() -> ExitCode {
-    let result = match Args::parse().mode {
-        Mode::Collectives => collectives(),
-        Mode::Loop => all_reduce_loop(),
+    let args = Args::parse();
+    let result = match args.mode {
+        Mode::Collectives => collectives(&args.device),
+        Mode::Loop => all_reduce_loop(&args.device),
         Mode::Exit { rank, code } => exit_on_rank(rank, code),
         Mode::StoreProbe { addr, token } => store_probe(&addr, &token),
     };
@@ -71,8 +81,22 @@ fn check(
     }
 }
 
-fn collectives() -> std::result::Result<(), String> {
-    let comm = init_from_env().map_err(|e| e.to_string())?;
+/// The communicator for `--device`: shm on the CPU, NCCL on this rank's GPU.
+fn join(device: &str) -> std::result::Result<(Box<dyn Communicator>, Device), String> {
+    let device = match device {
+        "cpu" => Device::Cpu,
+        "cuda" => {
+            let local = LaunchEnv::from_env().map_err(|e| e.to_string())?.local_rank;
+            Device::new_cuda(local).map_err(|e| e.to_string())?
+        }
+        other => return Err(format!("--device {other}: expected cpu or cuda")),
+    };
+    let comm = init_for_device(&device).map_err(|e| e.to_string())?;
+    Ok((comm, device))
+}
+
+fn collectives(device: &str) -> std::result::Result<(), String> {
+    let (comm, device) = join(device)?;
     let (rank, n) = (comm.rank(), comm.world_size());
     let run = |e: weft_collectives::CommError| e.to_string();
     for len in [0usize, 1, 1001, (1 << 19) + 3] {
@@ -125,8 +149,55 @@ fn collectives() -> std::result::Result<(), String> {
             "split: sum of member ranks is {members}, expected {expected}"
         ));
     }
+    if device.is_cuda() {
+        device_tensors(&*comm, &device).map_err(|e| e.to_string())?;
+    }
     comm.barrier().wait().map_err(run)?;
-    println!("selftest ok rank {rank}");
+    println!("selftest ok rank {rank} ({})", comm.backend());
+    Ok(())
+}
+
+/// The tensor collectives on device tensors (the path DDP uses on GPUs).
+fn device_tensors(comm: &dyn Communicator, device: &Device) -> std::result::Result<(), String> {
+    let (rank, n) = (comm.rank(), comm.world_size());
+    let fail = |e: weft_collectives::CommError| e.to_string();
+    let tensor_fail = |e: candle_core::Error| e.to_string();
+    let len = 4099;
+    let mine: Vec<f32> = (0..len).map(|i| value(rank, i)).collect();
+    let x = Tensor::from_vec(mine, len, device).map_err(tensor_fail)?;
+    let read = |t: Tensor| t.flatten_all()?.to_vec1::<f32>();
+    let sum = comm.all_reduce_tensor(&x, ReduceOp::Sum).map_err(fail)?;
+    let avg = comm.all_reduce_tensor(&x, ReduceOp::Avg).map_err(fail)?;
+    let gathered = comm.all_gather_tensor(&x).map_err(fail)?;
+    let from_first = comm.broadcast_tensor(&x, 0).map_err(fail)?;
+    let wide = Tensor::from_vec(
+        (0..len * n).map(|i| value(rank, i)).collect::<Vec<f32>>(),
+        len * n,
+        device,
+    )
+    .map_err(tensor_fail)?;
+    let shard = comm
+        .reduce_scatter_tensor(&wide, ReduceOp::Sum)
+        .map_err(fail)?;
+    let got = read(sum.wait().map_err(fail)?).map_err(tensor_fail)?;
+    check("device all_reduce", &got, |i| {
+        (0..n).map(|r| value(r, i)).sum()
+    })?;
+    let got = read(avg.wait().map_err(fail)?).map_err(tensor_fail)?;
+    if let Some(i) = (0..len).find(|&i| {
+        let expected = (0..n).map(|r| value(r, i)).sum::<f32>() / n as f32;
+        (got[i] - expected).abs() > 1e-6
+    }) {
+        return Err(format!("device all_reduce avg: element {i} is {}", got[i]));
+    }
+    let got = read(gathered.wait().map_err(fail)?).map_err(tensor_fail)?;
+    check("device all_gather", &got, |i| value(i / len, i % len))?;
+    let got = read(from_first.wait().map_err(fail)?).map_err(tensor_fail)?;
+    check("device broadcast", &got, |i| value(0, i))?;
+    let got = read(shard.wait().map_err(fail)?).map_err(tensor_fail)?;
+    check("device reduce_scatter", &got, |i| {
+        (0..n).map(|r| value(r, rank * len + i)).sum()
+    })?;
     Ok(())
 }
 
@@ -140,8 +211,8 @@ fn announce(rank: usize) {
     println!("ready rank={rank} pid={}", std::process::id());
 }
 
-fn all_reduce_loop() -> std::result::Result<(), String> {
-    let comm = init_from_env().map_err(|e| e.to_string())?;
+fn all_reduce_loop(device: &str) -> std::result::Result<(), String> {
+    let (comm, _) = join(device)?;
     comm.barrier().wait().map_err(|e| e.to_string())?;
     announce(comm.rank());
     let deadline = Instant::now() + Duration::from_secs(60);

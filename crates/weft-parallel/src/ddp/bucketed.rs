@@ -7,8 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use weft_collectives::tensor::{buffer_to_tensor, tensor_to_buffer};
-use weft_collectives::{Communicator, ReduceOp, Work};
+use weft_collectives::{Communicator, ReduceOp, TensorCollectives, TensorWork};
 use weft_tensor::{EntryId, FlatBuffer, ParamStore, Timeline};
 
 use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig, GradientSync};
@@ -24,7 +23,7 @@ pub struct BucketTiming {
 
 struct InFlight {
     bucket: usize,
-    work: Work,
+    work: TensorWork,
     launched: Instant,
     completed: Option<Instant>,
 }
@@ -101,9 +100,7 @@ impl DistributedDataParallel {
     fn launch(&mut self, bucket: usize, grads: &FlatBuffer) -> Result<()> {
         let range = self.plan.buckets()[bucket].range.clone();
         let data = grads.tensor().narrow(0, range.start, range.len())?;
-        let work = self
-            .comm
-            .all_reduce(tensor_to_buffer("all_reduce", &data)?, ReduceOp::Avg);
+        let work = self.comm.all_reduce_tensor(&data, ReduceOp::Avg)?;
         self.in_flight.push(InFlight {
             bucket,
             work,
@@ -162,10 +159,9 @@ impl GradientSync for DistributedDataParallel {
         self.poll();
         self.timings.clear();
         for f in std::mem::take(&mut self.in_flight) {
-            let buffer = f.work.wait()?;
+            let averaged = f.work.wait()?;
             let completed = f.completed.unwrap_or_else(Instant::now);
             let range = self.plan.buckets()[f.bucket].range.clone();
-            let averaged = buffer_to_tensor("all_reduce", buffer, range.len().into())?;
             grads.tensor().slice_set(&averaged, 0, range.start)?;
             if let Some(t) = &self.timeline {
                 t.record(

@@ -2,8 +2,7 @@
 //! (names, shapes, dtypes), and broadcasting parameters or buffers from one rank.
 
 use candle_core::{DType, Tensor};
-use weft_collectives::tensor::{buffer_to_tensor, tensor_to_buffer};
-use weft_collectives::{Buffer, Communicator};
+use weft_collectives::{Buffer, Communicator, TensorCollectives};
 use weft_tensor::{EntryId, ParamStore};
 
 use crate::error::{ParallelError, Result};
@@ -63,10 +62,7 @@ pub fn broadcast_entries(
             .map(|&id| store.entries()[id].tensor().flatten_all())
             .collect::<candle_core::Result<_>>()?;
         let joined = Tensor::cat(&flat, 0)?;
-        let buffer = comm
-            .broadcast(tensor_to_buffer("broadcast", &joined)?, root)
-            .wait()?;
-        let received = buffer_to_tensor("broadcast", buffer, joined.shape().clone())?;
+        let received = comm.broadcast_tensor(&joined, root)?.wait()?;
         let mut offset = 0;
         for &id in &group {
             let var = &store.entries()[id].var;

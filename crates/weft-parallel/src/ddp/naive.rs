@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use weft_collectives::tensor::{buffer_to_tensor, tensor_to_buffer};
-use weft_collectives::{Communicator, ReduceOp};
+use weft_collectives::{Communicator, ReduceOp, TensorCollectives};
 use weft_tensor::{EntryId, FlatBuffer, ParamStore};
 
 use super::{broadcast_entries, check_same_model, GradientSync};
@@ -46,14 +45,8 @@ impl GradientSync for NaiveDataParallel {
         }
         for slot in grads.layout().slots() {
             let view = grads.view(slot)?;
-            let buffer = self
-                .comm
-                .all_reduce(tensor_to_buffer("all_reduce", &view)?, ReduceOp::Avg)
-                .wait()?;
-            grads.write(
-                slot,
-                &buffer_to_tensor("all_reduce", buffer, view.shape().clone())?,
-            )?;
+            let averaged = self.comm.all_reduce_tensor(&view, ReduceOp::Avg)?.wait()?;
+            grads.write(slot, &averaged)?;
         }
         Ok(())
     }

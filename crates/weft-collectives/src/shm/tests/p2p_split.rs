@@ -186,7 +186,7 @@ fn tensor_collectives_keep_shapes_and_values() {
             comm.send_tensor(&ints, 1).unwrap().wait().unwrap();
         } else {
             let got = comm
-                .recv_tensor(&shape, CandleDType::I64, 0)
+                .recv_tensor(&shape, CandleDType::I64, &candle_core::Device::Cpu, 0)
                 .unwrap()
                 .wait()
                 .unwrap();

@@ -1,0 +1,308 @@
+//! The launcher thread behind an NCCL communicator. Jobs arrive in issue order; for each, the
+//! communication stream waits for the compute-stream work recorded when the job was
+//! submitted, the NCCL call is enqueued, and an event recorded after it goes to the
+//! [`super::watchdog`], which reports completion. Launching never waits for completion, so
+//! many operations can be in flight at once, and they complete in issue order.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+
+use super::handle::CommHandle;
+use super::launch::Launch;
+use super::watchdog::{InFlight, Watchdog};
+use crate::error::{CommError, Result};
+
+/// Enqueues one NCCL operation.
+pub(crate) type Issue = Box<dyn FnOnce(&Launch) -> Result<()> + Send>;
+/// Receives the result tensor (or the failure) of one operation.
+pub(crate) type Deliver = Box<dyn FnOnce(Result<Tensor>) + Send>;
+
+/// One operation, ready to launch.
+pub(crate) struct Job {
+    pub op: &'static str,
+    /// Compute-stream work the operation must wait for (recorded at submission).
+    pub ready: CudaEvent,
+    /// Tensors the operation reads or writes, kept alive until it completes.
+    pub keep: Vec<Tensor>,
+    /// What the caller gets on success.
+    pub result: Tensor,
+    pub issue: Issue,
+    pub deliver: Deliver,
+}
+
+enum Task {
+    Run(Job),
+    Split {
+        color: i32,
+        key: i32,
+        new_rank: usize,
+        reply: Sender<Result<CommHandle>>,
+    },
+}
+
+/// The first failure of a communicator; every later operation is refused with it.
+#[derive(Default)]
+pub(crate) struct Health {
+    cause: Mutex<Option<CommError>>,
+}
+
+impl Health {
+    /// Records `error` (the first one wins) and aborts `comm` so nothing stays blocked in it.
+    pub fn fail(&self, error: CommError, comm: &CommHandle) {
+        self.cause.lock().expect("health lock").get_or_insert(error);
+        comm.abort();
+    }
+
+    /// `Ok` while the communicator is healthy.
+    pub fn check(&self, op: &'static str) -> Result<()> {
+        match &*self.cause.lock().expect("health lock") {
+            None => Ok(()),
+            Some(cause) => Err(CommError::Poisoned {
+                op,
+                cause: Box::new(cause.clone()),
+            }),
+        }
+    }
+}
+
+/// How the launcher gets its communicator.
+pub(crate) enum Init {
+    /// `ncclCommInitRank` with the job's id.
+    New { id: Vec<u8> },
+    /// A communicator made by splitting another.
+    Ready(CommHandle),
+}
+
+/// The launcher and watchdog threads of one communicator.
+pub(crate) struct Engine {
+    tasks: Mutex<Option<Sender<Task>>>,
+    pub health: Arc<Health>,
+    pub comm: Arc<CommHandle>,
+    threads: Vec<JoinHandle<()>>,
+    timeout: Duration,
+    rank: usize,
+}
+
+impl Engine {
+    /// Starts the threads; returns once the communicator exists, or fails after `timeout`.
+    pub fn start(
+        init: Init,
+        context: Arc<CudaContext>,
+        (rank, world_size): (usize, usize),
+        timeout: Duration,
+        watchdog: impl FnOnce(Arc<CommHandle>, Arc<Health>, Receiver<InFlight>) -> Watchdog,
+    ) -> Result<Self> {
+        let stream = context
+            .new_stream()
+            .map_err(|e| driver("new_stream", rank, e))?;
+        let (task_tx, task_rx) = channel::<Task>();
+        let (flight_tx, flight_rx) = channel::<InFlight>();
+        let (ready_tx, ready_rx) = channel::<Result<Arc<CommHandle>>>();
+        let health = Arc::new(Health::default());
+        let launcher_health = health.clone();
+        let launcher = std::thread::Builder::new()
+            .name(format!("weft-nccl-launch-{rank}"))
+            .spawn(move || {
+                let made = context
+                    .bind_to_thread()
+                    .map_err(|e| driver("bind_to_thread", rank, e))
+                    .and_then(|()| match init {
+                        Init::New { id } => CommHandle::init(world_size, &id, rank),
+                        Init::Ready(handle) => Ok(handle),
+                    })
+                    .map(Arc::new);
+                let comm = match made {
+                    Ok(comm) => comm,
+                    Err(e) => return drop(ready_tx.send(Err(e))),
+                };
+                let _ = ready_tx.send(Ok(comm.clone()));
+                let launcher = Launcher {
+                    comm,
+                    stream,
+                    health: launcher_health,
+                    rank,
+                    world_size,
+                    watchdog: flight_tx,
+                };
+                for task in task_rx {
+                    launcher.run(task);
+                }
+            })
+            .map_err(|e| CommError::io("spawning the NCCL launcher thread", e))?;
+        let comm = match ready_rx.recv_timeout(timeout) {
+            Ok(made) => made?,
+            Err(_) => {
+                return Err(CommError::Timeout {
+                    op: "init",
+                    waited: timeout,
+                    missing: Vec::new(),
+                })
+            }
+        };
+        let watchdog = watchdog(comm.clone(), health.clone(), flight_rx).spawn(rank)?;
+        Ok(Self {
+            tasks: Mutex::new(Some(task_tx)),
+            health,
+            comm,
+            threads: vec![launcher, watchdog],
+            timeout,
+            rank,
+        })
+    }
+
+    /// Queues `job`; its `deliver` is called exactly once, from another thread.
+    pub fn submit(&self, job: Job) {
+        let tasks = self.tasks.lock().expect("task lock");
+        let Some(sender) = tasks.as_ref() else {
+            return (job.deliver)(Err(CommError::WorkerGone {
+                op: job.op,
+                rank: self.rank,
+            }));
+        };
+        if let Err(returned) = sender.send(Task::Run(job)) {
+            if let Task::Run(job) = returned.0 {
+                (job.deliver)(Err(CommError::WorkerGone {
+                    op: job.op,
+                    rank: self.rank,
+                }));
+            }
+        }
+    }
+
+    /// `ncclCommSplit`, in issue order with the other operations.
+    pub fn split(&self, color: i32, key: i32, new_rank: usize) -> Result<CommHandle> {
+        self.health.check("split")?;
+        let (reply, answer) = channel();
+        let task = Task::Split {
+            color,
+            key,
+            new_rank,
+            reply,
+        };
+        let gone = CommError::WorkerGone {
+            op: "split",
+            rank: self.rank,
+        };
+        let sent = match self.tasks.lock().expect("task lock").as_ref() {
+            Some(sender) => sender.send(task).is_ok(),
+            None => false,
+        };
+        if !sent {
+            return Err(gone);
+        }
+        match answer.recv_timeout(self.timeout) {
+            Ok(result) => result,
+            Err(_) => {
+                let error = CommError::Timeout {
+                    op: "split",
+                    waited: self.timeout,
+                    missing: Vec::new(),
+                };
+                self.health.fail(error.clone(), &self.comm);
+                Err(error)
+            }
+        }
+    }
+}
+
+impl Drop for Engine {
+    /// Lets the queued operations finish, then stops both threads.
+    fn drop(&mut self) {
+        self.tasks.lock().expect("task lock").take();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+pub(crate) fn driver(op: &'static str, rank: usize, e: cudarc::driver::DriverError) -> CommError {
+    CommError::Nccl {
+        op,
+        rank,
+        reason: format!("CUDA driver: {e:?}"),
+    }
+}
+
+struct Launcher {
+    comm: Arc<CommHandle>,
+    stream: Arc<CudaStream>,
+    health: Arc<Health>,
+    rank: usize,
+    world_size: usize,
+    watchdog: Sender<InFlight>,
+}
+
+impl Launcher {
+    fn run(&self, task: Task) {
+        match task {
+            Task::Run(job) => self.launch(job),
+            Task::Split {
+                color,
+                key,
+                new_rank,
+                reply,
+            } => {
+                let result = self
+                    .health
+                    .check("split")
+                    .and_then(|()| self.comm.split(color, key, new_rank));
+                if let Err(e) = &result {
+                    self.health.fail(e.clone(), &self.comm);
+                }
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    fn launch(&self, job: Job) {
+        if let Err(e) = self.health.check(job.op) {
+            return (job.deliver)(Err(e));
+        }
+        let launch = Launch {
+            comm: &self.comm,
+            stream: &self.stream,
+            rank: self.rank,
+            world_size: self.world_size,
+        };
+        let issued = self
+            .stream
+            .wait(&job.ready)
+            .map_err(|e| driver(job.op, self.rank, e))
+            .and_then(|()| (job.issue)(&launch))
+            .and_then(|()| {
+                self.stream
+                    .record_event(None)
+                    .map_err(|e| driver(job.op, self.rank, e))
+            });
+        match issued {
+            Ok(done) => {
+                let flight = InFlight {
+                    op: job.op,
+                    done,
+                    keep: job.keep,
+                    result: job.result,
+                    deliver: job.deliver,
+                    launched: Instant::now(),
+                };
+                if let Err(returned) = self.watchdog.send(flight) {
+                    let flight = returned.0;
+                    (flight.deliver)(Err(CommError::WorkerGone {
+                        op: flight.op,
+                        rank: self.rank,
+                    }));
+                }
+            }
+            Err(e) => {
+                // A rank that did not enqueue its part leaves the others waiting: fail the
+                // communicator so they see an error rather than a hang.
+                self.health.fail(e.clone(), &self.comm);
+                (job.deliver)(Err(e));
+            }
+        }
+    }
+}

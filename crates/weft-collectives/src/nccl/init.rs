@@ -1,0 +1,81 @@
+//! Joining a job with the NCCL backend: rank 0 hosts the rendezvous store and creates the
+//! NCCL id; every rank checks its peers (world size, job id), publishes its pid and host for
+//! liveness checks, waits until all ranks are present, then initialises the communicator.
+
+use std::sync::Arc;
+
+use candle_core::Device;
+
+use super::engine::Init;
+use super::handle::unique_id;
+use super::liveness::{Liveness, Peer};
+use super::{NcclCommunicator, NcclConfig};
+use crate::env::LaunchEnv;
+use crate::error::Result;
+use crate::rendezvous::{check_peers, hostname};
+use crate::store::{TcpStore, TcpStoreServer};
+
+const ID_KEY: &str = "nccl/id";
+
+fn pid_key(rank: usize) -> String {
+    format!("nccl/pid/{rank}")
+}
+
+/// Joins the NCCL communicator of the job described by `env`, on `device` (this rank's GPU,
+/// usually `cuda:LOCAL_RANK`). Ranks may run on several hosts.
+///
+/// If a rank never reaches `ncclCommInitRank` after the store barrier, initialisation fails
+/// after `env.timeout`; the thread blocked inside NCCL is then left behind, since NCCL cannot
+/// abort a communicator that does not exist yet.
+pub fn init_nccl(env: &LaunchEnv, device: &Device) -> Result<NcclCommunicator> {
+    let server = match env.rank {
+        0 => Some(TcpStoreServer::bind(
+            &format!("{}:{}", env.store_bind_addr, env.master_port),
+            &env.job_token,
+        )?),
+        _ => None,
+    };
+    let store_addr = format!("{}:{}", env.master_addr, env.master_port);
+    let store = Arc::new(TcpStore::connect(&store_addr, &env.job_token, env.timeout)?);
+    let hosts = check_peers(env, &store, false)?;
+    store.set(
+        &pid_key(env.rank),
+        std::process::id().to_string().as_bytes(),
+    )?;
+    let id = if env.rank == 0 {
+        let id = unique_id()?;
+        store.set(ID_KEY, &id)?;
+        id
+    } else {
+        store.get(ID_KEY, env.timeout)?
+    };
+    let me = hostname();
+    let mut peers = Vec::with_capacity(env.world_size);
+    for (rank, host) in hosts.iter().enumerate() {
+        let pid = String::from_utf8_lossy(&store.get(&pid_key(rank), env.timeout)?)
+            .parse()
+            .unwrap_or(0);
+        peers.push(Peer {
+            rank,
+            pid,
+            on_this_host: *host == me,
+        });
+    }
+    store.barrier("nccl/init", env.world_size, env.timeout)?;
+    let liveness = Liveness::start(store.clone(), env.rank, peers)?;
+    let config = NcclConfig {
+        timeout: env.timeout,
+    };
+    let mut comm = NcclCommunicator::start(
+        Init::New { id },
+        device,
+        (env.rank, (0..env.world_size).collect()),
+        liveness,
+        config,
+    )?;
+    comm.keep_alive(Box::new(store));
+    if let Some(server) = server {
+        comm.keep_alive(Box::new(server));
+    }
+    Ok(comm)
+}
