@@ -26,10 +26,12 @@ echo "== 2. a rank killed mid-all-reduce: the survivor must fail naming rank 1, 
   r0=$!
   RANK=1 LOCAL_RANK=1 timeout 45 $G/weft-collectives-selftest --device cuda loop > "$OUT/kill-rank1.log" 2>&1 &
   r1=$!
-  for _ in $(seq 600); do grep -q "ready rank=1" "$OUT/kill-rank1.log" 2>/dev/null && break; sleep 0.1; done
+  for _ in $(seq 300); do grep -q "ready rank=1" "$OUT/kill-rank1.log" 2>/dev/null && break; sleep 0.1; done
   sleep 2
+  # the selftest's own pid (not timeout's), as it announced it
+  victim=$(sed -n 's/^ready rank=1 pid=\([0-9]*\).*/\1/p' "$OUT/kill-rank1.log")
   killed=$(date +%s.%N)
-  kill -9 $r1; wait $r1 2>/dev/null
+  kill -9 "$victim"; wait $r1 2>/dev/null
   wait $r0; status=$?
   ended=$(date +%s.%N)
   echo "rank 0 exit status $status, $(python3 -c "print(f'{$ended-$killed:.1f}')") s after rank 1 was killed"
@@ -39,7 +41,7 @@ echo "== 2. a rank killed mid-all-reduce: the survivor must fail naming rank 1, 
 echo "== 3. two 'nodes' on one machine over loopback (two weft-run invocations, one GPU each) =="
 (
   export WEFT_JOB_TOKEN=twonodes
-  common="--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29741"
+  common="--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29741 --job-id twonodes"
   CUDA_VISIBLE_DEVICES=0 timeout 60 $G/weft-run $common --node-rank 0 -- $G/weft-collectives-selftest --device cuda collectives > "$OUT/node0.log" 2>&1 &
   n0=$!
   CUDA_VISIBLE_DEVICES=1 timeout 60 $G/weft-run $common --node-rank 1 -- $G/weft-collectives-selftest --device cuda collectives > "$OUT/node1.log" 2>&1

@@ -36,7 +36,8 @@ pub struct TrainArgs {
     /// synthetic | cifar10:PATH | imagefolder:PATH (a folder with train/ and val/ inside)
     #[arg(long, default_value = "synthetic")]
     pub data: String,
-    /// Number of classes (synthetic data: up to 10; defaults to the data set's)
+    /// Number of classes of the model's head, at least the data set's (the default); synthetic
+    /// data has min(N, 10) classes
     #[arg(long)]
     pub num_classes: Option<usize>,
     /// Side of the (square) training images

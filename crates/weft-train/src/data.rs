@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use weft_data::{
-    Cifar10, Dataset, ImageFolder, Pipeline, Split, SyntheticConfig, SyntheticShapes,
+    Cifar10, Dataset, ImageFolder, Pipeline, Split, SyntheticConfig, SyntheticShapes, SHAPE_NAMES,
     VALIDATION_SEED_SALT,
 };
 
@@ -64,7 +64,8 @@ pub fn open(args: &TrainArgs) -> Result<DataSets> {
         DataSpec::Synthetic => {
             let config = SyntheticConfig {
                 num_samples: args.synthetic_train,
-                num_classes: args.num_classes.unwrap_or(10),
+                // A larger --num-classes widens the model's head; the data keeps its 10 shapes.
+                num_classes: args.num_classes.unwrap_or(10).min(SHAPE_NAMES.len()),
                 image_size: size,
                 seed: args.seed,
                 ..SyntheticConfig::default()

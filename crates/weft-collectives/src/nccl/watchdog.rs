@@ -30,8 +30,11 @@ pub(crate) struct InFlight {
     pub launched: Instant,
 }
 
-/// How often completion is polled while operations are outstanding.
-const POLL: Duration = Duration::from_micros(20);
+/// For this long after the oldest outstanding operation was launched, completion is polled
+/// by yielding the CPU (microsecond latency for small messages); after that by sleeping.
+const SPIN: Duration = Duration::from_millis(2);
+/// Sleep between polls once an operation has been outstanding longer than [`SPIN`].
+const POLL: Duration = Duration::from_micros(50);
 /// How often peers' liveness is checked while operations are outstanding.
 const LIVENESS_EVERY: Duration = Duration::from_secs(1);
 
@@ -90,11 +93,16 @@ impl Watchdog {
             let Some(front) = queue.front() else {
                 continue;
             };
+            let spinning = front.launched.elapsed() < SPIN;
             if let Some(error) = self.check_health(front, &mut last_liveness) {
                 self.fail_all(&mut queue, error);
                 continue;
             }
-            std::thread::sleep(POLL);
+            if spinning {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(POLL);
+            }
         }
     }
 
