@@ -33,6 +33,16 @@ pub struct BenchDdpArgs {
     /// Classes of the synthetic data set (the GPU anchor uses 1000)
     #[arg(long)]
     num_classes: Option<usize>,
+    /// SGD learning rate, momentum and weight decay (the reference configuration's defaults)
+    #[arg(long, default_value_t = 0.1)]
+    lr: f64,
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f64,
+    #[arg(long, default_value_t = 1e-4)]
+    weight_decay: f64,
+    /// GPU counts of the data-parallel runs, each set against 1 GPU (GPU only; default --nproc)
+    #[arg(long, value_delimiter = ',')]
+    world_sizes: Vec<usize>,
     /// Skip the PyTorch DDP anchor (GPU only)
     #[arg(long, default_value_t = false)]
     no_anchor: bool,
@@ -86,9 +96,14 @@ pub fn run(args: &BenchDdpArgs) -> Result<()> {
     Ok(())
 }
 
-/// One GPU against `nproc` GPUs at the same batch per GPU, and PyTorch's
-/// `DistributedDataParallel` on the same GPUs as the anchor.
+/// One GPU against each of `--world-sizes` GPUs (default `--nproc`) at the same batch per
+/// GPU, and PyTorch's `DistributedDataParallel` on the same GPUs as the anchor.
 fn run_gpu(args: &BenchDdpArgs) -> Result<()> {
+    let worlds = if args.world_sizes.is_empty() {
+        vec![args.nproc]
+    } else {
+        args.world_sizes.clone()
+    };
     println!(
         "bench-ddp: {} on {}, batch {} per GPU at {}x{}, {} steps ({} warm-up)",
         args.model,
@@ -100,27 +115,31 @@ fn run_gpu(args: &BenchDdpArgs) -> Result<()> {
         args.warmup
     );
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    announce_phase("weft-1gpu");
-    let single = measure(args, 1, cores, "1gpu")?;
-    announce_phase("weft-ngpu");
-    let multi = measure(args, args.nproc, (cores / args.nproc).max(1), "ngpu")?;
-    let efficiency = multi.images_per_sec / (args.nproc as f64 * single.images_per_sec);
-    println!(
-        "weft   1 GPU  {:>9.1} img/s\nweft   {} GPUs {:>9.1} img/s   comm hidden {:.0}%   scaling efficiency {:.1}%",
-        single.images_per_sec,
-        args.nproc,
-        multi.images_per_sec,
-        100.0 * multi.comm_hidden.unwrap_or(f64::NAN),
-        100.0 * efficiency
-    );
+    let mut weft = Vec::new();
+    for &world in std::iter::once(&1).chain(&worlds) {
+        let tag = format!("{world}gpu");
+        announce_phase(&format!("weft-{tag}"));
+        weft.push((world, measure(args, world, (cores / world).max(1), &tag)?));
+    }
+    let single = weft[0].1.images_per_sec;
+    for (world, m) in &weft {
+        println!(
+            "weft   {world} GPU(s) {:>9.1} img/s   comm hidden {}   scaling efficiency {:.1}%",
+            m.images_per_sec,
+            m.comm_hidden
+                .map_or("-".into(), |h| format!("{:.0}%", 100.0 * h)),
+            100.0 * m.images_per_sec / (*world as f64 * single)
+        );
+    }
     if args.no_anchor {
         return Ok(());
     }
     let python = crate::python::torch_python()?;
     announce_phase("torch");
+    let world_list: Vec<String> = weft.iter().map(|(w, _)| w.to_string()).collect();
     let output = Command::new(python)
         .arg(crate::python::script("ddp_anchor.py"))
-        .args(["--world-sizes", &format!("1,{}", args.nproc)])
+        .args(["--world-sizes", &world_list.join(",")])
         .args(["--batch-per-gpu", &args.batch_size.to_string()])
         .args(["--steps", &(args.steps - args.warmup).to_string()])
         .args(["--warmup", &args.warmup.to_string()])
@@ -143,21 +162,17 @@ fn run_gpu(args: &BenchDdpArgs) -> Result<()> {
             .and_then(|v| v["images_per_sec"].as_f64())
             .unwrap_or(f64::NAN)
     };
-    let (torch_single, torch_multi) = (rate(1), rate(args.nproc));
-    println!(
-        "torch  1 GPU  {torch_single:>9.1} img/s\ntorch  {} GPUs {torch_multi:>9.1} img/s   scaling efficiency {:.1}%",
-        args.nproc,
-        100.0 * torch_multi / (args.nproc as f64 * torch_single)
-    );
     for line in &anchor {
         println!("anchor {line}");
     }
-    println!(
-        "weft / torch images/s: 1 GPU {:.3}, {} GPUs {:.3}",
-        single.images_per_sec / torch_single,
-        args.nproc,
-        multi.images_per_sec / torch_multi
-    );
+    for (world, m) in &weft {
+        println!(
+            "torch  {world} GPU(s) {:>9.1} img/s   scaling efficiency {:.1}%   weft/torch {:.3}",
+            rate(*world),
+            100.0 * rate(*world) / (*world as f64 * rate(1)),
+            m.images_per_sec / rate(*world)
+        );
+    }
     Ok(())
 }
 
@@ -182,6 +197,9 @@ fn measure(args: &BenchDdpArgs, nproc: usize, threads: usize, tag: &str) -> Resu
     }
     let status = command
         .args(["--device", &args.device])
+        .args(["--optimizer", "sgd", "--lr", &args.lr.to_string()])
+        .args(["--momentum", &args.momentum.to_string()])
+        .args(["--weight-decay", &args.weight_decay.to_string()])
         .args(["--batch-size", &global_batch.to_string()])
         .args(["--image-size", &args.image_size.to_string()])
         .args(["--steps", &args.steps.to_string()])

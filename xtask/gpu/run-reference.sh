@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The reference run (issue 6) on a 4-GPU machine (nvidia-h200-x4): ResNet-50 DDP over NCCL,
+# synthetic 224x224, 32 images per GPU, SGD momentum 0.9, lr 0.1, weight decay 1e-4, fp32, on
+# 1, 2 and 4 GPUs, with PyTorch DDP on the same GPUs in the same call. Carries `.gpu/` like
+# run-distributed.sh. Writes under $OUT: the log, peak memory per phase and GPU, the merged
+# 4-rank timeline (one Chrome trace, one process per rank) and the runs' metrics.
+set -uo pipefail
+source .gpu/device-env.sh
+export WEFT_ANCHOR_PYTHON=python3 WEFT_TIMEOUT=120
+OUT=${OUT:-/tmp/weft-gpu-out}
+mkdir -p "$OUT"
+G=.gpu
+{ date -u; nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader; nvidia-smi topo -m; } 2>&1 | tee "$OUT/machine.txt"
+
+nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader,nounits -lms 200 > /tmp/mem.csv &
+sampler=$!
+timeout 500 $G/xtask bench-ddp --device cuda --model resnet50 --batch-size 32 --image-size 224 \
+  --num-classes 1000 --lr 0.1 --momentum 0.9 --weight-decay 1e-4 --steps 16 --warmup 6 --world-sizes 2,4 2>&1 | tee "$OUT/reference.log"
+kill $sampler 2>/dev/null
+python3 - /tmp/mem.csv "$OUT/reference.log" <<'PY' | tee -a "$OUT/reference.log"
+# Peak nvidia-smi memory per GPU in each phase that bench-ddp announced ("phase NAME at UNIX").
+import collections, datetime, sys
+phases = [(float(l.split()[3]), l.split()[1]) for l in open(sys.argv[2]) if l.startswith("phase ")]
+peak = collections.defaultdict(int)
+for line in open(sys.argv[1]):
+    try:
+        stamp, index, used = (x.strip() for x in line.split(","))
+        t = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+    except ValueError:
+        continue
+    current = [name for at, name in phases if at <= t]
+    if current:
+        key = (current[-1], int(index))
+        peak[key] = max(peak[key], int(used))
+for (name, index), used in sorted(peak.items()):
+    print(f"peak device memory (nvidia-smi) phase {name} GPU {index}: {used} MiB")
+PY
+python3 - "$OUT" <<'PY'
+# One Chrome trace of the 4-GPU run, every rank a process; metrics of each run beside it.
+import glob, json, os, shutil, sys
+out = sys.argv[1]
+for run in glob.glob("target/bench-runs/bench-ddp-*gpu-*"):
+    tag = run.split("bench-ddp-")[1].split("-")[0]
+    shutil.copy(os.path.join(run, "metrics.jsonl"), os.path.join(out, f"metrics-{tag}.jsonl"))
+    if tag == "4gpu":
+        events = []
+        for trace in sorted(glob.glob(os.path.join(run, "trace-rank*.json"))):
+            events += json.load(open(trace))["traceEvents"]
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, open(os.path.join(out, "trace-4gpu-merged.json"), "w"))
+PY
+ls -la "$OUT"
