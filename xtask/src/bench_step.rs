@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
 use clap::Args;
 use weft_models::{resnet, ResNetConfig};
-use weft_optim::{Sgd, SgdConfig};
+use weft_optim::{Sgd, SgdConfig, TensorSgd};
 use weft_tensor::Checkpointing;
 use weft_train::step::{FlatOptimizer, StepTimings, Trainer};
 
@@ -93,17 +93,19 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
         config = config.with_cifar_stem();
     }
     let model = resnet(&config, DType::F32, &device)?;
-    let sgd = Sgd::new(SgdConfig {
+    let config = SgdConfig {
         lr: 0.1,
         momentum: 0.9,
         weight_decay: 1e-4,
         ..SgdConfig::default()
-    })?;
-    let mut trainer = Trainer::new(
-        model,
-        FlatOptimizer::F32(Box::new(sgd)),
-        Checkpointing::None,
-    )?;
+    };
+    // As the trainer does: slice SGD on the CPU, tensor SGD on a GPU.
+    let optimizer = if device.is_cpu() {
+        FlatOptimizer::F32(Box::new(Sgd::new(config)?))
+    } else {
+        FlatOptimizer::Tensor(TensorSgd::new(config)?)
+    };
+    let mut trainer = Trainer::new(model, optimizer, Checkpointing::None)?;
     let shape = (args.batch_size, 3, args.image_size, args.image_size);
     let images = Tensor::randn(0f32, 1.0, shape, &device)?;
     let labels = Tensor::from_vec(

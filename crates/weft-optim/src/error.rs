@@ -7,6 +7,12 @@ use std::ops::Range;
 pub enum OptimError {
     #[error("params has {params} elements but grads has {grads}")]
     LengthMismatch { params: usize, grads: usize },
+    /// A tensor operation of a tensor optimizer failed (dtype, device or shape).
+    #[error("{optimizer}: tensor operation failed: {reason}")]
+    Tensor {
+        optimizer: &'static str,
+        reason: String,
+    },
     #[error("{optimizer}: state buffer `{buffer}` has {state} elements but params has {params}")]
     StateLengthMismatch {
         optimizer: &'static str,

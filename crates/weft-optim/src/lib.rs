@@ -20,6 +20,7 @@ mod schedule;
 mod schedule_name;
 mod sgd;
 mod state;
+mod tensor_sgd;
 mod validate;
 
 pub use adamw::{AdamW, AdamWConfig};
@@ -31,3 +32,4 @@ pub use schedule::{Constant, CosineAnnealing, LinearWarmup, LrSchedule, MultiSte
 pub use schedule_name::{schedule_from_name, ScheduleParams, SCHEDULE_NAMES};
 pub use sgd::{Sgd, SgdConfig};
 pub use state::OptimizerState;
+pub use tensor_sgd::TensorSgd;

@@ -1,22 +1,32 @@
 //! Building the optimizer and learning-rate schedule from the trainer's flags.
 
 use anyhow::Result;
+use candle_core::Device;
 use weft_optim::{
     schedule_from_name, AdamW, AdamWConfig, LrSchedule, ScheduleParams, Sgd, SgdConfig,
+    TensorSgd,
 };
 
 use crate::args::{OptimizerKind, TrainArgs};
 use crate::step::FlatOptimizer;
 
-/// The optimizer named by `--optimizer`, with `--lr`, `--momentum`, `--weight-decay`.
-pub fn build_optimizer(args: &TrainArgs) -> Result<FlatOptimizer> {
+/// The optimizer named by `--optimizer`, with `--lr`, `--momentum`, `--weight-decay`, for
+/// parameters on `device`: SGD on a GPU runs as tensor operations there.
+pub fn build_optimizer(args: &TrainArgs, device: &Device) -> Result<FlatOptimizer> {
     Ok(match args.optimizer {
-        OptimizerKind::Sgd => FlatOptimizer::F32(Box::new(Sgd::new(SgdConfig {
-            lr: args.lr,
-            momentum: args.momentum,
-            weight_decay: args.weight_decay,
-            ..SgdConfig::default()
-        })?)),
+        OptimizerKind::Sgd => {
+            let config = SgdConfig {
+                lr: args.lr,
+                momentum: args.momentum,
+                weight_decay: args.weight_decay,
+                ..SgdConfig::default()
+            };
+            if device.is_cpu() {
+                FlatOptimizer::F32(Box::new(Sgd::new(config)?))
+            } else {
+                FlatOptimizer::Tensor(TensorSgd::new(config)?)
+            }
+        }
         OptimizerKind::Adamw => FlatOptimizer::F32(Box::new(AdamW::new(AdamWConfig {
             lr: args.lr,
             weight_decay: args.weight_decay,

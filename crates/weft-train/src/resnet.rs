@@ -79,7 +79,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     };
     let timeline = Arc::new(Timeline::new(ctx.rank));
     let mut trainer =
-        Trainer::new(model, build_optimizer(args)?, checkpointing)?.with_timeline(timeline.clone());
+        Trainer::new(model, build_optimizer(args, &device)?, checkpointing)?.with_timeline(timeline.clone());
     if let Some(comm) = &ctx.comm {
         if args.sync_bn {
             weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());

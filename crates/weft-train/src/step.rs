@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use candle_core::{DType, Tensor};
 use weft_models::loss;
-use weft_optim::Optimizer;
+use weft_optim::{Optimizer, TensorSgd};
 use weft_parallel::GradientSync;
 use weft_tensor::{tape, BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Timeline};
 
@@ -40,17 +40,23 @@ pub struct StepOutcome {
     pub timings: StepTimings,
 }
 
-/// An optimizer over flat buffers of the model's dtype.
+/// An optimizer over flat buffers of the model's dtype: over host slices (exact, for CPU
+/// buffers; GPU buffers make a round trip through the host), or over the flat tensor itself
+/// on its own device.
 pub enum FlatOptimizer {
     F32(Box<dyn Optimizer<f32> + Send>),
     F64(Box<dyn Optimizer<f64> + Send>),
+    /// SGD as tensor operations on the parameters' device, for GPU training.
+    Tensor(TensorSgd),
 }
 
 impl FlatOptimizer {
-    fn dtype(&self) -> DType {
+    /// The dtype the optimizer needs, `None` when it takes any (tensor operations).
+    fn dtype(&self) -> Option<DType> {
         match self {
-            FlatOptimizer::F32(_) => DType::F32,
-            FlatOptimizer::F64(_) => DType::F64,
+            FlatOptimizer::F32(_) => Some(DType::F32),
+            FlatOptimizer::F64(_) => Some(DType::F64),
+            FlatOptimizer::Tensor(_) => None,
         }
     }
 
@@ -70,6 +76,11 @@ impl FlatOptimizer {
                 params.update_with(grads, range, |p: &mut [f64], g: &[f64]| {
                     result = opt.step(p, g)
                 })?
+            }
+            FlatOptimizer::Tensor(opt) => {
+                opt.set_lr(lr)?;
+                let updated = opt.step(params.tensor(), grads.tensor())?;
+                params.tensor().slice_set(&updated, 0, 0)?;
             }
         }
         result.map_err(|e| anyhow!("optimizer step: {e}"))
@@ -97,11 +108,8 @@ impl Trainer {
     ) -> Result<Self> {
         let layout = FlatLayout::parameters(model.store());
         let dtype = model.store().dtype();
-        if optimizer.dtype() != dtype {
-            anyhow::bail!(
-                "the optimizer works on {:?} but the model is {dtype:?}",
-                optimizer.dtype()
-            );
+        if let Some(needed) = optimizer.dtype().filter(|&d| d != dtype) {
+            anyhow::bail!("the optimizer works on {needed:?} but the model is {dtype:?}");
         }
         let params = FlatBuffer::from_store(model.store(), layout.clone(), dtype)?;
         let grads = FlatBuffer::zeros(layout, dtype, model.store().device())?;
