@@ -30,6 +30,8 @@ pub mod tensor;
 mod work_queue;
 
 #[cfg(test)]
+mod device_routing_tests;
+#[cfg(test)]
 mod testing;
 
 pub use buffer::Buffer;

@@ -63,15 +63,7 @@ pub fn init_shm_with_config(env: &LaunchEnv, config: ShmConfig) -> Result<ShmCom
         });
     }
     config.validate(env.world_size)?;
-    let server = match env.rank {
-        0 => Some(TcpStoreServer::bind(
-            &format!("{}:{}", env.store_bind_addr, env.master_port),
-            &env.job_token,
-        )?),
-        _ => None,
-    };
-    let store_addr = format!("{}:{}", env.master_addr, env.master_port);
-    let store = TcpStore::connect(&store_addr, &env.job_token, env.timeout)?;
+    let (server, store) = join_store(env)?;
     check_peers(env, &store, true)?;
     let region = if env.rank == 0 {
         let layout = Layout::from_config(env.world_size, &config);
@@ -90,6 +82,20 @@ pub fn init_shm_with_config(env: &LaunchEnv, config: ShmConfig) -> Result<ShmCom
         comm.keep_alive(Box::new(server));
     }
     Ok(comm)
+}
+
+/// Rank 0 starts the job's store; every rank connects to it.
+pub(crate) fn join_store(env: &LaunchEnv) -> Result<(Option<TcpStoreServer>, TcpStore)> {
+    let server = match env.rank {
+        0 => Some(TcpStoreServer::bind(
+            &format!("{}:{}", env.store_bind_addr, env.master_port),
+            &env.job_token,
+        )?),
+        _ => None,
+    };
+    let store_addr = format!("{}:{}", env.master_addr, env.master_port);
+    let store = TcpStore::connect(&store_addr, &env.job_token, env.timeout)?;
+    Ok((server, store))
 }
 
 pub(crate) fn hostname() -> String {

@@ -19,8 +19,14 @@ fn tensor_error(e: candle_core::Error) -> OptimError {
 
 /// Weight decay and lr scale: one value for the whole buffer, or one per element.
 enum Coefficients {
-    Uniform { weight_decay: f64, lr_scale: f64 },
-    PerElement { weight_decay: Tensor, lr_scale: Tensor },
+    Uniform {
+        weight_decay: f64,
+        lr_scale: f64,
+    },
+    PerElement {
+        weight_decay: Tensor,
+        lr_scale: Tensor,
+    },
 }
 
 /// SGD with momentum, dampening, Nesterov momentum and weight decay over a flat tensor, with
@@ -73,8 +79,7 @@ impl TensorSgd {
             let len = params.elem_count();
             let segments = self.groups.segments(len, self.config.weight_decay)?;
             let uniform = segments.windows(2).all(|pair| {
-                pair[0].weight_decay == pair[1].weight_decay
-                    && pair[0].lr_scale == pair[1].lr_scale
+                pair[0].weight_decay == pair[1].weight_decay && pair[0].lr_scale == pair[1].lr_scale
             });
             let coefficients = if uniform {
                 Coefficients::Uniform {
@@ -127,9 +132,14 @@ impl TensorSgd {
         let config = self.config.clone();
         let momentum_buffer = self.momentum_buffer.clone();
         let coefficients = self.coefficients(params)?;
-        let (new_params, new_buffer) =
-            update(&config, coefficients, params, grads, momentum_buffer.as_ref())
-                .map_err(tensor_error)?;
+        let (new_params, new_buffer) = update(
+            &config,
+            coefficients,
+            params,
+            grads,
+            momentum_buffer.as_ref(),
+        )
+        .map_err(tensor_error)?;
         self.momentum_buffer = new_buffer;
         self.step += 1;
         Ok(new_params)

@@ -3,8 +3,7 @@
 use anyhow::Result;
 use candle_core::Device;
 use weft_optim::{
-    schedule_from_name, AdamW, AdamWConfig, LrSchedule, ScheduleParams, Sgd, SgdConfig,
-    TensorSgd,
+    schedule_from_name, AdamW, AdamWConfig, LrSchedule, ScheduleParams, Sgd, SgdConfig, TensorSgd,
 };
 
 use crate::args::{OptimizerKind, TrainArgs};

@@ -78,9 +78,12 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         Checkpointing::None
     };
     let timeline = Arc::new(Timeline::new(ctx.rank));
-    let mut trainer =
-        Trainer::new(model, build_optimizer(args, &device)?, checkpointing)?.with_timeline(timeline.clone());
+    let mut trainer = Trainer::new(model, build_optimizer(args, &device)?, checkpointing)?
+        .with_timeline(timeline.clone());
     if let Some(comm) = &ctx.comm {
+        if args.sync_bn && !device.is_cpu() {
+            bail!("--sync-bn: SyncBatchNorm runs on CPU ranks only so far (its all-reduce of batch statistics is a CPU op)");
+        }
         if args.sync_bn {
             weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
         }

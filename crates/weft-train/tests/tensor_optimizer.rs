@@ -64,10 +64,19 @@ fn tensor_sgd_trains_like_slice_sgd() {
         let lr = 0.1 / (1 + step) as f64;
         let a = slice.step(&x, &y, lr).unwrap().loss;
         let b = tensor.step(&x, &y, lr).unwrap().loss;
-        assert!((a - b).abs() <= 1e-12 * a.abs(), "step {step}: loss {a} vs {b}");
+        assert!(
+            (a - b).abs() <= 1e-12 * a.abs(),
+            "step {step}: loss {a} vs {b}"
+        );
     }
     let (a, b) = (flat_params(&slice), flat_params(&tensor));
     let scale = a.iter().fold(0f64, |m, v| m.max(v.abs()));
-    let worst = a.iter().zip(&b).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
-    assert!(worst <= 1e-12 * scale, "parameters differ by {worst} (scale {scale})");
+    let worst = a
+        .iter()
+        .zip(&b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+    assert!(
+        worst <= 1e-12 * scale,
+        "parameters differ by {worst} (scale {scale})"
+    );
 }

@@ -12,8 +12,7 @@ use super::liveness::{Liveness, Peer};
 use super::{NcclCommunicator, NcclConfig};
 use crate::env::LaunchEnv;
 use crate::error::Result;
-use crate::rendezvous::{check_peers, hostname};
-use crate::store::{TcpStore, TcpStoreServer};
+use crate::rendezvous::{check_peers, hostname, join_store};
 
 const ID_KEY: &str = "nccl/id";
 
@@ -28,15 +27,8 @@ fn pid_key(rank: usize) -> String {
 /// after `env.timeout`; the thread blocked inside NCCL is then left behind, since NCCL cannot
 /// abort a communicator that does not exist yet.
 pub fn init_nccl(env: &LaunchEnv, device: &Device) -> Result<NcclCommunicator> {
-    let server = match env.rank {
-        0 => Some(TcpStoreServer::bind(
-            &format!("{}:{}", env.store_bind_addr, env.master_port),
-            &env.job_token,
-        )?),
-        _ => None,
-    };
-    let store_addr = format!("{}:{}", env.master_addr, env.master_port);
-    let store = Arc::new(TcpStore::connect(&store_addr, &env.job_token, env.timeout)?);
+    let (server, store) = join_store(env)?;
+    let store = Arc::new(store);
     let hosts = check_peers(env, &store, false)?;
     store.set(
         &pid_key(env.rank),
