@@ -26,6 +26,17 @@ struct Check {
 
 pub fn run() -> Result<()> {
     let gpu = Device::new_cuda(0)?;
+    // Full fp32 products in the comparisons (cuDNN's TF32 default would blur them).
+    #[cfg(feature = "cudnn")]
+    ops::set_allow_tf32(false);
+    println!(
+        "gpu-check: convolutions through {}",
+        if cfg!(feature = "cudnn") {
+            "cuDNN (TF32 off for the checks)"
+        } else {
+            "Candle's CUDA kernels"
+        }
+    );
     let mut checks = Vec::new();
     // (name, kernel, stride, padding): every convolution shape of a torchvision ResNet.
     let convs = [

@@ -1,23 +1,36 @@
 //! `conv2d`: 2-D convolution (NCHW input, OIHW weight, groups 1, dilation 1) as a Candle
-//! custom op whose backward runs the CPU input- and weight-gradient kernels; non-CPU or
-//! non-f32/f64 tensors use Candle's own `conv2d`.
+//! custom op whose backward runs dedicated input- and weight-gradient kernels: the CPU
+//! kernels, or cuDNN's for CUDA tensors (feature `cudnn`). Other tensors use Candle's own
+//! `conv2d`.
 
 use super::conv_cpu::{conv_backward_data, conv_backward_filter, conv_forward, ConvProblem};
+#[cfg(feature = "cudnn")]
+use super::conv_cudnn::{cudnn_conv, CudnnPass};
 use super::im2col::ConvGeometry;
 use super::storage::{dims4, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float};
-use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+#[cfg(feature = "cudnn")]
+use candle_core::CudaStorage;
+use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 /// 2-D convolution of `x` (`N x C_in x H x W`) with `w` (`C_out x C_in x KH x KW`), equal
 /// stride and zero padding on both spatial axes; returns `N x C_out x OH x OW` with
 /// `OH = (H + 2 * padding - KH) / stride + 1` (likewise `OW`). Differentiable.
 pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
     conv_problem(x.dims(), w.dims(), stride, padding)?;
-    if uses_cpu_kernels(&[x, w]) {
+    if uses_cpu_kernels(&[x, w]) || uses_cudnn(&[x, w]) {
         x.contiguous()?
             .apply_op2(&w.contiguous()?, Conv2dOp { stride, padding })
     } else {
         x.conv2d(w, padding, stride, 1, 1)
     }
+}
+
+/// Whether the tensors go to cuDNN: f32/f64 on a CUDA device, in a build with `cudnn`.
+fn uses_cudnn(tensors: &[&Tensor]) -> bool {
+    cfg!(feature = "cudnn")
+        && tensors
+            .iter()
+            .all(|t| t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::F64))
 }
 
 /// Validates the shapes of a convolution and derives its problem description.
@@ -159,6 +172,26 @@ impl CustomOp2 for Conv2dOp {
         Ok((storage, problem.output_shape()))
     }
 
+    #[cfg(feature = "cudnn")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let problem = conv_problem(l1.dims(), l2.dims(), self.stride, self.padding)?;
+        let shape = problem.output_shape();
+        let storage = cudnn_conv(
+            CudnnPass::Forward,
+            &problem,
+            (s1, l1),
+            (s2, l2),
+            shape.elem_count(),
+        )?;
+        Ok((storage, shape))
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -224,6 +257,35 @@ impl CustomOp2 for Conv2dBackwardData {
         )?;
         Ok((storage, (batch, c_in, in_h, in_w).into()))
     }
+
+    #[cfg(feature = "cudnn")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (batch, _, _, _) = dims4(l1.dims(), self.name(), "dy")?;
+        let (_, c_in, _, _) = dims4(l2.dims(), self.name(), "w")?;
+        let (in_h, in_w) = self.in_hw;
+        let problem = conv_problem(
+            &[batch, c_in, in_h, in_w],
+            l2.dims(),
+            self.stride,
+            self.padding,
+        )?;
+        problem.check_output_grad(l1.dims(), self.name())?;
+        let shape: Shape = (batch, c_in, in_h, in_w).into();
+        let storage = cudnn_conv(
+            CudnnPass::BackwardData,
+            &problem,
+            (s1, l1),
+            (s2, l2),
+            shape.elem_count(),
+        )?;
+        Ok((storage, shape))
+    }
 }
 
 impl CustomOp2 for Conv2dBackwardFilter {
@@ -255,5 +317,34 @@ impl CustomOp2 for Conv2dBackwardFilter {
             [(s1, l1, "x"), (s2, l2, "dy")],
         )?;
         Ok((storage, (c_out, c_in, k_h, k_w).into()))
+    }
+
+    #[cfg(feature = "cudnn")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (_, c_in, _, _) = dims4(l1.dims(), self.name(), "x")?;
+        let (_, c_out, _, _) = dims4(l2.dims(), self.name(), "dy")?;
+        let (k_h, k_w) = self.kernel_hw;
+        let problem = conv_problem(
+            l1.dims(),
+            &[c_out, c_in, k_h, k_w],
+            self.stride,
+            self.padding,
+        )?;
+        problem.check_output_grad(l2.dims(), self.name())?;
+        let shape: Shape = (c_out, c_in, k_h, k_w).into();
+        let storage = cudnn_conv(
+            CudnnPass::BackwardFilter,
+            &problem,
+            (s1, l1),
+            (s2, l2),
+            shape.elem_count(),
+        )?;
+        Ok((storage, shape))
     }
 }

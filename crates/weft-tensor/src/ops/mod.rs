@@ -7,13 +7,16 @@
 //! - [`batch_norm_train`]: training-mode 2-D batch normalisation with a fused analytic
 //!   backward; also returns the batch statistics for the running averages.
 //!
-//! The CPU kernels handle f32 and f64; tensors on other devices or of other dtypes are
-//! computed with Candle's own (differentiable) ops instead.
+//! The CPU kernels handle f32 and f64; with the `cudnn` feature, `conv2d` on CUDA f32/f64
+//! tensors runs cuDNN's forward, backward-data and backward-filter convolutions. Other
+//! tensors are computed with Candle's own (differentiable) ops.
 
 mod batch_norm;
 mod batch_norm_cpu;
 mod conv2d;
 mod conv_cpu;
+#[cfg(feature = "cudnn")]
+mod conv_cudnn;
 mod im2col;
 mod matmul;
 mod max_pool;
@@ -23,6 +26,8 @@ mod storage;
 
 pub use batch_norm::batch_norm_train;
 pub use conv2d::conv2d;
+#[cfg(feature = "cudnn")]
+pub use conv_cudnn::set_allow_tf32;
 pub use max_pool::max_pool2d;
 
 #[cfg(test)]
