@@ -54,7 +54,7 @@ pub fn rerun_with_cuda() -> Result<()> {
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target/gpu"));
     eprintln!(
-        "xtask: building with --features cuda,nccl in {} (the first CUDA build takes a while)",
+        "xtask: building with --features cuda,nccl,cudnn in {} (the first CUDA build takes a while)",
         target.display()
     );
     let status = Command::new(env!("CARGO"))
@@ -65,7 +65,7 @@ pub fn rerun_with_cuda() -> Result<()> {
             "-p",
             "xtask",
             "--features",
-            "cuda,nccl",
+            "cuda,nccl,cudnn",
             "--",
         ])
         .args(std::env::args().skip(1))
