@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (no Rust toolchain there) from the repository root, with `.gpu/`
-# carried: the stripped, xz-packed CUDA build of xtask plus ../shared/gpu/device-env.sh.
-# Builds nothing; writes every result under $OUT. Usage: bash xtask/gpu/run-benchmarks.sh
+# Runs on the GPU machine (no Rust toolchain there), one GPU: from the repository root with the
+# bundle of `cargo xtask gpu-bundle` carried as `.gpu/`, or from inside a bundle with
+# WEFT_BUNDLE=. (its scripts/ and python/ folders). Builds nothing; writes every result under
+# $OUT. Usage: bash xtask/gpu/run-benchmarks.sh
 set -uo pipefail
-source .gpu/device-env.sh
+B=${WEFT_BUNDLE:-.gpu}
+source "$B/env.sh"
 export WEFT_ANCHOR_PYTHON=python3
 OUT=${OUT:-/tmp/weft-gpu-out}
 mkdir -p "$OUT"
-X=.gpu/xtask
+X=$B/xtask
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'

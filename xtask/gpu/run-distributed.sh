@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Multi-GPU checks and benchmarks of the NCCL backend and DDP, for a machine with 2+ GPUs
-# (nvidia-h200-x2). Runs from the repository root with `.gpu/` carried: the stripped,
-# xz-packed CUDA+NCCL builds of xtask, weft-run, weft-collectives-selftest and
-# weft-bench-collectives, plus ../shared/gpu/device-env.sh. Builds nothing; writes every
+# (nvidia-h200-x2). Runs from the repository root with the bundle of `cargo xtask gpu-bundle`
+# carried as `.gpu/` (or from inside a bundle with WEFT_BUNDLE=.). Builds nothing; writes every
 # result under $OUT. Usage: bash xtask/gpu/run-distributed.sh
 set -uo pipefail
-source .gpu/device-env.sh
+B=${WEFT_BUNDLE:-.gpu}
+source "$B/env.sh"
 export WEFT_ANCHOR_PYTHON=python3 WEFT_TIMEOUT=120
 OUT=${OUT:-/tmp/weft-gpu-out}
 mkdir -p "$OUT"
-G=.gpu
+G=$B
 {
   date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version())'

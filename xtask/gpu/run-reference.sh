@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The reference run (issue 6) on a 4-GPU machine (nvidia-h200-x4): ResNet-50 DDP over NCCL,
 # synthetic 224x224, 32 images per GPU, SGD momentum 0.9, lr 0.1, weight decay 1e-4, fp32, on
-# 1, 2 and 4 GPUs, with PyTorch DDP on the same GPUs in the same call. Carries `.gpu/` like
-# run-distributed.sh. Writes under $OUT: the log, peak memory per phase and GPU, the merged
+# 1, 2 and 4 GPUs, with PyTorch DDP on the same GPUs in the same call. Runs with the bundle of
+# `cargo xtask gpu-bundle` like run-distributed.sh. Writes under $OUT: the log, peak memory per phase and GPU, the merged
 # 4-rank timeline (one Chrome trace, one process per rank) and the runs' metrics.
 set -uo pipefail
-source .gpu/device-env.sh
+B=${WEFT_BUNDLE:-.gpu}
+source "$B/env.sh"
 export WEFT_ANCHOR_PYTHON=python3 WEFT_TIMEOUT=120
 OUT=${OUT:-/tmp/weft-gpu-out}
 mkdir -p "$OUT"
-G=.gpu
+G=$B
 { date -u; nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader; nvidia-smi topo -m; } 2>&1 | tee "$OUT/machine.txt"
 
 nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader,nounits -lms 200 > /tmp/mem.csv &

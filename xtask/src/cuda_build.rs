@@ -14,7 +14,7 @@ pub fn needs_cuda_build(device: &str) -> bool {
     device.starts_with("cuda") && !cfg!(feature = "cuda")
 }
 
-fn find_nvcc() -> Option<PathBuf> {
+pub fn find_nvcc() -> Option<PathBuf> {
     let from_home = ["CUDA_HOME", "CUDA_PATH"]
         .iter()
         .filter_map(std::env::var_os)

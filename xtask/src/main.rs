@@ -4,6 +4,7 @@ mod bench_collectives;
 mod bench_ddp;
 mod bench_step;
 mod cuda_build;
+mod gpu_bundle;
 mod gpu_check;
 mod launch;
 mod python;
@@ -30,6 +31,8 @@ enum Command {
     BenchCollectives(bench_collectives::BenchCollectivesArgs),
     /// The CUDA path against the CPU reference, as a pass/fail table (needs a GPU)
     GpuCheck,
+    /// Build the CUDA binaries and write a folder that runs on a GPU machine without Rust
+    GpuBundle(gpu_bundle::GpuBundleArgs),
 }
 
 /// Keeps freed large buffers in the heap instead of returning them to the kernel: a training
@@ -62,6 +65,7 @@ fn main() {
             true => cuda_build::rerun_with_cuda(),
             false => gpu_check::run(),
         },
+        Command::GpuBundle(args) => gpu_bundle::run(&args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

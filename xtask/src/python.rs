@@ -66,11 +66,18 @@ fn run(cmd: &mut Command, what: &str) -> Result<()> {
 }
 
 /// Path of one of the anchor scripts in `xtask/python/`: under the current folder when run
-/// from a checkout (a binary carried to another machine), else in this workspace.
+/// from a checkout (a binary carried to another machine), in `python/` beside this binary when
+/// it runs from a bundle of `cargo xtask gpu-bundle`, else in this workspace.
 pub fn script(name: &str) -> PathBuf {
     let local = Path::new("xtask/python").join(name);
     if local.exists() {
         return local;
+    }
+    let bundled = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("python").join(name)));
+    if let Some(bundled) = bundled.filter(|p| p.exists()) {
+        return bundled;
     }
     workspace_root().join("xtask/python").join(name)
 }
