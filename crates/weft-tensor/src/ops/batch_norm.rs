@@ -1,9 +1,14 @@
-//! `batch_norm_train`: training-mode 2-D batch normalisation. On CPU f32/f64 tensors it is
-//! a fused custom op with an analytic backward; elsewhere it is composed of Candle ops.
+//! `batch_norm_train`: training-mode 2-D batch normalisation. On f32/f64 tensors on the CPU,
+//! or on a CUDA device (feature `cuda`, kernels in `kernels/batch_norm.cu`), it is a fused
+//! custom op with an analytic backward; elsewhere it is composed of Candle ops.
 
 use super::batch_norm_cpu::{forward, grad_input, grad_sums, moments, ChannelLayout};
+#[cfg(feature = "cuda")]
+use super::batch_norm_cuda::{run_cuda, BnShape};
 use super::storage::{dims4, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float};
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 /// Normalises `x` (`N x C x H x W`) per channel with its batch mean and biased variance
 /// over `N, H, W`, then scales by `weight` and shifts by `bias` (both of shape `C`):
@@ -35,7 +40,7 @@ pub fn batch_norm_train(
     if !(eps.is_finite() && eps >= 0.0) {
         bail!("batch_norm_train: eps must be finite and non-negative, got {eps}");
     }
-    if !uses_cpu_kernels(&[x, weight, bias]) {
+    if !uses_cpu_kernels(&[x, weight, bias]) && !uses_cuda_kernels(&[x, weight, bias]) {
         return batch_norm_train_candle(x, weight, bias, eps);
     }
     let x = x.contiguous()?;
@@ -53,6 +58,14 @@ pub fn batch_norm_train(
         },
     )?;
     Ok((y, stats.get(0)?, stats.get(1)?))
+}
+
+/// Whether the tensors go to the CUDA kernels: f32/f64 on a CUDA device, in a `cuda` build.
+fn uses_cuda_kernels(tensors: &[&Tensor]) -> bool {
+    cfg!(feature = "cuda")
+        && tensors
+            .iter()
+            .all(|t| t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::F64))
 }
 
 /// The same computation from Candle ops (differentiable by Candle's autograd).
@@ -76,7 +89,7 @@ pub(super) fn batch_norm_train_candle(
 
 /// Which batch-norm kernel a custom op runs, with its arguments.
 #[derive(Clone, Copy, Debug)]
-enum BnPass {
+pub(crate) enum BnPass {
     /// `(x)` -> `[mean; var]`, shape `2 x C`.
     Moments,
     /// `(x, [weight; bias], [mean; var])` -> `y`.
@@ -117,43 +130,81 @@ impl CpuKernel for BnKernel {
 }
 
 impl BatchNormOp {
-    /// Checks the argument shapes, runs the kernel and returns its result with its shape.
-    fn run(&self, args: &[Arg<'_>]) -> Result<(CpuStorage, Shape)> {
-        let x_shape = args[0].layout.shape();
-        let (_, channels, h, w) = dims4(x_shape.dims(), self.name(), "x")?;
+    /// Checks the argument shapes (`x` first, then named arguments); returns the channel
+    /// count, the plane size `H * W` and the result's shape.
+    fn check(
+        &self,
+        x_dims: &[usize],
+        others: &[(&[usize], &str)],
+    ) -> Result<(usize, usize, Shape)> {
+        let (_, channels, h, w) = dims4(x_dims, self.name(), "x")?;
         let table_rows = match self.pass {
             BnPass::GradInput => 6,
             _ => 2,
         };
-        for arg in &args[1..] {
-            let expected: &[usize] = match arg.name {
-                "dy" => x_shape.dims(),
+        for &(dims, name) in others {
+            let expected: &[usize] = match name {
+                "dy" => x_dims,
                 "affine" | "stats" => &[2, channels],
                 _ => &[table_rows, channels],
             };
-            if arg.layout.dims() != expected {
+            if dims != expected {
                 bail!(
-                    "{}: `{}` has shape {:?}, expected {expected:?}",
-                    self.name(),
-                    arg.name,
-                    arg.layout.dims()
+                    "{}: `{name}` has shape {dims:?}, expected {expected:?}",
+                    self.name()
                 );
             }
         }
-        let kernel = BnKernel {
-            pass: self.pass,
-            layout: ChannelLayout {
-                channels,
-                plane: h * w,
-            },
-            eps: self.eps,
-        };
-        let storage = run_kernel(&kernel, self.name(), args)?;
         let shape = match self.pass {
             BnPass::Moments | BnPass::GradSums => (2, channels).into(),
-            BnPass::Forward | BnPass::GradInput => x_shape.clone(),
+            BnPass::Forward | BnPass::GradInput => Shape::from(x_dims),
         };
+        Ok((channels, h * w, shape))
+    }
+
+    /// Checks the argument shapes, runs the CPU kernel and returns its result with its shape.
+    fn run(&self, args: &[Arg<'_>]) -> Result<(CpuStorage, Shape)> {
+        let others: Vec<(&[usize], &str)> = args[1..]
+            .iter()
+            .map(|a| (a.layout.dims(), a.name))
+            .collect();
+        let (channels, plane, shape) = self.check(args[0].layout.dims(), &others)?;
+        let kernel = BnKernel {
+            pass: self.pass,
+            layout: ChannelLayout { channels, plane },
+            eps: self.eps,
+        };
+        Ok((run_kernel(&kernel, self.name(), args)?, shape))
+    }
+
+    /// Checks the argument shapes, runs the CUDA kernel and returns its result with its shape.
+    #[cfg(feature = "cuda")]
+    fn run_cuda(
+        &self,
+        args: &[(&CudaStorage, &Layout, &'static str)],
+    ) -> Result<(CudaStorage, Shape)> {
+        let others: Vec<(&[usize], &str)> = args[1..]
+            .iter()
+            .map(|(_, layout, name)| (layout.dims(), *name))
+            .collect();
+        let x_dims = args[0].1.dims();
+        let (c, plane, shape) = self.check(x_dims, &others)?;
+        let geometry = BnShape {
+            n: x_dims[0],
+            c,
+            plane,
+        };
+        let storage = run_cuda(self.pass, self.eps, geometry, args, shape.elem_count())?;
         Ok((storage, shape))
+    }
+
+    /// Names of the second and third arguments of the ternary passes.
+    fn arg_names(&self) -> (&'static str, &'static str) {
+        match self.pass {
+            BnPass::Forward => ("affine", "stats"),
+            BnPass::GradSums => ("dy", "stats"),
+            _ => ("dy", "table"),
+        }
     }
 
     fn name(&self) -> &'static str {
@@ -178,6 +229,11 @@ impl CustomOp1 for BatchNormOp {
             name: "x",
         }])
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.run_cuda(&[(storage, layout, "x")])
+    }
 }
 
 impl CustomOp3 for BatchNormOp {
@@ -194,11 +250,7 @@ impl CustomOp3 for BatchNormOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (name2, name3) = match self.pass {
-            BnPass::Forward => ("affine", "stats"),
-            BnPass::GradSums => ("dy", "stats"),
-            _ => ("dy", "table"),
-        };
+        let (name2, name3) = self.arg_names();
         self.run(&[
             Arg {
                 storage: s1,
@@ -216,6 +268,20 @@ impl CustomOp3 for BatchNormOp {
                 name: name3,
             },
         ])
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (name2, name3) = self.arg_names();
+        self.run_cuda(&[(s1, l1, "x"), (s2, l2, name2), (s3, l3, name3)])
     }
 
     fn bwd(

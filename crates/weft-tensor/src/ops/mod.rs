@@ -7,12 +7,15 @@
 //! - [`batch_norm_train`]: training-mode 2-D batch normalisation with a fused analytic
 //!   backward; also returns the batch statistics for the running averages.
 //!
-//! The CPU kernels handle f32 and f64; with the `cudnn` feature, `conv2d` on CUDA f32/f64
+//! The CPU kernels handle f32 and f64; with the `cuda` feature, `batch_norm_train` on CUDA
+//! f32/f64 tensors runs the fused kernels of `kernels/batch_norm.cu`; with the `cudnn` feature, `conv2d` on CUDA f32/f64
 //! tensors runs cuDNN's forward, backward-data and backward-filter convolutions. Other
 //! tensors are computed with Candle's own (differentiable) ops.
 
 mod batch_norm;
 mod batch_norm_cpu;
+#[cfg(feature = "cuda")]
+mod batch_norm_cuda;
 mod conv2d;
 mod conv_cpu;
 #[cfg(feature = "cudnn")]
