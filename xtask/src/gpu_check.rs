@@ -128,6 +128,30 @@ pub fn run() -> Result<()> {
         error,
         tolerance: 1e-3,
     });
+    // The fused CUDA batch-norm kernels (kernels/batch_norm.cu), off by default until these
+    // rows pass: forward and gradients against the CPU kernels, in f32 and through a
+    // ResNet-50 f64 backward.
+    ops::set_cuda_batch_norm_kernels(true);
+    for (name, dims) in [
+        ("fused batch_norm CUDA @32 (64 ch)", [4, 64, 32, 32]),
+        ("fused batch_norm CUDA @6 (8 ch)", [4, 8, 6, 6]),
+    ] {
+        let c = dims[1];
+        let error = compare_op(&gpu, &[&dims, &[c], &[c]], |t| {
+            Ok(ops::batch_norm_train(&t[0], &t[1], &t[2], 1e-5)?.0)
+        })?;
+        checks.push(Check {
+            name,
+            error,
+            tolerance: 1e-3,
+        });
+    }
+    checks.push(Check {
+        name: "fused batch_norm CUDA: ResNet-50 f64 grads",
+        error: compare_whole_graph(&gpu)?,
+        tolerance: 1e-6,
+    });
+    ops::set_cuda_batch_norm_kernels(false);
     checks.push(Check {
         name: "ResNet-50 f64 whole-graph grads",
         error: compare_whole_graph(&gpu)?,

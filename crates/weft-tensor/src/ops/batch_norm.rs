@@ -1,8 +1,11 @@
 //! `batch_norm_train`: training-mode 2-D batch normalisation. On f32/f64 tensors on the CPU,
-//! or on a CUDA device (feature `cuda`, kernels in `kernels/batch_norm.cu`), it is a fused
-//! custom op with an analytic backward; elsewhere it is composed of Candle ops.
+//! or on a CUDA device once [`set_cuda_batch_norm_kernels`] turns the kernels of
+//! `kernels/batch_norm.cu` on (feature `cuda`), it is a fused custom op with an analytic
+//! backward; elsewhere it is composed of Candle ops.
 
 use super::batch_norm_cpu::{forward, grad_input, grad_sums, moments, ChannelLayout};
+use std::sync::atomic::{AtomicBool, Ordering};
+
 #[cfg(feature = "cuda")]
 use super::batch_norm_cuda::{run_cuda, BnShape};
 use super::storage::{dims4, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float};
@@ -60,9 +63,20 @@ pub fn batch_norm_train(
     Ok((y, stats.get(0)?, stats.get(1)?))
 }
 
-/// Whether the tensors go to the CUDA kernels: f32/f64 on a CUDA device, in a `cuda` build.
+static CUDA_KERNELS: AtomicBool = AtomicBool::new(false);
+
+/// Turns the fused CUDA batch-norm kernels on or off (default off: they compile and load, but
+/// have not yet been checked against the CPU on a GPU; `cargo xtask gpu-check` checks them).
+/// Off, CUDA tensors take the Candle-ops path.
+pub fn set_cuda_batch_norm_kernels(enabled: bool) {
+    CUDA_KERNELS.store(enabled, Ordering::Relaxed);
+}
+
+/// Whether the tensors go to the CUDA kernels: f32/f64 on a CUDA device, in a `cuda` build,
+/// with the kernels turned on.
 fn uses_cuda_kernels(tensors: &[&Tensor]) -> bool {
     cfg!(feature = "cuda")
+        && CUDA_KERNELS.load(Ordering::Relaxed)
         && tensors
             .iter()
             .all(|t| t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::F64))

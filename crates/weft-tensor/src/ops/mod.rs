@@ -8,7 +8,8 @@
 //!   backward; also returns the batch statistics for the running averages.
 //!
 //! The CPU kernels handle f32 and f64; with the `cuda` feature, `batch_norm_train` on CUDA
-//! f32/f64 tensors runs the fused kernels of `kernels/batch_norm.cu`; with the `cudnn` feature, `conv2d` on CUDA f32/f64
+//! f32/f64 tensors can run the fused kernels of `kernels/batch_norm.cu` (off by default until
+//! checked on a GPU, see [`set_cuda_batch_norm_kernels`]); with the `cudnn` feature, `conv2d` on CUDA f32/f64
 //! tensors runs cuDNN's forward, backward-data and backward-filter convolutions. Other
 //! tensors are computed with Candle's own (differentiable) ops.
 
@@ -27,7 +28,7 @@ mod max_pool_cpu;
 mod scratch;
 mod storage;
 
-pub use batch_norm::batch_norm_train;
+pub use batch_norm::{batch_norm_train, set_cuda_batch_norm_kernels};
 pub use conv2d::conv2d;
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;
