@@ -8,10 +8,10 @@ use candle_core::Device;
 
 use super::engine::Init;
 use super::handle::unique_id;
-use super::liveness::{Liveness, Peer};
 use super::{NcclCommunicator, NcclConfig};
 use crate::env::LaunchEnv;
 use crate::error::Result;
+use crate::peer_liveness::{Liveness, Peer, Timing};
 use crate::rendezvous::{check_peers, hostname, join_store};
 
 const ID_KEY: &str = "nccl/id";
@@ -54,7 +54,7 @@ pub fn init_nccl(env: &LaunchEnv, device: &Device) -> Result<NcclCommunicator> {
         });
     }
     store.barrier("nccl/init", env.world_size, env.timeout)?;
-    let liveness = Liveness::start(store.clone(), env.rank, peers)?;
+    let liveness = Liveness::start(store.clone(), env.rank, peers, Timing::default())?;
     let config = NcclConfig {
         timeout: env.timeout,
     };

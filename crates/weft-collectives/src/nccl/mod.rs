@@ -4,8 +4,8 @@
 //!
 //! Layers, as cudarc has them: [`handle`] (raw communicator over cudarc's `result`/`sys`
 //! layers: init, split, async error, abort), [`launch`] (one checked NCCL call on tensors),
-//! [`engine`] and [`watchdog`] (the launcher and watchdog threads), [`liveness`] (heartbeats
-//! through the rendezvous store), [`ops`] (the [`DeviceCollectives`] and [`Communicator`]
+//! [`engine`] and [`watchdog`] (the launcher and watchdog threads), `crate::peer_liveness`
+//! (heartbeats through the rendezvous store), [`ops`] (the [`DeviceCollectives`] and [`Communicator`]
 //! implementations) and [`init`] (joining a job).
 //!
 //! Device tensors go straight to NCCL ([`crate::TensorCollectives`] picks that path); host
@@ -17,7 +17,6 @@ mod engine;
 mod handle;
 mod init;
 mod launch;
-mod liveness;
 mod ops;
 mod watchdog;
 
@@ -28,8 +27,8 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaStorage, DType as CandleDType, Device, Storage, Tensor};
 
 use crate::error::{CommError, Result};
+use crate::peer_liveness::Liveness;
 use engine::{Deliver, Engine, Init, Issue, Job};
-use liveness::Liveness;
 use watchdog::Watchdog;
 
 pub use init::init_nccl;

@@ -16,8 +16,8 @@ use cudarc::driver::CudaEvent;
 
 use super::engine::{driver, Deliver, Health};
 use super::handle::CommHandle;
-use super::liveness::Liveness;
 use crate::error::{CommError, Result};
+use crate::peer_liveness::Liveness;
 
 /// An operation enqueued on the communication stream.
 pub(crate) struct InFlight {

@@ -179,6 +179,10 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
         return;
     }
     while let Ok(Some(frame)) = read_frame_or_stop(&mut stream, &shared.stop) {
+        // A client that never pauses would otherwise keep a stopping server alive.
+        if shared.stop.load(Ordering::Acquire) {
+            return;
+        }
         let response = match Request::decode(&frame) {
             Ok(request) => handle(shared, request),
             Err(reason) => Response::Error(format!("malformed request: {reason}")),
