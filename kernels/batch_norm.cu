@@ -2,11 +2,14 @@
 // `batch_norm_train` (crates/weft-tensor/src/ops/batch_norm_cuda.rs launches these).
 // The same four passes as the CPU kernels, with the same argument tables:
 //   moments     (x)                         -> [mean; biased var]                 (2 x C)
-//   forward     (x, [weight; bias], stats)  -> y
+//   forward     (x, [weight; bias], stats)  -> y            (then max(y, 0) when `relu`)
 //   grad_sums   (x, dy, stats)              -> [sum(dy * xhat); sum(dy)]          (2 x C)
 //   grad_input  (x, dy, [mean; var; weight; bias; sum(dy*xhat); sum(dy)]) -> dx
-// Reductions run one block per channel; element-wise passes are grid-stride loops.
-// Accumulation and per-channel arithmetic are in double, as on the CPU.
+// Reductions are split over `splits` blocks per channel (grid splits x C); each block writes its
+// double partial sums to its own slot and a finalize kernel adds the slots in order, so the
+// result does not depend on scheduling. Moments sum x - x[channel's first element] (shifted
+// data, so the variance does not cancel). Element-wise passes run one block row per plane
+// (grid N*C x chunks) with the channel's coefficients computed once per thread.
 
 #define WARP 32
 
@@ -30,50 +33,72 @@ __device__ double block_sum(double v) {
     return result;
 }
 
-// Index of element `i` (0 <= i < n * hw) of channel `ch`.
-__device__ __forceinline__ long long at(long long i, int ch, int c, int hw) {
-    return ((i / hw) * c + ch) * (long long)hw + i % hw;
+// Offset of the i-th element (0 <= i < n * hw) of channel `ch`.
+__device__ __forceinline__ long long at(unsigned i, int ch, int c, unsigned hw) {
+    const unsigned img = i / hw;
+    return ((long long)img * c + ch) * hw + (i - img * hw);
 }
 
 template <typename T>
-__device__ void moments(const T* x, T* out, int n, int c, int hw) {
-    const int ch = blockIdx.x;
-    const long long m = (long long)n * hw;
-    double s = 0.0;
-    for (long long i = threadIdx.x; i < m; i += blockDim.x) s += (double)x[at(i, ch, c, hw)];
-    const double mean = block_sum(s) / (double)m;
-    double q = 0.0;
-    for (long long i = threadIdx.x; i < m; i += blockDim.x) {
-        const double d = (double)x[at(i, ch, c, hw)] - mean;
+__device__ void moments_partial(const T* x, double* partial, int n, int c, int hw) {
+    const int ch = blockIdx.y;
+    const unsigned m = (unsigned)n * hw, stride = gridDim.x * blockDim.x;
+    const double shift = (double)x[(long long)ch * hw];
+    double s = 0.0, q = 0.0;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += stride) {
+        const double d = (double)x[at(i, ch, c, hw)] - shift;
+        s += d;
         q += d * d;
     }
-    const double var = block_sum(q) / (double)m;
+    s = block_sum(s);
+    q = block_sum(q);
     if (threadIdx.x == 0) {
-        out[ch] = (T)mean;
-        out[c + ch] = (T)var;
+        double* slot = partial + 2ll * c * blockIdx.x;
+        slot[ch] = s;
+        slot[c + ch] = q;
     }
+}
+
+template <typename T>
+__device__ void moments_finalize(const T* x, const double* partial, T* out, int c, int hw,
+                                 int splits, double m) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    double s = 0.0, q = 0.0;
+    for (int k = 0; k < splits; ++k) {
+        s += partial[2ll * c * k + ch];
+        q += partial[2ll * c * k + c + ch];
+    }
+    const double d = s / m;
+    out[ch] = (T)((double)x[(long long)ch * hw] + d);
+    out[c + ch] = (T)fmax(q / m - d * d, 0.0);
 }
 
 template <typename T>
 __device__ void forward(const T* x, const T* affine, const T* stats, T* y, int c, int hw,
-                        long long total, double eps) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const int ch = (int)((i / hw) % c);
-        const double scale = (double)affine[ch] * rsqrt((double)stats[c + ch] + eps);
-        const double shift = (double)affine[c + ch] - (double)stats[ch] * scale;
-        y[i] = (T)(scale * (double)x[i] + shift);
+                        double eps, int relu) {
+    const long long plane = blockIdx.x;
+    const int ch = (int)(plane % c);
+    const double scale = (double)affine[ch] * rsqrt((double)stats[c + ch] + eps);
+    const T a = (T)scale;
+    const T b = (T)((double)affine[c + ch] - (double)stats[ch] * scale);
+    const T* xp = x + plane * hw;
+    T* yp = y + plane * hw;
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < hw; j += gridDim.y * blockDim.x) {
+        T v = a * xp[j] + b;
+        if (relu && v < (T)0) v = (T)0;
+        yp[j] = v;
     }
 }
 
 template <typename T>
-__device__ void grad_sums(const T* x, const T* dy, const T* stats, T* out, int n, int c, int hw,
-                          double eps) {
-    const int ch = blockIdx.x;
-    const long long m = (long long)n * hw;
+__device__ void grad_sums_partial(const T* x, const T* dy, const T* stats, double* partial,
+                                  int n, int c, int hw) {
+    const int ch = blockIdx.y;
+    const unsigned m = (unsigned)n * hw, stride = gridDim.x * blockDim.x;
     const double mean = (double)stats[ch];
     double dot = 0.0, sum_dy = 0.0;
-    for (long long i = threadIdx.x; i < m; i += blockDim.x) {
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += stride) {
         const long long k = at(i, ch, c, hw);
         const double g = (double)dy[k];
         dot += ((double)x[k] - mean) * g;
@@ -82,43 +107,76 @@ __device__ void grad_sums(const T* x, const T* dy, const T* stats, T* out, int n
     dot = block_sum(dot);
     sum_dy = block_sum(sum_dy);
     if (threadIdx.x == 0) {
-        out[ch] = (T)(dot * rsqrt((double)stats[c + ch] + eps));
-        out[c + ch] = (T)sum_dy;
+        double* slot = partial + 2ll * c * blockIdx.x;
+        slot[ch] = dot;
+        slot[c + ch] = sum_dy;
     }
 }
 
 template <typename T>
+__device__ void grad_sums_finalize(const T* stats, const double* partial, T* out, int c,
+                                   int splits, double eps) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    double dot = 0.0, sum_dy = 0.0;
+    for (int k = 0; k < splits; ++k) {
+        dot += partial[2ll * c * k + ch];
+        sum_dy += partial[2ll * c * k + c + ch];
+    }
+    out[ch] = (T)(dot * rsqrt((double)stats[c + ch] + eps));
+    out[c + ch] = (T)sum_dy;
+}
+
+// dx = dy * k + x * u + t, with k = w * inv_std, u = -k * inv_std * mean(dy * xhat),
+// t = k * (mean * inv_std * mean(dy * xhat) - mean(dy)) (the CPU kernel's coefficients).
+template <typename T>
 __device__ void grad_input(const T* x, const T* dy, const T* table, T* dx, int c, int hw,
-                           long long total, double m, double eps) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const int ch = (int)((i / hw) % c);
-        const double inv_std = rsqrt((double)table[c + ch] + eps);
-        const double k = inv_std * (double)table[2 * c + ch];
-        const double xhat = ((double)x[i] - (double)table[ch]) * inv_std;
-        const double mean_dy_xhat = (double)table[4 * c + ch] / m;
-        const double mean_dy = (double)table[5 * c + ch] / m;
-        dx[i] = (T)(k * ((double)dy[i] - mean_dy - xhat * mean_dy_xhat));
+                           double m, double eps) {
+    const long long plane = blockIdx.x;
+    const int ch = (int)(plane % c);
+    const double inv_std = rsqrt((double)table[c + ch] + eps);
+    const double k = inv_std * (double)table[2 * c + ch];
+    const double mean_dy_xhat = (double)table[4 * c + ch] / m;
+    const double mean_dy = (double)table[5 * c + ch] / m;
+    const T dy_scale = (T)k;
+    const T x_scale = (T)(-k * inv_std * mean_dy_xhat);
+    const T shift = (T)(k * ((double)table[ch] * inv_std * mean_dy_xhat - mean_dy));
+    const T* xp = x + plane * hw;
+    const T* gp = dy + plane * hw;
+    T* dxp = dx + plane * hw;
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < hw; j += gridDim.y * blockDim.x) {
+        dxp[j] = dy_scale * gp[j] + x_scale * xp[j] + shift;
     }
 }
 
-#define BATCH_NORM_KERNELS(T, SUFFIX)                                                           \
-    extern "C" __global__ void bn_moments_##SUFFIX(const T* x, T* out, int n, int c, int hw) {  \
-        moments<T>(x, out, n, c, hw);                                                           \
-    }                                                                                           \
-    extern "C" __global__ void bn_forward_##SUFFIX(const T* x, const T* affine, const T* stats, \
-                                                   T* y, int c, int hw, long long total,        \
-                                                   double eps) {                                \
-        forward<T>(x, affine, stats, y, c, hw, total, eps);                                     \
-    }                                                                                           \
-    extern "C" __global__ void bn_grad_sums_##SUFFIX(const T* x, const T* dy, const T* stats,   \
-                                                     T* out, int n, int c, int hw, double eps) { \
-        grad_sums<T>(x, dy, stats, out, n, c, hw, eps);                                         \
-    }                                                                                           \
-    extern "C" __global__ void bn_grad_input_##SUFFIX(const T* x, const T* dy, const T* table,  \
-                                                      T* dx, int c, int hw, long long total,    \
-                                                      double m, double eps) {                   \
-        grad_input<T>(x, dy, table, dx, c, hw, total, m, eps);                                  \
+#define BATCH_NORM_KERNELS(T, SUFFIX)                                                            \
+    extern "C" __global__ void bn_moments_partial_##SUFFIX(const T* x, double* partial, int n,   \
+                                                           int c, int hw) {                      \
+        moments_partial<T>(x, partial, n, c, hw);                                                \
+    }                                                                                            \
+    extern "C" __global__ void bn_moments_finalize_##SUFFIX(const T* x, const double* partial,   \
+                                                            T* out, int c, int hw, int splits,   \
+                                                            double m) {                          \
+        moments_finalize<T>(x, partial, out, c, hw, splits, m);                                  \
+    }                                                                                            \
+    extern "C" __global__ void bn_forward_##SUFFIX(const T* x, const T* affine, const T* stats,  \
+                                                   T* y, int c, int hw, double eps, int relu) {  \
+        forward<T>(x, affine, stats, y, c, hw, eps, relu);                                       \
+    }                                                                                            \
+    extern "C" __global__ void bn_grad_sums_partial_##SUFFIX(const T* x, const T* dy,            \
+                                                             const T* stats, double* partial,    \
+                                                             int n, int c, int hw) {             \
+        grad_sums_partial<T>(x, dy, stats, partial, n, c, hw);                                   \
+    }                                                                                            \
+    extern "C" __global__ void bn_grad_sums_finalize_##SUFFIX(const T* stats,                    \
+                                                              const double* partial, T* out,     \
+                                                              int c, int splits, double eps) {   \
+        grad_sums_finalize<T>(stats, partial, out, c, splits, eps);                              \
+    }                                                                                            \
+    extern "C" __global__ void bn_grad_input_##SUFFIX(const T* x, const T* dy, const T* table,   \
+                                                      T* dx, int c, int hw, double m,            \
+                                                      double eps) {                              \
+        grad_input<T>(x, dy, table, dx, c, hw, m, eps);                                          \
     }
 
 BATCH_NORM_KERNELS(float, f32)

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 1] = ["batch_norm"];
+const KERNELS: [&str; 3] = ["batch_norm", "relu", "max_pool"];
 
 fn main() {
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");

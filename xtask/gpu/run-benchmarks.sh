@@ -2,7 +2,15 @@
 # Runs on the GPU machine (no Rust toolchain there), one GPU: from the repository root with the
 # bundle of `cargo xtask gpu-bundle` carried as `.gpu/`, or from inside a bundle with
 # WEFT_BUNDLE=. (its scripts/ and python/ folders). Builds nothing; writes every result under
-# $OUT. Usage: bash xtask/gpu/run-benchmarks.sh
+# $OUT (four files: run.log, the two profiles, the packed Nsight Compute CSV) and prints a
+# summary last. Usage: bash xtask/gpu/run-benchmarks.sh [SECTIONS], SECTIONS a comma-separated
+# choice of check,step,profile,smoke (default: all four; one device call may run at most 10
+# minutes, so split them over two calls where needed):
+#   1. gpu-check: every CUDA op against the CPU, ResNet-50 training steps in f64
+#   2. bench-step, ResNet-50 batch 32 fp32: with Candle's ops and runtime settings, with weft's
+#      kernels, then weft's defaults beside PyTorch (same call)
+#   3. where the device time goes: Nsight Compute over weft's steps, torch.profiler over PyTorch's
+#   4. a short CUDA training run of the trainer
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -10,30 +18,53 @@ export WEFT_ANCHOR_PYTHON=python3
 OUT=${OUT:-/tmp/weft-gpu-out}
 mkdir -p "$OUT"
 X=$B/xtask
+SECTIONS=",${1:-check,step,profile,smoke},"
+want() { [[ $SECTIONS == *",$1,"* ]]; }
+PY=$B/python
+[ -d "$PY" ] || PY=xtask/python
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
-} 2>&1 | tee "$OUT/machine.txt"
+} 2>&1 | tee "$OUT/run.log"
 
-# Peak device memory of a command, as nvidia-smi sees it (sampled every 100 ms).
-with_peak_memory() {
-  local log=$1; shift
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$log.mem" &
-  local sampler=$!
-  "$@" 2>&1 | tee -a "$log"; local rc=${PIPESTATUS[0]}
-  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
-  echo "peak device memory used (nvidia-smi): $(sort -n "$log.mem" | tail -1) MiB" | tee -a "$log"
-  return $rc
-}
+if want check; then
+  echo "== 1. gpu-check: CUDA ops and training steps against the CPU reference =="
+  timeout 300 $X gpu-check 2>&1 | tee /tmp/gpu-check.log | tee -a "$OUT/run.log"
+fi
 
-echo "== correctness: a short CUDA training run (resnet20, synthetic) =="
-timeout 300 $X train-resnet --device cuda --steps 30 --epochs 1 --quiet --out "$OUT/runs" --name cuda-smoke 2>&1 | tee "$OUT/train-cuda-smoke.log"
+STEP="bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 8 --warmup 3"
+want step && {
+  echo "== 2. bench-step: ResNet-50, batch 32, 224x224, fp32 =="
+  echo "-- a. Candle's ops for batch norm, ReLU and max-pool; the CUDA runtime as Candle leaves it"
+  timeout 200 $X $STEP --no-anchor --cuda-kernels candle --cuda-event-tracking --cuda-release-memory
+  echo "-- b. weft's kernels; the CUDA runtime as Candle leaves it (event tracking, memory released)"
+  timeout 200 $X $STEP --no-anchor --cuda-event-tracking --cuda-release-memory
+  echo "-- c. weft's defaults, beside PyTorch (TF32 convolutions, its default)"
+  timeout 300 $X $STEP
+} 2>&1 | tee /tmp/bench-step.log | tee -a "$OUT/run.log"
 
-echo "== bench-step: ResNet-50, batch 32, 224x224, fp32, weft only (peak memory) =="
-with_peak_memory "$OUT/bench-step-resnet50-weft.log" timeout 420 $X bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 5 --warmup 2 --no-anchor
+if want profile; then
+  echo "== 3. device time per kernel: weft (Nsight Compute, 2 steps) and PyTorch (torch.profiler, 3 steps) =="
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 300 "$NCU" --csv --print-units base --metrics gpu__time_duration.sum --clock-control none \
+    --cache-control none --log-file "$OUT/ncu-weft.csv" \
+    $X bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 \
+    --steps 1 --warmup 1 --no-anchor > /tmp/ncu-run.log 2>&1
+  tail -5 /tmp/ncu-run.log >> "$OUT/run.log"
+  python3 "$PY/kernel_profile.py" "$OUT/ncu-weft.csv" --steps 2 2>&1 | tee "$OUT/profile-weft.txt"
+  xz -T0 -f "$OUT/ncu-weft.csv" 2>/dev/null || gzip -f "$OUT/ncu-weft.csv"
+  timeout 120 python3 "$PY/torch_step_profile.py" 2>&1 | tee "$OUT/profile-torch.txt"
+fi
 
-echo "== bench-step: same, with the PyTorch anchor (TF32 convs, PyTorch's default) in the same call =="
-timeout 420 $X bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 5 --warmup 2 2>&1 | tee "$OUT/bench-step-resnet50.log"
+if want smoke; then
+  echo "== 4. correctness: a short CUDA training run (resnet20, synthetic) =="
+  timeout 300 $X train-resnet --device cuda --steps 30 --epochs 1 --quiet --out /tmp/runs --name cuda-smoke > /tmp/smoke.log 2>&1
+  echo "exit status $?" >> /tmp/smoke.log
+  tail -4 /tmp/smoke.log | tee -a "$OUT/run.log"
+fi
 
-echo "== gpu-check: CUDA ops and training steps against the CPU reference =="
-timeout 300 $X gpu-check 2>&1 | tee "$OUT/gpu-check.log"
+echo "== summary =="
+grep -hE "FAIL|fail|passed" /tmp/gpu-check.log 2>/dev/null | tail -8
+grep -hE "^-- |weft:|pytorch:|ratio|^CUDA" /tmp/bench-step.log 2>/dev/null
+head -16 "$OUT/profile-weft.txt" 2>/dev/null
+head -1 "$OUT/profile-torch.txt" 2>/dev/null

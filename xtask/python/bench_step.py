@@ -45,6 +45,8 @@ def main() -> None:
 
     fwd, bwd, step = [], [], []
     for i in range(args.warmup + args.steps):
+        if i == args.warmup and dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
         sync()
         t0 = time.perf_counter()
         loss = loss_fn(model(x), y)

@@ -1,9 +1,11 @@
 //! `cargo xtask bench-step`: times one training step (forward, backward, SGD update) of a
 //! ResNet on random data, then the same step in PyTorch (torchvision model, same batch, same
-//! thread count) in the same run, and prints both and their ratio.
+//! thread count) in the same run, and prints both and their ratio. On a GPU both sides wait
+//! for the device at the end of each phase (the step is the wall time from its start to the
+//! device having finished it), and both report their peak memory in use by tensors.
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
@@ -38,6 +40,23 @@ pub struct BenchStepArgs {
     /// Skip the PyTorch anchor
     #[arg(long, default_value_t = false)]
     no_anchor: bool,
+    /// Batch norm, ReLU and max-pool on a GPU: weft's kernels or Candle's ops (to measure the
+    /// difference)
+    #[arg(long, value_enum, default_value_t = CudaKernels::Weft)]
+    cuda_kernels: CudaKernels,
+    /// Leave cudarc's per-allocation event tracking on (to measure what turning it off saves)
+    #[arg(long, default_value_t = false)]
+    cuda_event_tracking: bool,
+    /// Let the memory pool release freed memory at each synchronisation, the driver's default
+    #[arg(long, default_value_t = false)]
+    cuda_release_memory: bool,
+}
+
+/// Whose kernels CUDA tensors take for batch norm, ReLU and max-pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CudaKernels {
+    Weft,
+    Candle,
 }
 
 /// Median timings of one framework.
@@ -46,6 +65,9 @@ struct Measured {
     forward: f64,
     backward: f64,
     step: f64,
+    images_per_sec: f64,
+    /// Peak bytes in use by tensors on the device (GPU only).
+    peak_bytes: Option<u64>,
 }
 
 pub fn run(args: &BenchStepArgs) -> Result<()> {
@@ -66,7 +88,7 @@ pub fn run(args: &BenchStepArgs) -> Result<()> {
     let torch = measure_torch(args, threads)?;
     print_row("pytorch", &torch);
     println!(
-        "ratio weft/pytorch: step {:.2}x, forward {:.2}x, backward {:.2}x",
+        "ratio weft/pytorch: step {:.2}x (time), forward {:.2}x, backward {:.2}x",
         weft.step / torch.step,
         weft.forward / torch.forward,
         weft.backward / torch.backward
@@ -76,8 +98,15 @@ pub fn run(args: &BenchStepArgs) -> Result<()> {
 
 fn print_row(name: &str, m: &Measured) {
     println!(
-        "{name:>8}: step {:8.3} s  forward {:8.3} s  backward {:8.3} s",
-        m.step, m.forward, m.backward
+        "{name:>8}: step {:8.3} s  forward {:8.3} s  backward {:8.3} s  {:8.1} images/s{}",
+        m.step,
+        m.forward,
+        m.backward,
+        m.images_per_sec,
+        m.peak_bytes.map_or(String::new(), |b| format!(
+            "  peak memory {:.0} MiB",
+            b as f64 / (1u64 << 20) as f64
+        ))
     );
 }
 
@@ -88,6 +117,31 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
     let device = weft_train::device::parse_device(&args.device)?.open()?;
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        weft_tensor::cuda_runtime::configure(
+            &device,
+            weft_tensor::cuda_runtime::CudaRuntimeSettings {
+                keep_freed_memory: !args.cuda_release_memory,
+                event_tracking: args.cuda_event_tracking,
+            },
+        )?;
+        weft_tensor::ops::set_cuda_kernels(args.cuda_kernels == CudaKernels::Weft);
+        println!(
+            "CUDA: {:?} kernels, event tracking {}, freed memory {}",
+            args.cuda_kernels,
+            if args.cuda_event_tracking {
+                "on"
+            } else {
+                "off"
+            },
+            if args.cuda_release_memory {
+                "released"
+            } else {
+                "kept"
+            }
+        );
+    }
     let mut config = ResNetConfig::from_name(&args.model, args.num_classes)?;
     if args.cifar_stem {
         config = config.with_cifar_stem();
@@ -105,7 +159,8 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
     } else {
         FlatOptimizer::Tensor(TensorSgd::new(config)?)
     };
-    let mut trainer = Trainer::new(model, optimizer, Checkpointing::None)?;
+    let mut trainer =
+        Trainer::new(model, optimizer, Checkpointing::None)?.with_synchronized_timings();
     let shape = (args.batch_size, 3, args.image_size, args.image_size);
     let images = Tensor::randn(0f32, 1.0, shape, &device)?;
     let labels = Tensor::from_vec(
@@ -116,21 +171,49 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
         &device,
     )?;
     let mut timings: Vec<StepTimings> = Vec::new();
+    let mut walls = Vec::new();
     for i in 0..args.warmup + args.steps {
+        if i == args.warmup {
+            reset_peak_memory(&device)?;
+        }
+        let start = Instant::now();
         let outcome = trainer.step(&images, &labels, 0.1)?;
         device.synchronize()?;
         if i >= args.warmup {
             timings.push(outcome.timings);
+            walls.push(start.elapsed().as_secs_f64());
         }
     }
     let secs = |f: fn(&StepTimings) -> Duration| {
         median(timings.iter().map(|t| f(t).as_secs_f64()).collect())
     };
+    let step = median(walls);
     Ok(Measured {
         forward: secs(|t| t.forward),
         backward: secs(|t| t.backward),
-        step: secs(|t| t.forward + t.backward + t.optimizer),
+        step,
+        images_per_sec: args.batch_size as f64 / step,
+        peak_bytes: peak_memory(&device)?,
     })
+}
+
+/// Restarts the device's peak-memory counter (GPU only).
+fn reset_peak_memory(device: &candle_core::Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    weft_tensor::cuda_runtime::reset_peak_memory(device)?;
+    let _ = device;
+    Ok(())
+}
+
+/// Peak bytes used by tensors since the last reset (GPU only).
+fn peak_memory(device: &candle_core::Device) -> Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    return Ok(weft_tensor::cuda_runtime::memory_usage(device)?.map(|u| u.used_peak));
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        Ok(None)
+    }
 }
 
 fn measure_torch(args: &BenchStepArgs, threads: usize) -> Result<Measured> {
@@ -167,9 +250,12 @@ fn measure_torch(args: &BenchStepArgs, threads: usize) -> Result<Measured> {
             .as_f64()
             .with_context(|| format!("anchor output lacks {key}"))
     };
+    let step = get("step_s")?;
     Ok(Measured {
         forward: get("forward_s")?,
         backward: get("backward_s")?,
-        step: get("step_s")?,
+        step,
+        images_per_sec: args.batch_size as f64 / step,
+        peak_bytes: json["peak_bytes"].as_u64(),
     })
 }

@@ -1,7 +1,8 @@
 //! `cargo xtask gpu-check`: the CUDA path against the CPU reference, as a pass/fail table.
 //! Each op's forward output and input/parameter gradients on the GPU are compared with the same
-//! computation on the CPU (fresh random inputs, f32, relative error to the largest value), then
-//! ResNet-50 is compared in f64: whole-graph gradients, the block-wise trainer's gradients and
+//! computation on the CPU (fresh random inputs, f32, relative error to the largest value): the
+//! convolutions, weft's kernels (batch norm, ReLU, max-pool) and the Candle ops that other
+//! dtypes fall back to. Then ResNet-50 is compared in f64: whole-graph gradients, the block-wise trainer's gradients and
 //! parameters after one SGD step, and the losses of three steps. (In f32 a ResNet-50 at batch 4
 //! is too ill-conditioned to compare: BatchNorm over 16 values per channel in the last stage
 //! makes even the CPU's f32 and f64 gradients differ by 28 %.) Run it on a GPU machine whenever
@@ -26,6 +27,8 @@ struct Check {
 
 pub fn run() -> Result<()> {
     let gpu = Device::new_cuda(0)?;
+    #[cfg(feature = "cuda")]
+    weft_tensor::cuda_runtime::configure(&gpu, Default::default())?;
     // Full fp32 products in the comparisons (cuDNN's TF32 default would blur them).
     #[cfg(feature = "cudnn")]
     ops::set_allow_tf32(false);
@@ -88,70 +91,105 @@ pub fn run() -> Result<()> {
             tolerance: 1e-3,
         });
     }
-    let error = compare_op(&gpu, &[&[4, 64, 32, 32], &[64], &[64]], |t| {
-        Ok(ops::batch_norm_train(&t[0], &t[1], &t[2], 1e-5)?.0)
-    })?;
-    checks.push(Check {
-        name: "batch_norm_train @32 (64 ch)",
-        error,
-        tolerance: 1e-3,
-    });
-    let error = compare_op(&gpu, &[&[4, 64, 32, 32]], |t| {
-        ops::max_pool2d(&t[0].relu()?, 3, 2, 1)
-    })?;
-    checks.push(Check {
-        name: "max_pool2d @32 after ReLU",
-        error,
-        tolerance: 1e-5,
-    });
-    let error = compare_op(&gpu, &[&[4, 8, 16, 16]], |t| {
-        ops::max_pool2d(&t[0].relu()?, 3, 2, 1)
-    })?;
-    checks.push(Check {
-        name: "max_pool2d after ReLU (ties)",
-        error,
-        tolerance: 1e-5,
-    });
-    let error = compare_op(&gpu, &[&[4, 8, 15, 15]], |t| {
-        ops::max_pool2d(&t[0], 3, 2, 1)
-    })?;
-    checks.push(Check {
-        name: "max_pool2d 3x3/2 pad 1",
-        error,
-        tolerance: 1e-5,
-    });
-    let error = compare_op(&gpu, &[&[4, 8, 6, 6], &[8], &[8]], |t| {
-        Ok(ops::batch_norm_train(&t[0], &t[1], &t[2], 1e-5)?.0)
-    })?;
-    checks.push(Check {
-        name: "batch_norm_train",
-        error,
-        tolerance: 1e-3,
-    });
-    // The fused CUDA batch-norm kernels (kernels/batch_norm.cu), off by default until these
-    // rows pass: forward and gradients against the CPU kernels, in f32 and through a
-    // ResNet-50 f64 backward.
-    ops::set_cuda_batch_norm_kernels(true);
-    for (name, dims) in [
-        ("fused batch_norm CUDA @32 (64 ch)", [4, 64, 32, 32]),
-        ("fused batch_norm CUDA @6 (8 ch)", [4, 8, 6, 6]),
-    ] {
-        let c = dims[1];
-        let error = compare_op(&gpu, &[&dims, &[c], &[c]], |t| {
-            Ok(ops::batch_norm_train(&t[0], &t[1], &t[2], 1e-5)?.0)
-        })?;
+    // weft's kernels (kernels/*.cu): batch norm (one and several blocks per channel), with
+    // and without the fused ReLU, ReLU, add + ReLU, max-pool (ties after a ReLU: the gradient
+    // goes to the first maximum).
+    let bn = |t: &[Tensor]| Ok(ops::batch_norm_train(&t[0], &t[1], &t[2], 1e-5)?.0);
+    let bn_relu = |t: &[Tensor]| Ok(ops::batch_norm_relu_train(&t[0], &t[1], &t[2], 1e-5)?.0);
+    let pool = |t: &[Tensor]| ops::max_pool2d(&t[0], 3, 2, 1);
+    let pool_after_relu = |t: &[Tensor]| ops::max_pool2d(&ops::relu(&t[0])?, 3, 2, 1);
+    let relu = |t: &[Tensor]| ops::relu(&t[0]);
+    let add_relu = |t: &[Tensor]| ops::add_relu(&t[0], &t[1]);
+    type OpCheck<'a> = (
+        &'static str,
+        &'a [&'a [usize]],
+        f64,
+        &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>,
+    );
+    let kernel_checks: [OpCheck; 10] = [
+        (
+            "batch_norm_train @32 (64 ch)",
+            &[&[4, 64, 32, 32], &[64], &[64]],
+            1e-3,
+            &bn,
+        ),
+        (
+            "batch_norm_train @6 (8 ch)",
+            &[&[4, 8, 6, 6], &[8], &[8]],
+            1e-3,
+            &bn,
+        ),
+        (
+            "batch_norm_train @56 (64 ch, split)",
+            &[&[8, 64, 56, 56], &[64], &[64]],
+            1e-3,
+            &bn,
+        ),
+        (
+            "batch_norm_relu_train @32",
+            &[&[4, 64, 32, 32], &[64], &[64]],
+            1e-3,
+            &bn_relu,
+        ),
+        ("relu", &[&[4, 64, 32, 32]], 1e-6, &relu),
+        (
+            "add_relu",
+            &[&[4, 64, 32, 32], &[4, 64, 32, 32]],
+            1e-6,
+            &add_relu,
+        ),
+        (
+            "max_pool2d @32 after ReLU",
+            &[&[4, 64, 32, 32]],
+            1e-6,
+            &pool_after_relu,
+        ),
+        (
+            "max_pool2d after ReLU (ties)",
+            &[&[4, 8, 16, 16]],
+            1e-6,
+            &pool_after_relu,
+        ),
+        ("max_pool2d 3x3/2 pad 1", &[&[4, 8, 15, 15]], 1e-6, &pool),
+        (
+            "max_pool2d @112 (64 ch)",
+            &[&[2, 64, 112, 112]],
+            1e-6,
+            &pool,
+        ),
+    ];
+    for (name, shapes, tolerance, f) in kernel_checks {
         checks.push(Check {
             name,
-            error,
-            tolerance: 1e-3,
+            error: compare_op(&gpu, shapes, f)?,
+            tolerance,
         });
     }
-    checks.push(Check {
-        name: "fused batch_norm CUDA: ResNet-50 f64 grads",
-        error: compare_whole_graph(&gpu)?,
-        tolerance: 1e-6,
-    });
-    ops::set_cuda_batch_norm_kernels(false);
+    // Candle's ops, which CUDA tensors of other dtypes take.
+    ops::set_cuda_kernels(false);
+    let fallback_checks: [OpCheck; 3] = [
+        (
+            "Candle batch_norm_train",
+            &[&[4, 8, 6, 6], &[8], &[8]],
+            1e-3,
+            &bn,
+        ),
+        (
+            "Candle max_pool2d 3x3/2 pad 1",
+            &[&[4, 8, 15, 15]],
+            1e-5,
+            &pool,
+        ),
+        ("Candle relu", &[&[4, 8, 15, 15]], 1e-6, &relu),
+    ];
+    for (name, shapes, tolerance, f) in fallback_checks {
+        checks.push(Check {
+            name,
+            error: compare_op(&gpu, shapes, f)?,
+            tolerance,
+        });
+    }
+    ops::set_cuda_kernels(true);
     checks.push(Check {
         name: "ResNet-50 f64 whole-graph grads",
         error: compare_whole_graph(&gpu)?,

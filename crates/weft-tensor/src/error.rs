@@ -45,6 +45,8 @@ pub enum TensorError {
     Flat(String),
     #[error("block `{block}`: {message}")]
     Block { block: String, message: String },
+    #[error("CUDA runtime: {0}")]
+    Cuda(String),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -6,12 +6,17 @@
 //!   optimizers step over and that data-parallel layers bucket and shard.
 //! - [`block`] and [`tape`]: models as sequences of blocks, a block-wise backward that reports
 //!   each block's gradients the moment they are final, and per-block activation checkpointing.
+//! - [`vjp`]: back-propagation from a given output gradient.
 //! - [`cross_rank`]: the hook through which SyncBatchNorm reaches the other ranks.
+//! - `cuda_runtime` (feature `cuda`): the memory pool and stream settings of a GPU for
+//!   training, and its memory high-water marks.
 //! - [`timeline`]: per-rank step timelines written as Chrome traces.
 //! - [`ops`]: fast CPU kernels (convolution, max-pool, batch-norm) with backward passes.
 
 pub mod block;
 pub mod cross_rank;
+#[cfg(feature = "cuda")]
+pub mod cuda_runtime;
 pub mod error;
 pub mod flat;
 pub mod ops;
@@ -19,6 +24,7 @@ pub mod params;
 pub mod state_dict;
 pub mod tape;
 pub mod timeline;
+pub mod vjp;
 
 pub use block::{Block, BlockModel, Mode};
 pub use cross_rank::{CrossRankSlot, CrossRankSum};

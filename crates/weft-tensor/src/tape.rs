@@ -2,9 +2,9 @@
 //!
 //! Forward runs each block on its input cut off from the previous block (a fresh leaf variable),
 //! so each block keeps a graph of its own. Backward walks the blocks from last to first: given
-//! the gradient `g` of a block's output it back-propagates `sum(y * g)` (the vector-Jacobian
-//! product), hands the block's parameter gradients to a callback the moment they are final, and
-//! passes the gradient of the block's input on to the previous block. A checkpointed block keeps
+//! the gradient `g` of a block's output it back-propagates `g` through the block (the
+//! vector-Jacobian product, [`crate::vjp`]), hands the block's parameter gradients to a
+//! callback the moment they are final, and passes the gradient of the block's input on to the previous block. A checkpointed block keeps
 //! only its input and recomputes its forward during backward, without updating BatchNorm
 //! statistics a second time.
 
@@ -18,6 +18,7 @@ use crate::block::{BlockModel, Mode};
 use crate::error::{Result, TensorError};
 use crate::params::EntryId;
 use crate::timeline::Timeline;
+use crate::vjp::backward_from;
 
 /// Which blocks keep only their input and recompute their forward during backward.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -203,8 +204,7 @@ fn backward_block(
             (input, output)
         }
     };
-    let vjp = output.mul(&grad.to_dtype(output.dtype())?)?.sum_all()?;
-    let mut block_grads = vjp.backward()?;
+    let mut block_grads = backward_from(&output, &grad.to_dtype(output.dtype())?)?;
     let grads = model
         .block_parameter_ids(i)
         .into_iter()

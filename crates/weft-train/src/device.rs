@@ -44,6 +44,8 @@ pub fn parse_device_for_rank(value: &str) -> Result<DeviceSpec> {
 
 impl DeviceSpec {
     /// Opens the device; a CUDA device in a build without the `cuda` feature is an error saying so.
+    /// A GPU is set up for training (`weft_tensor::cuda_runtime::configure`'s defaults: freed
+    /// memory kept in the pool, no per-allocation event tracking).
     pub fn open(self) -> Result<Device> {
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
@@ -53,8 +55,12 @@ impl DeviceSpec {
                         "--device cuda:{index}: this binary was built without the `cuda` feature"
                     );
                 }
-                Device::new_cuda(index)
-                    .with_context(|| format!("--device cuda:{index}: cannot open the GPU"))
+                let device = Device::new_cuda(index)
+                    .with_context(|| format!("--device cuda:{index}: cannot open the GPU"))?;
+                #[cfg(feature = "cuda")]
+                weft_tensor::cuda_runtime::configure(&device, Default::default())
+                    .with_context(|| format!("--device cuda:{index}: cannot configure the GPU"))?;
+                Ok(device)
             }
         }
     }

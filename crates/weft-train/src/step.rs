@@ -97,6 +97,7 @@ pub struct Trainer {
     mode: Mode,
     sync: Option<Box<dyn GradientSync + Send>>,
     timeline: Option<Arc<Timeline>>,
+    synchronized_timings: bool,
 }
 
 impl Trainer {
@@ -122,6 +123,7 @@ impl Trainer {
             mode: Mode::TRAIN,
             sync: None,
             timeline: None,
+            synchronized_timings: false,
         })
     }
 
@@ -141,6 +143,23 @@ impl Trainer {
     pub fn with_timeline(mut self, timeline: Arc<Timeline>) -> Self {
         self.timeline = Some(timeline);
         self
+    }
+
+    /// Waits for the device at the end of each phase (forward, backward, optimizer) before
+    /// reading the clock, so that [`StepTimings`] measure the device's work, not the host's
+    /// issuing of it. For benchmarks: it removes the overlap of host and device.
+    pub fn with_synchronized_timings(mut self) -> Self {
+        self.synchronized_timings = true;
+        self
+    }
+
+    /// Time since `start`, after the device has finished its queued work when timings are
+    /// synchronized.
+    fn lap(&self, start: Instant) -> Result<Duration> {
+        if self.synchronized_timings {
+            self.model.store().device().synchronize()?;
+        }
+        Ok(start.elapsed())
     }
 
     pub fn model(&self) -> &BlockModel {
@@ -186,7 +205,7 @@ impl Trainer {
         let start = Instant::now();
         self.optimizer.step(&self.params, &self.grads, lr)?;
         self.params.copy_to_store(self.model.store())?;
-        timings.optimizer = start.elapsed();
+        timings.optimizer = self.lap(start)?;
         if let Some(t) = &self.timeline {
             t.record("optimizer", "optimizer", "compute", start, Instant::now());
         }
@@ -226,7 +245,7 @@ impl Trainer {
         } else {
             batch_loss.clone()
         };
-        timings.forward += start.elapsed();
+        timings.forward += self.lap(start)?;
 
         let start = Instant::now();
         let (model, grads, sync) = (&self.model, &self.grads, &mut self.sync);
@@ -253,7 +272,7 @@ impl Trainer {
             }
             Ok(())
         })?;
-        timings.backward += start.elapsed();
+        timings.backward += self.lap(start)?;
         Ok((
             batch_loss.to_dtype(DType::F64)?.to_scalar()?,
             loss::correct_predictions(&logits, labels)?,

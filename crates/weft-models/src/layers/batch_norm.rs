@@ -71,6 +71,19 @@ impl BatchNorm2d {
         Ok(y)
     }
 
+    /// `relu(forward(x))`, fused into one pass in local training mode.
+    pub fn forward_relu(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        if !mode.train || self.sync.get().is_some() {
+            return Ok(ops::relu(&self.forward(x, mode)?)?);
+        }
+        let (y, mean, var) = ops::batch_norm_relu_train(x, &self.weight, &self.bias, self.eps)?;
+        if mode.update_running_stats {
+            let (n, _, h, w) = x.dims4()?;
+            self.update_running_stats((n * h * w) as f64, &mean, &var)?;
+        }
+        Ok(y)
+    }
+
     /// Training mode with the statistics of the global batch: per-channel sums of `x` and
     /// `x²` and the element count are summed over ranks (differentiably), so N ranks compute
     /// what one process computes on the concatenated batch.

@@ -51,7 +51,7 @@ impl Block for Stem {
     }
 
     fn forward(&self, x: &Tensor, mode: Mode) -> weft_tensor::Result<Tensor> {
-        let h = self.bn1.forward(&self.conv1.forward(x)?, mode)?.relu()?;
+        let h = self.bn1.forward_relu(&self.conv1.forward(x)?, mode)?;
         Ok(if self.max_pool {
             ops::max_pool2d(&h, 3, 2, 1)?
         } else {
@@ -160,16 +160,18 @@ impl Block for Residual {
         let mut h = x.clone();
         let last = self.branch.len() - 1;
         for (i, (conv, bn)) in self.branch.iter().enumerate() {
-            h = bn.forward(&conv.forward(&h)?, mode)?;
-            if i != last {
-                h = h.relu()?;
-            }
+            let z = conv.forward(&h)?;
+            h = if i == last {
+                bn.forward(&z, mode)?
+            } else {
+                bn.forward_relu(&z, mode)?
+            };
         }
         let shortcut = match &self.downsample {
             Some((conv, bn)) => bn.forward(&conv.forward(x)?, mode)?,
             None => x.clone(),
         };
-        Ok((h + shortcut)?.relu()?)
+        Ok(ops::add_relu(&h, &shortcut)?)
     }
 
     fn entries(&self) -> Range<EntryId> {

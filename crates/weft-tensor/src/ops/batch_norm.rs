@@ -1,17 +1,19 @@
-//! `batch_norm_train`: training-mode 2-D batch normalisation. On f32/f64 tensors on the CPU,
-//! or on a CUDA device once [`set_cuda_batch_norm_kernels`] turns the kernels of
-//! `kernels/batch_norm.cu` on (feature `cuda`), it is a fused custom op with an analytic
+//! `batch_norm_train` and `batch_norm_relu_train`: training-mode 2-D batch normalisation,
+//! optionally followed by a ReLU in the same pass. On f32/f64 tensors on the CPU or (feature
+//! `cuda`) on a GPU, with `kernels/batch_norm.cu`, it is a fused custom op with an analytic
 //! backward; elsewhere it is composed of Candle ops.
 
 use super::batch_norm_cpu::{forward, grad_input, grad_sums, moments, ChannelLayout};
-use std::sync::atomic::{AtomicBool, Ordering};
+use super::relu::{relu, relu_backward};
 
 #[cfg(feature = "cuda")]
 use super::batch_norm_cuda::{run_cuda, BnShape};
-use super::storage::{dims4, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float};
+use super::storage::{
+    dims4, run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKernel, Float,
+};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
 
 /// Normalises `x` (`N x C x H x W`) per channel with its batch mean and biased variance
 /// over `N, H, W`, then scales by `weight` and shifts by `bias` (both of shape `C`):
@@ -23,6 +25,27 @@ pub fn batch_norm_train(
     weight: &Tensor,
     bias: &Tensor,
     eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    batch_norm(x, weight, bias, eps, false)
+}
+
+/// [`batch_norm_train`] followed by a ReLU, `(max(y, 0), mean, var)`, in one pass over `y`
+/// forward and one backward.
+pub fn batch_norm_relu_train(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    batch_norm(x, weight, bias, eps, true)
+}
+
+fn batch_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    relu_after: bool,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (n, c, h, w) = dims4(x.dims(), "batch_norm_train", "x")?;
     if n * h * w == 0 || c == 0 {
@@ -43,13 +66,17 @@ pub fn batch_norm_train(
     if !(eps.is_finite() && eps >= 0.0) {
         bail!("batch_norm_train: eps must be finite and non-negative, got {eps}");
     }
-    if !uses_cpu_kernels(&[x, weight, bias]) && !uses_cuda_kernels(&[x, weight, bias]) {
-        return batch_norm_train_candle(x, weight, bias, eps);
+    let tensors = [x, weight, bias];
+    if !uses_cpu_kernels(&tensors) && !uses_cuda_kernels(&tensors) {
+        let (y, mean, var) = batch_norm_train_candle(x, weight, bias, eps)?;
+        let y = if relu_after { relu(&y)? } else { y };
+        return Ok((y, mean, var));
     }
     let x = x.contiguous()?;
     let stats = x.apply_op1_no_bwd(&BatchNormOp {
         pass: BnPass::Moments,
         eps,
+        relu: false,
     })?;
     let affine = Tensor::stack(&[weight, bias], 0)?;
     let y = x.apply_op3(
@@ -58,28 +85,10 @@ pub fn batch_norm_train(
         BatchNormOp {
             pass: BnPass::Forward,
             eps,
+            relu: relu_after,
         },
     )?;
     Ok((y, stats.get(0)?, stats.get(1)?))
-}
-
-static CUDA_KERNELS: AtomicBool = AtomicBool::new(false);
-
-/// Turns the fused CUDA batch-norm kernels on or off (default off: they compile and load, but
-/// have not yet been checked against the CPU on a GPU; `cargo xtask gpu-check` checks them).
-/// Off, CUDA tensors take the Candle-ops path.
-pub fn set_cuda_batch_norm_kernels(enabled: bool) {
-    CUDA_KERNELS.store(enabled, Ordering::Relaxed);
-}
-
-/// Whether the tensors go to the CUDA kernels: f32/f64 on a CUDA device, in a `cuda` build,
-/// with the kernels turned on.
-fn uses_cuda_kernels(tensors: &[&Tensor]) -> bool {
-    cfg!(feature = "cuda")
-        && CUDA_KERNELS.load(Ordering::Relaxed)
-        && tensors
-            .iter()
-            .all(|t| t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::F64))
 }
 
 /// The same computation from Candle ops (differentiable by Candle's autograd).
@@ -114,10 +123,12 @@ pub(crate) enum BnPass {
     GradInput,
 }
 
-/// A batch-norm custom op (unary for `Moments`, ternary otherwise).
+/// A batch-norm custom op (unary for `Moments`, ternary otherwise); `relu` applies a ReLU
+/// after the forward pass (and its mask before the backward passes).
 struct BatchNormOp {
     pass: BnPass,
     eps: f64,
+    relu: bool,
 }
 
 /// A batch-norm kernel bound to its data layout.
@@ -125,6 +136,7 @@ struct BnKernel {
     pass: BnPass,
     layout: ChannelLayout,
     eps: f64,
+    relu: bool,
 }
 
 impl CpuKernel for BnKernel {
@@ -132,7 +144,14 @@ impl CpuKernel for BnKernel {
         let (l, eps) = (&self.layout, self.eps);
         Ok(match (self.pass, args) {
             (BnPass::Moments, &[x]) => moments(x, l),
-            (BnPass::Forward, &[x, affine, stats]) => forward(x, affine, stats, l, eps),
+            (BnPass::Forward, &[x, affine, stats]) => {
+                let mut y = forward(x, affine, stats, l, eps);
+                if self.relu {
+                    y.iter_mut()
+                        .for_each(|v| *v = if *v < T::ZERO { T::ZERO } else { *v });
+                }
+                y
+            }
             (BnPass::GradSums, &[x, dy, stats]) => grad_sums(x, dy, stats, l, eps),
             (BnPass::GradInput, &[x, dy, table]) => grad_input(x, dy, table, l, eps),
             (pass, _) => bail!(
@@ -187,6 +206,7 @@ impl BatchNormOp {
             pass: self.pass,
             layout: ChannelLayout { channels, plane },
             eps: self.eps,
+            relu: self.relu,
         };
         Ok((run_kernel(&kernel, self.name(), args)?, shape))
     }
@@ -208,7 +228,14 @@ impl BatchNormOp {
             c,
             plane,
         };
-        let storage = run_cuda(self.pass, self.eps, geometry, args, shape.elem_count())?;
+        let storage = run_cuda(
+            self.pass,
+            self.eps,
+            self.relu,
+            geometry,
+            args,
+            shape.elem_count(),
+        )?;
         Ok((storage, shape))
     }
 
@@ -303,17 +330,22 @@ impl CustomOp3 for BatchNormOp {
         x: &Tensor,
         affine: &Tensor,
         stats: &Tensor,
-        _y: &Tensor,
+        y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let eps = self.eps;
-        let dy = dy.contiguous()?;
+        let dy = if self.relu {
+            relu_backward(y, dy)?
+        } else {
+            dy.contiguous()?
+        };
         let sums = x.apply_op3_no_bwd(
             &dy,
             stats,
             &BatchNormOp {
                 pass: BnPass::GradSums,
                 eps,
+                relu: false,
             },
         )?;
         let dx = if x.track_op() {
@@ -324,6 +356,7 @@ impl CustomOp3 for BatchNormOp {
                 &BatchNormOp {
                     pass: BnPass::GradInput,
                     eps,
+                    relu: false,
                 },
             )?)
         } else {

@@ -1,31 +1,14 @@
-//! Launches the fused batch-norm kernels of `kernels/batch_norm.cu` (compiled to PTX by this
-//! crate's build script) on CUDA storages: one block per channel for the reductions
-//! (moments, gradient sums), a grid-stride loop for the element-wise passes.
+//! Launches the fused batch-norm kernels of `kernels/batch_norm.cu` on CUDA storages: the
+//! reductions (moments, gradient sums) as `splits x C` blocks writing double partial sums plus
+//! a finalize kernel, the element-wise passes as one row of blocks per `H x W` plane.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
 use candle_core::{bail, DType, Layout, Result, WithDType};
-use cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::batch_norm::BnPass;
-
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/batch_norm.ptx"));
-const MODULE: &str = "weft_batch_norm";
-const THREADS: u32 = 256;
-
-fn view<'a, T: CudaDType>(
-    storage: &'a CudaStorage,
-    layout: &Layout,
-    name: &str,
-) -> Result<CudaView<'a, T>> {
-    if !layout.is_contiguous() {
-        bail!("batch-norm kernel: `{name}` must be contiguous");
-    }
-    let start = layout.start_offset();
-    Ok(storage
-        .as_cuda_slice::<T>()?
-        .slice(start..start + layout.shape().elem_count()))
-}
+use super::cuda_launch::{device_of, function, launched, output, view, BATCH_NORM, THREADS};
 
 /// Geometry of `x` (`N x C x H x W`).
 #[derive(Clone, Copy)]
@@ -35,89 +18,135 @@ pub(crate) struct BnShape {
     pub plane: usize,
 }
 
+impl BnShape {
+    /// Blocks per channel of a reduction: enough blocks in all to fill the GPU several times
+    /// over, each with at least a few thousand elements.
+    fn splits(&self) -> u32 {
+        const TARGET_BLOCKS: usize = 1024;
+        const MIN_PER_BLOCK: usize = 4096;
+        let per_channel = self.n * self.plane;
+        TARGET_BLOCKS
+            .div_ceil(self.c)
+            .min(per_channel.div_ceil(MIN_PER_BLOCK))
+            .max(1) as u32
+    }
+
+    fn reduction(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (self.splits(), self.c as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn finalize(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: ((self.c as u32).div_ceil(THREADS), 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// One row of blocks per plane, each thread taking about four elements.
+    fn planes(&self) -> LaunchConfig {
+        let threads = (self.plane.next_multiple_of(32) as u32).min(THREADS);
+        let chunks = self.plane.div_ceil(threads as usize * 4).clamp(1, 65_535) as u32;
+        LaunchConfig {
+            grid_dim: ((self.n * self.c) as u32, chunks, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+}
+
 fn run<T: CudaDType + DeviceRepr + WithDType>(
     pass: BnPass,
     eps: f64,
+    relu: bool,
     shape: BnShape,
     args: &[(&CudaStorage, &Layout, &'static str)],
     out_len: usize,
 ) -> Result<CudaStorage> {
-    let device = args[0].0.device.clone();
-    let suffix = match T::DTYPE {
-        DType::F32 => "f32",
-        _ => "f64",
-    };
-    let name = match pass {
-        BnPass::Moments => "bn_moments",
-        BnPass::Forward => "bn_forward",
-        BnPass::GradSums => "bn_grad_sums",
-        BnPass::GradInput => "bn_grad_input",
-    };
-    let func = device.get_or_load_custom_func(&format!("{name}_{suffix}"), MODULE, PTX)?;
+    let device = device_of(args[0].0);
     let views = args
         .iter()
         .map(|(storage, layout, name)| view::<T>(storage, layout, name))
         .collect::<Result<Vec<_>>>()?;
-    // SAFETY: every element of the output is written by the kernel.
-    let out = unsafe { device.alloc::<T>(out_len)? };
+    let out = output::<T>(&device, out_len)?;
     let (n, c, hw) = (shape.n as i32, shape.c as i32, shape.plane as i32);
-    let total = (shape.n * shape.c * shape.plane) as i64;
     let m = (shape.n * shape.plane) as f64;
-    let reduction = LaunchConfig {
-        grid_dim: (shape.c as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let elementwise = LaunchConfig {
-        grid_dim: (
-            (total as u64).div_ceil(THREADS as u64).min(65_535 * 8) as u32,
-            1,
-            1,
-        ),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut builder = func.builder();
-    for v in &views {
-        builder.arg(v);
+    let splits = shape.splits() as i32;
+    let relu = i32::from(relu);
+    // SAFETY (every launch below): the arguments match the kernel's signature in
+    // kernels/batch_norm.cu, and every pointer addresses a live allocation of the length the
+    // kernel reads or writes (checked shapes; `partial` holds `splits x 2C` doubles, each
+    // written by exactly one block of the partial pass).
+    match pass {
+        BnPass::Moments | BnPass::GradSums => {
+            let (partial_kernel, finalize_kernel) = match pass {
+                BnPass::Moments => ("bn_moments_partial", "bn_moments_finalize"),
+                _ => ("bn_grad_sums_partial", "bn_grad_sums_finalize"),
+            };
+            let partial = output::<f64>(&device, splits as usize * 2 * shape.c)?;
+            let func = function(&device, &BATCH_NORM, partial_kernel, T::DTYPE)?;
+            let mut builder = func.builder();
+            for v in &views {
+                builder.arg(v);
+            }
+            builder.arg(&partial).arg(&n).arg(&c).arg(&hw);
+            launched(partial_kernel, unsafe { builder.launch(shape.reduction()) })?;
+            let func = function(&device, &BATCH_NORM, finalize_kernel, T::DTYPE)?;
+            let mut builder = func.builder();
+            match pass {
+                BnPass::Moments => {
+                    builder.arg(&views[0]).arg(&partial).arg(&out);
+                    builder.arg(&c).arg(&hw).arg(&splits).arg(&m);
+                }
+                _ => {
+                    builder.arg(&views[2]).arg(&partial).arg(&out);
+                    builder.arg(&c).arg(&splits).arg(&eps);
+                }
+            }
+            launched(finalize_kernel, unsafe { builder.launch(shape.finalize()) })?;
+        }
+        BnPass::Forward | BnPass::GradInput => {
+            let kernel = match pass {
+                BnPass::Forward => "bn_forward",
+                _ => "bn_grad_input",
+            };
+            let func = function(&device, &BATCH_NORM, kernel, T::DTYPE)?;
+            let mut builder = func.builder();
+            for v in &views {
+                builder.arg(v);
+            }
+            builder.arg(&out).arg(&c).arg(&hw);
+            match pass {
+                BnPass::Forward => builder.arg(&eps).arg(&relu),
+                _ => builder.arg(&m).arg(&eps),
+            };
+            launched(kernel, unsafe { builder.launch(shape.planes()) })?;
+        }
     }
-    builder.arg(&out);
-    let config = match pass {
-        BnPass::Moments => {
-            builder.arg(&n).arg(&c).arg(&hw);
-            reduction
-        }
-        BnPass::GradSums => {
-            builder.arg(&n).arg(&c).arg(&hw).arg(&eps);
-            reduction
-        }
-        BnPass::Forward => {
-            builder.arg(&c).arg(&hw).arg(&total).arg(&eps);
-            elementwise
-        }
-        BnPass::GradInput => {
-            builder.arg(&c).arg(&hw).arg(&total).arg(&m).arg(&eps);
-            elementwise
-        }
-    };
-    // SAFETY: the argument list matches the kernel's signature in kernels/batch_norm.cu, and
-    // every pointer addresses a live allocation of the length the kernel reads or writes.
-    unsafe { builder.launch(config) }
-        .map_err(|e| candle_core::Error::Msg(format!("batch-norm kernel {name}: {e:?}")))?;
     Ok(CudaStorage::wrap_cuda_slice(out, device))
 }
 
-/// Runs `pass` on CUDA arguments (x first); the result has `out_len` elements.
+/// Runs `pass` on CUDA arguments (x first); the result has `out_len` elements. `relu` applies
+/// to the forward pass only.
 pub(crate) fn run_cuda(
     pass: BnPass,
     eps: f64,
+    relu: bool,
     shape: BnShape,
     args: &[(&CudaStorage, &Layout, &'static str)],
     out_len: usize,
 ) -> Result<CudaStorage> {
+    let elements = shape.n * shape.c * shape.plane;
+    if shape.n * shape.plane > u32::MAX as usize || shape.n * shape.c > i32::MAX as usize {
+        bail!("batch-norm kernel: x with {elements} elements is too large for the CUDA kernels");
+    }
     match args[0].0.dtype() {
-        DType::F32 => run::<f32>(pass, eps, shape, args, out_len),
-        DType::F64 => run::<f64>(pass, eps, shape, args, out_len),
+        DType::F32 => run::<f32>(pass, eps, relu, shape, args, out_len),
+        DType::F64 => run::<f64>(pass, eps, relu, shape, args, out_len),
         other => bail!("batch-norm kernel: dtype {other:?} is not supported (f32, f64)"),
     }
 }

@@ -1,10 +1,13 @@
 //! `max_pool2d`: 2-D max pooling with any kernel, stride and padding (padding counts as
 //! `-inf`), differentiable; the gradient of each output goes to the first maximum of its
-//! window in row-major order, as in PyTorch. CPU f32/f64 tensors use a custom op (kernels
-//! in `max_pool_cpu`); others use Candle ops (see [`max_pool2d_candle`]).
+//! window in row-major order, as in PyTorch. CPU and CUDA f32/f64 tensors use a custom op
+//! (kernels in `max_pool_cpu` and `kernels/max_pool.cu`); others use Candle ops (see
+//! [`max_pool2d_candle`]).
 
-use super::max_pool_cpu::{PoolKernel, PoolWindow};
-use super::storage::{run_kernel, uses_cpu_kernels, Arg};
+use super::max_pool_cpu::{PoolKernel, PoolPlanes, PoolWindow};
+use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
 use candle_core::{
     bail, CpuStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Shape, Tensor,
 };
@@ -19,7 +22,7 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
         padding,
     };
     window.output_shape(x.dims())?;
-    if uses_cpu_kernels(&[x]) {
+    if uses_cpu_kernels(&[x]) || uses_cuda_kernels(&[x]) {
         x.contiguous()?.apply_op1(MaxPool2dOp { window })
     } else {
         max_pool2d_candle(x, kernel, stride, padding)
@@ -56,6 +59,19 @@ impl CustomOp1 for MaxPool2dOp {
         ))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (n, c, out_h, out_w) = self.window.output_shape(layout.dims())?;
+        let (_, _, h, w) = layout.shape().dims4()?;
+        let planes = PoolPlanes {
+            count: n * c,
+            input: (h, w),
+            output: (out_h, out_w),
+        };
+        let y = super::max_pool_cuda::run(self.window, planes, &[(storage, layout, "x")])?;
+        Ok((y, (n, c, out_h, out_w).into()))
+    }
+
     fn bwd(&self, x: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         let op = MaxPool2dBackward {
             window: self.window,
@@ -78,18 +94,8 @@ impl CustomOp3 for MaxPool2dBackward {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (n, c, out_h, out_w) = self.window.output_shape(l1.dims())?;
-        for (name, dims) in [("y", l2.dims()), ("dy", l3.dims())] {
-            if dims != [n, c, out_h, out_w] {
-                bail!(
-                    "{}: {name} has shape {dims:?}, expected {:?}",
-                    self.name(),
-                    (n, c, out_h, out_w)
-                );
-            }
-        }
-        let (_, _, h, w) = l1.shape().dims4()?;
-        let kernel = PoolKernel::new(self.window, (h, w), (out_h, out_w), true);
+        let planes = self.check(l1, l2, l3)?;
+        let kernel = PoolKernel::new(self.window, planes.input, planes.output, true);
         let args = [
             Arg {
                 storage: s1,
@@ -108,6 +114,43 @@ impl CustomOp3 for MaxPool2dBackward {
             },
         ];
         Ok((run_kernel(&kernel, self.name(), &args)?, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let planes = self.check(l1, l2, l3)?;
+        let args = [(s1, l1, "x"), (s2, l2, "y"), (s3, l3, "dy")];
+        let dx = super::max_pool_cuda::run(self.window, planes, &args)?;
+        Ok((dx, l1.shape().clone()))
+    }
+}
+
+impl MaxPool2dBackward {
+    /// Checks that `y` and `dy` have the pooled shape of `x`.
+    fn check(&self, x: &Layout, y: &Layout, dy: &Layout) -> Result<PoolPlanes> {
+        let (n, c, out_h, out_w) = self.window.output_shape(x.dims())?;
+        for (name, dims) in [("y", y.dims()), ("dy", dy.dims())] {
+            if dims != [n, c, out_h, out_w] {
+                bail!(
+                    "weft-max-pool2d-backward: {name} has shape {dims:?}, expected {:?}",
+                    (n, c, out_h, out_w)
+                );
+            }
+        }
+        let (_, _, h, w) = x.shape().dims4()?;
+        Ok(PoolPlanes {
+            count: n * c,
+            input: (h, w),
+            output: (out_h, out_w),
+        })
     }
 }
 

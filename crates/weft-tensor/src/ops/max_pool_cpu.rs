@@ -43,6 +43,16 @@ impl PoolWindow {
     }
 }
 
+/// How many planes a pooling covers, and their input and output sizes.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PoolPlanes {
+    /// Read by the CUDA launcher (the CPU kernels split the slices by plane size).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub count: usize,
+    pub input: (usize, usize),
+    pub output: (usize, usize),
+}
+
 /// A pooling kernel for planes of `in_hw` pooled to `out_hw`: the forward pass
 /// (`x -> y`) or the backward pass (`(x, y, dy) -> dx`).
 pub(super) struct PoolKernel {

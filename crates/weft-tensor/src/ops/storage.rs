@@ -1,5 +1,7 @@
-//! Shared plumbing for the CPU custom ops: which tensors take the fast CPU path, the
+//! Shared plumbing for the custom ops: which tensors take weft's CPU or CUDA kernels, the
 //! float types the kernels are written for, and safe access to contiguous CPU storage.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, DType, Layout, Result, Tensor, WithDType};
@@ -40,6 +42,24 @@ pub(crate) fn uses_cpu_kernels(tensors: &[&Tensor]) -> bool {
     tensors
         .iter()
         .all(|t| t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64))
+}
+
+static CUDA_KERNELS: AtomicBool = AtomicBool::new(true);
+
+/// Turns weft's CUDA kernels (batch norm, ReLU, max-pool: `kernels/`) on or off for the whole
+/// process; on by default. Off, CUDA tensors take Candle's ops instead (to compare speed, or
+/// to rule the kernels out while debugging). Convolutions are not affected.
+pub fn set_cuda_kernels(enabled: bool) {
+    CUDA_KERNELS.store(enabled, Ordering::Relaxed);
+}
+
+/// True when every tensor is f32/f64 on a CUDA device, in a `cuda` build with the kernels on.
+pub(crate) fn uses_cuda_kernels(tensors: &[&Tensor]) -> bool {
+    cfg!(feature = "cuda")
+        && CUDA_KERNELS.load(Ordering::Relaxed)
+        && tensors
+            .iter()
+            .all(|t| t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::F64))
 }
 
 /// One argument of a CPU custom op: its storage, layout and name (for error messages).

@@ -1,7 +1,8 @@
-//! Tests of the CPU custom ops against hand-computed values, Candle's own ops and
+//! Tests of the custom ops (CPU kernels) against hand-computed values, Candle's own ops and
 //! autograd, and central finite differences in f64.
 
 mod batch_norm;
 mod conv2d;
 mod max_pool;
+mod relu;
 mod support;

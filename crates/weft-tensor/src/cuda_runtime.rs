@@ -1,0 +1,137 @@
+//! How a CUDA device's runtime is set up for training, and its memory high-water marks.
+//!
+//! Candle allocates every tensor with `cuMemAllocAsync` from the device's default memory pool.
+//! Two defaults of that path cost a training step dearly, and [`configure`] changes them:
+//! - the pool's release threshold is 0, so the driver hands freed memory back to the system at
+//!   every synchronisation and the next step maps it again; weft keeps it (as PyTorch's caching
+//!   allocator does);
+//! - cudarc creates two CUDA events for every allocation (and records one per use once a second
+//!   stream exists) to order streams automatically. weft orders its streams itself: the NCCL
+//!   backend makes its stream wait on an event of the compute stream and keeps every tensor it
+//!   reads or writes alive until the operation has completed. So the tracking is turned off.
+//!
+//! [`memory_usage`] reads the pool's current and peak bytes: the equivalents of PyTorch's
+//! `memory_allocated`, `max_memory_allocated`, `memory_reserved` and `max_memory_reserved`.
+
+use candle_core::Device;
+use cudarc::driver::{result, sys};
+
+use crate::error::{Result, TensorError};
+
+/// Runtime settings of a CUDA device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaRuntimeSettings {
+    /// Keep freed memory in the pool instead of releasing it at each synchronisation.
+    pub keep_freed_memory: bool,
+    /// cudarc's automatic per-allocation event tracking.
+    pub event_tracking: bool,
+}
+
+impl Default for CudaRuntimeSettings {
+    fn default() -> Self {
+        Self {
+            keep_freed_memory: true,
+            event_tracking: false,
+        }
+    }
+}
+
+/// Bytes of the device's default memory pool: in use by tensors (`used`) and taken from the
+/// device (`reserved`), now and at their highest since the last [`reset_peak_memory`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    pub used: u64,
+    pub used_peak: u64,
+    pub reserved: u64,
+    pub reserved_peak: u64,
+}
+
+fn cuda_error(what: &str, e: impl std::fmt::Debug) -> TensorError {
+    TensorError::Cuda(format!("{what}: {e:?}"))
+}
+
+/// The default memory pool of `device`'s GPU, with its context bound to this thread.
+fn default_pool(device: &Device) -> Result<sys::CUmemoryPool> {
+    let stream = device.as_cuda_device()?.cuda_stream();
+    let context = stream.context();
+    context
+        .bind_to_thread()
+        .map_err(|e| cuda_error("binding the CUDA context", e))?;
+    // SAFETY: the device handle comes from a live context.
+    unsafe { result::device::get_default_mem_pool(context.cu_device()) }
+        .map_err(|e| cuda_error("reading the default memory pool", e))
+}
+
+fn pool_attribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Result<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: every attribute read here is a cuuint64_t.
+    unsafe { result::mem_pool::get_attribute(pool, attr, (&raw mut value).cast()) }
+        .map_err(|e| cuda_error("reading a memory pool attribute", e))?;
+    Ok(value)
+}
+
+fn set_pool_attribute(
+    pool: sys::CUmemoryPool,
+    attr: sys::CUmemPool_attribute,
+    mut value: u64,
+) -> Result<()> {
+    // SAFETY: every attribute written here is a cuuint64_t.
+    unsafe { result::mem_pool::set_attribute(pool, attr, (&raw mut value).cast()) }
+        .map_err(|e| cuda_error("setting a memory pool attribute", e))
+}
+
+/// Applies `settings` to a freshly opened CUDA device; call it before the first tensor is
+/// created on it (event tracking applies to allocations made after the call). Does nothing
+/// for other devices.
+pub fn configure(device: &Device, settings: CudaRuntimeSettings) -> Result<()> {
+    if !device.is_cuda() {
+        return Ok(());
+    }
+    let cuda = device.as_cuda_device()?;
+    // SAFETY: with tracking off, cross-stream order is the caller's: weft's only other
+    // stream (NCCL's) waits on an event of the compute stream before each operation and
+    // keeps its tensors alive until the operation completes (see the module docs).
+    unsafe {
+        if settings.event_tracking {
+            cuda.cuda_stream().context().enable_event_tracking();
+        } else {
+            cuda.disable_event_tracking();
+        }
+    }
+    let threshold = if settings.keep_freed_memory {
+        u64::MAX
+    } else {
+        0
+    };
+    set_pool_attribute(
+        default_pool(device)?,
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+        threshold,
+    )
+}
+
+/// The memory pool's usage on a CUDA device; `None` for other devices.
+pub fn memory_usage(device: &Device) -> Result<Option<MemoryUsage>> {
+    if !device.is_cuda() {
+        return Ok(None);
+    }
+    use sys::CUmemPool_attribute as A;
+    let pool = default_pool(device)?;
+    Ok(Some(MemoryUsage {
+        used: pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        used_peak: pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+        reserved: pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+        reserved_peak: pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+    }))
+}
+
+/// Restarts the peak counters of [`memory_usage`] from the current values.
+pub fn reset_peak_memory(device: &Device) -> Result<()> {
+    if !device.is_cuda() {
+        return Ok(());
+    }
+    use sys::CUmemPool_attribute as A;
+    let pool = default_pool(device)?;
+    set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)?;
+    set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0)
+}

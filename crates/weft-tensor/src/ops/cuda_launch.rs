@@ -1,0 +1,118 @@
+//! Plumbing shared by the launchers of weft's CUDA kernels (`kernels/*.cu`, compiled to PTX by
+//! this crate's build script and embedded here): the modules, typed views of Candle's CUDA
+//! storages, output allocation and launch configurations.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::{CudaDType, CudaStorage};
+use std::sync::Arc;
+
+use candle_core::cuda_backend::CudaDevice;
+use candle_core::{bail, DType, Layout, Result};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs, LaunchConfig,
+};
+
+/// One PTX module of `kernels/`.
+pub(crate) struct Module {
+    name: &'static str,
+    ptx: &'static str,
+}
+
+pub(crate) const BATCH_NORM: Module = Module {
+    name: "weft_batch_norm",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm.ptx")),
+};
+pub(crate) const RELU: Module = Module {
+    name: "weft_relu",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/relu.ptx")),
+};
+pub(crate) const MAX_POOL: Module = Module {
+    name: "weft_max_pool",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/max_pool.ptx")),
+};
+
+/// Threads per block of every weft kernel.
+pub(crate) const THREADS: u32 = 256;
+
+/// A loaded kernel and the stream it launches on (the device's compute stream).
+pub(crate) struct Kernel {
+    func: CudaFunction,
+    stream: Arc<CudaStream>,
+}
+
+impl Kernel {
+    /// A launch of this kernel; push its arguments in the kernel's order.
+    pub(crate) fn builder(&self) -> LaunchArgs<'_> {
+        self.stream.launch_builder(&self.func)
+    }
+}
+
+/// The `{kernel}_{f32|f64}` function of `module` for element type `dtype`.
+pub(crate) fn function(
+    device: &CudaDevice,
+    module: &Module,
+    kernel: &str,
+    dtype: DType,
+) -> Result<Kernel> {
+    let suffix = match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        other => bail!("{kernel}: dtype {other:?} is not supported on CUDA (f32, f64)"),
+    };
+    let func = device
+        .get_or_load_custom_func(&format!("{kernel}_{suffix}"), module.name, module.ptx)?
+        .into_cuda_function();
+    Ok(Kernel {
+        func,
+        stream: device.cuda_stream(),
+    })
+}
+
+/// The elements of a contiguous argument as a typed device view.
+pub(crate) fn view<'a, T: CudaDType>(
+    storage: &'a CudaStorage,
+    layout: &Layout,
+    name: &str,
+) -> Result<CudaView<'a, T>> {
+    if !layout.is_contiguous() {
+        bail!("CUDA kernel: `{name}` must be contiguous");
+    }
+    let start = layout.start_offset();
+    Ok(storage
+        .as_cuda_slice::<T>()?
+        .slice(start..start + layout.shape().elem_count()))
+}
+
+/// An output of `len` elements that the kernel writes completely.
+pub(crate) fn output<T: DeviceRepr>(device: &CudaDevice, len: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: callers launch a kernel that writes every element before anything reads it.
+    unsafe { device.alloc::<T>(len) }
+}
+
+/// The device of the first argument.
+pub(crate) fn device_of(storage: &CudaStorage) -> CudaDevice {
+    storage.device().clone()
+}
+
+/// A grid-stride launch over `total` elements.
+pub(crate) fn grid_stride(total: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            (total as u64).div_ceil(THREADS as u64).clamp(1, 65_535 * 8) as u32,
+            1,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Turns a launch's outcome into an error naming the kernel.
+pub(crate) fn launched<T>(
+    kernel: &str,
+    result: std::result::Result<T, cudarc::driver::DriverError>,
+) -> Result<()> {
+    result
+        .map(drop)
+        .map_err(|e| candle_core::Error::Msg(format!("CUDA kernel {kernel}: {e:?}")))
+}

@@ -1,0 +1,48 @@
+"""Where PyTorch's ResNet training step spends device time (the anchor's side of
+`kernel_profile.py`): torch.profiler over a few steps of torchvision's model, CUDA time per
+kernel, after warm-up. Same model, batch and settings as bench_step.py."""
+import argparse
+
+import torch
+import torchvision
+from torch.profiler import ProfilerActivity, profile
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=3)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    model = getattr(torchvision.models, args.model)(num_classes=args.num_classes).to(dev).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev)
+    y = torch.randint(0, args.num_classes, (args.batch_size,), device=dev)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.self_device_time_total for e in events)
+    launches = sum(e.count for e in events)
+    print(f"torch: {launches / args.steps:.0f} kernel launches and {total / args.steps / 1e3:.2f} ms of device time per step")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:25]:
+        print(f"{e.self_device_time_total / args.steps / 1e3:8.2f} ms {e.count / args.steps:6.0f}x  {e.key[:110]}")
+
+
+if __name__ == "__main__":
+    main()
