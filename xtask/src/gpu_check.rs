@@ -213,7 +213,7 @@ pub fn run() -> Result<()> {
     });
 
     println!(
-        "{:<32} {:>12} {:>10}  result",
+        "{:<36} {:>12} {:>10}  result",
         "check", "rel. error", "tolerance"
     );
     let mut failed = 0;
@@ -221,7 +221,7 @@ pub fn run() -> Result<()> {
         let pass = c.error <= c.tolerance;
         failed += usize::from(!pass);
         println!(
-            "{:<32} {:>12.3e} {:>10.0e}  {}",
+            "{:<36} {:>12.3e} {:>10.0e}  {}",
             c.name,
             c.error,
             c.tolerance,
