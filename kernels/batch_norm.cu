@@ -5,6 +5,7 @@
 //   forward     (x, [weight; bias], stats)  -> y            (then max(y, 0) when `relu`)
 //   grad_sums   (x, dy, stats)              -> [sum(dy * xhat); sum(dy)]          (2 x C)
 //   grad_input  (x, dy, [mean; var; weight; bias; sum(dy*xhat); sum(dy)]) -> dx
+// and, for blocks with their own backward, the same passes over tables (see table_finalize).
 // Reductions are split over `splits` blocks per channel (grid splits x C); each block writes its
 // double partial sums to its own slot and a finalize kernel adds the slots in order, so the
 // result does not depend on scheduling. Moments sum x - x[channel's first element] (shifted
@@ -127,6 +128,28 @@ __device__ void grad_sums_finalize(const T* stats, const double* partial, T* out
     out[c + ch] = (T)sum_dy;
 }
 
+// The graph-free path's tables: [mean; var; weight; bias] from the moments, and that table
+// followed by [sum(dy * xhat); sum(dy)] from the gradient sums (so no separate copies are needed
+// to assemble them).
+template <typename T>
+__device__ void table_finalize(const T* x, const double* partial, const T* weight,
+                               const T* bias, T* out, int c, int hw, int splits, double m) {
+    moments_finalize<T>(x, partial, out, c, hw, splits, m);
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    out[2 * c + ch] = weight[ch];
+    out[3 * c + ch] = bias[ch];
+}
+
+template <typename T>
+__device__ void grad_table_finalize(const T* table, const double* partial, T* out, int c,
+                                    int splits, double eps) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    for (int row = 0; row < 4; ++row) out[row * c + ch] = table[row * c + ch];
+    grad_sums_finalize<T>(table, partial, out + 4 * c, c, splits, eps);
+}
+
 // dx = dy * k + x * u + t, with k = w * inv_std, u = -k * inv_std * mean(dy * xhat),
 // t = k * (mean * inv_std * mean(dy * xhat) - mean(dy)) (the CPU kernel's coefficients).
 template <typename T>
@@ -173,6 +196,15 @@ __device__ void grad_input(const T* x, const T* dy, const T* table, T* dx, int c
                                                               int c, int splits, double eps) {   \
         grad_sums_finalize<T>(stats, partial, out, c, splits, eps);                              \
     }                                                                                            \
+    extern "C" __global__ void bn_table_finalize_##SUFFIX(                                     \
+        const T* x, const double* partial, const T* weight, const T* bias, T* out, int c,        \
+        int hw, int splits, double m) {                                                          \
+        table_finalize<T>(x, partial, weight, bias, out, c, hw, splits, m);                      \
+    }                                                                                            \
+    extern "C" __global__ void bn_grad_table_finalize_##SUFFIX(                                \
+        const T* table, const double* partial, T* out, int c, int splits, double eps) {          \
+        grad_table_finalize<T>(table, partial, out, c, splits, eps);                             \
+    }                                                                                            \
     extern "C" __global__ void bn_grad_input_##SUFFIX(const T* x, const T* dy, const T* table,   \
                                                       T* dx, int c, int hw, double m,            \
                                                       double eps) {                              \
@@ -181,3 +213,17 @@ __device__ void grad_input(const T* x, const T* dy, const T* table, T* dx, int c
 
 BATCH_NORM_KERNELS(float, f32)
 BATCH_NORM_KERNELS(double, f64)
+
+// running = (1 - momentum) * running + momentum * scale * batch, in place (the running
+// statistics; `scale` turns the biased batch variance into the unbiased one).
+#define BLEND_KERNEL(T, SUFFIX)                                                                  \
+    extern "C" __global__ void bn_blend_running_##SUFFIX(T* running, const T* batch, int n,      \
+                                                         double momentum, double scale) {        \
+        const int i = blockIdx.x * blockDim.x + threadIdx.x;                                     \
+        if (i < n)                                                                               \
+            running[i] = (T)((1.0 - momentum) * (double)running[i] +                             \
+                             momentum * scale * (double)batch[i]);                               \
+    }
+
+BLEND_KERNEL(float, f32)
+BLEND_KERNEL(double, f64)

@@ -165,6 +165,23 @@ pub fn run() -> Result<()> {
             tolerance,
         });
     }
+    // The graph-free batch norm of blocks with their own backward (tables instead of copies)
+    // and the in-place running-statistics update.
+    for (name, dims, relu) in [
+        ("graph-free batch norm @56 (split)", [8, 64, 56, 56], false),
+        ("graph-free batch norm + ReLU @7", [8, 256, 7, 7], true),
+    ] {
+        checks.push(Check {
+            name,
+            error: compare_graph_free_batch_norm(&gpu, dims, relu)?,
+            tolerance: 1e-3,
+        });
+    }
+    checks.push(Check {
+        name: "blend_into (running statistics)",
+        error: compare_blend(&gpu)?,
+        tolerance: 1e-6,
+    });
     // Candle's ops, which CUDA tensors of other dtypes take.
     ops::set_cuda_kernels(false);
     let fallback_checks: [OpCheck; 3] = [
@@ -275,6 +292,48 @@ fn compare_op(
         .zip(&on_gpu)
         .map(|(a, b)| relative_error(a, b))
         .try_fold(0f64, |m, e| Ok(m.max(e?)))
+}
+
+/// `batch_norm_train_forward` and `_backward` on the GPU against the CPU: output, statistics
+/// table and every gradient, for random inputs.
+fn compare_graph_free_batch_norm(gpu: &Device, dims: [usize; 4], relu: bool) -> Result<f64> {
+    let c = dims[1];
+    let cpu_inputs = [
+        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?,
+        Tensor::randn(1f32, 0.5, c, &Device::Cpu)?,
+        Tensor::randn(0f32, 0.5, c, &Device::Cpu)?,
+        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?,
+    ];
+    let run = |device: &Device| -> Result<Vec<Tensor>> {
+        let t: Vec<Tensor> = cpu_inputs
+            .iter()
+            .map(|t| t.to_device(device))
+            .collect::<candle_core::Result<_>>()?;
+        let out = ops::batch_norm_train_forward(&t[0], &t[1], &t[2], 1e-5, relu)?;
+        let g = ops::batch_norm_train_backward(&t[0], &out, &t[3], 1e-5, relu, true)?;
+        let dx = g.x.expect("asked for");
+        [out.y, out.table, dx, g.weight, g.bias]
+            .iter()
+            .map(|t| Ok(t.to_device(&Device::Cpu)?))
+            .collect()
+    };
+    let (cpu, on_gpu) = (run(&Device::Cpu)?, run(gpu)?);
+    cpu.iter()
+        .zip(&on_gpu)
+        .map(|(a, b)| relative_error(a, b))
+        .try_fold(0f64, |m, e| Ok(m.max(e?)))
+}
+
+/// `blend_into` on the GPU against the CPU, from a row of a statistics table.
+fn compare_blend(gpu: &Device) -> Result<f64> {
+    let running = Tensor::randn(0f32, 1.0, 300, &Device::Cpu)?;
+    let table = Tensor::randn(0f32, 1.0, (2, 300), &Device::Cpu)?;
+    let run = |device: &Device| -> Result<Tensor> {
+        let r = running.to_device(device)?.copy()?;
+        ops::blend_into(&r, &table.to_device(device)?.get(1)?, 0.1, 1.01)?;
+        Ok(r.to_device(&Device::Cpu)?)
+    };
+    relative_error(&run(&Device::Cpu)?, &run(gpu)?)
 }
 
 fn relative_error(reference: &Tensor, other: &Tensor) -> Result<f64> {

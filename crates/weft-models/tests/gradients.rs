@@ -75,13 +75,13 @@ fn linear_pooling_and_cross_entropy_match_finite_differences() {
     assert_close(&analytic, &numeric_grad(&x, &value), "input");
 }
 
-fn tiny_resnet(block: BlockKind, seed: u64) -> BlockModel {
+fn tiny_resnet(block: BlockKind, stem: StemKind, seed: u64) -> BlockModel {
     let config = ResNetConfig {
         block,
         layers: vec![1, 2],
         stem_width: 4,
         widths: vec![4, 8],
-        stem: StemKind::Cifar,
+        stem,
         num_classes: 3,
         zero_init_residual: false,
         seed,
@@ -153,12 +153,25 @@ fn running_stats(model: &BlockModel) -> Vec<f64> {
         .collect()
 }
 
+/// The block-wise tape runs the ResNet blocks' own backward passes (`ExplicitBackward`) on
+/// f64 CPU tensors; one whole-graph backward goes through Candle's autograd: they must agree.
 #[test]
 fn resnet_blockwise_and_checkpointed_backward_equal_whole_graph() {
-    for kind in [BlockKind::Basic, BlockKind::Bottleneck] {
-        let x = Tensor::randn(0f64, 1.0, (4, 3, 8, 8), &Device::Cpu).unwrap();
+    let cases = [
+        (BlockKind::Basic, StemKind::Cifar),
+        (BlockKind::Bottleneck, StemKind::Cifar),
+        (BlockKind::Basic, StemKind::ImageNet),
+    ];
+    for (kind, stem) in cases {
+        let x = Tensor::randn(0f64, 1.0, (4, 3, 16, 16), &Device::Cpu).unwrap();
         let labels = Tensor::new(&[0u32, 2, 1, 2], &Device::Cpu).unwrap();
-        let models: Vec<BlockModel> = (0..3).map(|_| tiny_resnet(kind, 7)).collect();
+        let models: Vec<BlockModel> = (0..3).map(|_| tiny_resnet(kind, stem, 7)).collect();
+        assert!(
+            models[0].blocks()[..models[0].blocks().len() - 1]
+                .iter()
+                .all(|b| b.explicit().is_some()),
+            "stem and residual blocks differentiate themselves"
+        );
         let whole = grads_by_name(&models[0], &x, &labels, None);
         let blockwise = grads_by_name(&models[1], &x, &labels, Some(&Checkpointing::None));
         let checkpointed = grads_by_name(&models[2], &x, &labels, Some(&Checkpointing::All));
@@ -167,10 +180,10 @@ fn resnet_blockwise_and_checkpointed_backward_equal_whole_graph() {
             for ((name, a), (_, b)) in whole.iter().zip(other.iter()) {
                 let a_max = a.iter().fold(0f64, |m, v| m.max(v.abs()));
                 for (x, y) in a.iter().zip(b) {
-                    // Same f64 arithmetic up to summation order of the extra vjp product.
+                    // The same f64 arithmetic but for the order of summation.
                     assert!(
                         (x - y).abs() <= 1e-10 * (1.0 + a_max),
-                        "{kind:?} {name}: {x} vs {y}"
+                        "{kind:?} {stem:?} {name}: {x} vs {y}"
                     );
                 }
             }
@@ -191,7 +204,7 @@ fn resnet_blockwise_and_checkpointed_backward_equal_whole_graph() {
 
 #[test]
 fn checkpointing_holds_fewer_activation_bytes() {
-    let model = tiny_resnet(BlockKind::Basic, 1);
+    let model = tiny_resnet(BlockKind::Basic, StemKind::Cifar, 1);
     let x = Tensor::randn(0f64, 1.0, (4, 3, 8, 8), &Device::Cpu).unwrap();
     let plain = tape::forward(&model, &x, Mode::TRAIN, &Checkpointing::None)
         .unwrap()

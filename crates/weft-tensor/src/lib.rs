@@ -26,7 +26,7 @@ pub mod tape;
 pub mod timeline;
 pub mod vjp;
 
-pub use block::{Block, BlockModel, Mode};
+pub use block::{Block, BlockModel, ExplicitBackward, ExplicitGrads, Mode, ParamGrad, Saved};
 pub use cross_rank::{CrossRankSlot, CrossRankSum};
 pub use error::{Result, TensorError};
 pub use flat::{FlatBuffer, FlatLayout, Slot};

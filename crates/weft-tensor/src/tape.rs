@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use candle_core::{Tensor, Var};
 
-use crate::block::{BlockModel, Mode};
+use crate::block::{Block, BlockModel, ExplicitGrads, Mode, Saved};
 use crate::error::{Result, TensorError};
 use crate::params::EntryId;
 use crate::timeline::Timeline;
@@ -50,8 +50,12 @@ pub struct BlockGrads {
 }
 
 enum Record {
+    /// Candle's graph of the block, from a leaf input (none for the first block).
     Kept { input: Option<Var>, output: Tensor },
+    /// Only the input: recomputed during backward.
     Checkpointed { input: Tensor },
+    /// What a block with its own backward kept (see [`crate::ExplicitBackward`]).
+    Explicit { saved: Saved },
 }
 
 /// What a block-wise forward pass keeps for its backward pass.
@@ -65,6 +69,14 @@ pub struct Tape {
 /// A fresh leaf holding `t`'s value: the block boundary across which graphs are cut.
 fn cut(t: &Tensor) -> Result<Var> {
     Ok(Var::from_tensor(&t.detach())?)
+}
+
+/// The block's own graph-free forward, when it has one for this input and mode.
+fn forward_explicit(block: &dyn Block, x: &Tensor, mode: Mode) -> Result<Option<(Tensor, Saved)>> {
+    match block.explicit() {
+        Some(explicit) => explicit.forward_saving(&x.detach(), mode),
+        None => Ok(None),
+    }
 }
 
 /// Runs `model` block by block on `x`.
@@ -92,6 +104,9 @@ pub fn forward_traced(
         if checkpointing.applies_to(i) {
             let output = block.forward(&h, mode)?.detach();
             records.push(Record::Checkpointed { input: h });
+            h = output;
+        } else if let Some((output, saved)) = forward_explicit(block.as_ref(), &h, mode)? {
+            records.push(Record::Explicit { saved });
             h = output;
         } else {
             let input = if i == 0 { None } else { Some(cut(&h)?) };
@@ -124,6 +139,14 @@ impl Tape {
             .iter()
             .map(|r| match r {
                 Record::Checkpointed { input } => tensor_bytes(input),
+                Record::Explicit { saved } => {
+                    let mut seen = HashSet::new();
+                    saved
+                        .iter()
+                        .filter(|t| seen.insert(storage_address(t)))
+                        .map(tensor_bytes)
+                        .sum()
+                }
                 Record::Kept { input, output } => {
                     let mut seen = HashSet::new();
                     let graph: usize = output
@@ -197,7 +220,13 @@ fn backward_block(
     let block = &model.blocks()[i];
     let (input, output) = match record {
         Record::Kept { input, output } => (input, output),
+        Record::Explicit { saved } => {
+            return explicit_backward(model, i, saved, grad, start, timeline);
+        }
         Record::Checkpointed { input: saved } => {
+            if let Some((_, kept)) = forward_explicit(block.as_ref(), &saved, mode.recompute())? {
+                return explicit_backward(model, i, kept, grad, start, timeline);
+            }
             let input = if i == 0 { None } else { Some(cut(&saved)?) };
             let x = input.as_ref().map_or(saved, |v| v.as_tensor().clone());
             let output = block.forward(&x, mode.recompute())?;
@@ -227,6 +256,42 @@ fn backward_block(
         t.record(block.name(), "backward", "compute", start, Instant::now());
     }
     Ok((BlockGrads { block: i, grads }, input_grad))
+}
+
+/// [`backward_block`] for a block with its own backward.
+fn explicit_backward(
+    model: &BlockModel,
+    i: usize,
+    saved: Saved,
+    grad: &Tensor,
+    start: Instant,
+    timeline: Option<&Timeline>,
+) -> Result<(BlockGrads, Option<Tensor>)> {
+    let block = &model.blocks()[i];
+    let explicit = block.explicit().ok_or_else(|| TensorError::Block {
+        block: block.name().into(),
+        message: "saved a hand-differentiated forward but has no backward".into(),
+    })?;
+    let ExplicitGrads { input, params } = explicit.backward(saved, grad, i > 0)?;
+    let grads = model
+        .block_parameter_ids(i)
+        .into_iter()
+        .map(|id| {
+            let param = model.store().entries()[id].tensor().id();
+            let grad = params.iter().find(|(p, _)| *p == param);
+            (id, grad.map(|(_, g)| g.clone()))
+        })
+        .collect();
+    if i > 0 && input.is_none() {
+        return Err(TensorError::Block {
+            block: block.name().into(),
+            message: "its backward returned no input gradient".into(),
+        });
+    }
+    if let Some(t) = timeline {
+        t.record(block.name(), "backward", "compute", start, Instant::now());
+    }
+    Ok((BlockGrads { block: i, grads }, input))
 }
 
 fn tensor_bytes(t: &Tensor) -> usize {

@@ -5,7 +5,8 @@
 //! global batch over all ranks (SyncBatchNorm), forward and backward.
 
 use candle_core::{DType, Tensor, Var};
-use weft_tensor::{ops, CrossRankSlot, CrossRankSum, Mode, Scope};
+use weft_tensor::ops::BatchNormOutput;
+use weft_tensor::{ops, CrossRankSlot, CrossRankSum, Mode, ParamGrad, Scope};
 
 use weft_tensor::Result;
 
@@ -84,6 +85,48 @@ impl BatchNorm2d {
         Ok(y)
     }
 
+    /// Whether [`BatchNorm2d::forward_graph_free`] applies: local training mode (batch
+    /// statistics of this rank) on tensors weft's kernels take.
+    pub fn differentiates_itself(&self, x: &Tensor, mode: Mode) -> bool {
+        mode.train && self.sync.get().is_none() && ops::has_kernels(x)
+    }
+
+    /// Training mode without an autograd graph (then a ReLU when `relu`), updating the running
+    /// statistics as [`BatchNorm2d::forward`] does; for blocks with their own backward.
+    pub fn forward_graph_free(
+        &self,
+        x: &Tensor,
+        mode: Mode,
+        relu: bool,
+    ) -> Result<BatchNormOutput> {
+        let out = ops::batch_norm_train_forward(x, &self.weight, &self.bias, self.eps, relu)?;
+        if mode.update_running_stats {
+            let (n, _, h, w) = x.dims4()?;
+            self.update_running_stats((n * h * w) as f64, &out.mean()?, &out.var()?)?;
+        }
+        Ok(out)
+    }
+
+    /// The input gradient (if `input_grad`) and the weight and bias gradients, keyed by their
+    /// ids, of [`BatchNorm2d::forward_graph_free`]`(x, .., relu) = out`.
+    pub fn backward(
+        &self,
+        x: &Tensor,
+        out: &BatchNormOutput,
+        dy: &Tensor,
+        relu: bool,
+        input_grad: bool,
+    ) -> Result<(Option<Tensor>, [ParamGrad; 2])> {
+        let g = ops::batch_norm_train_backward(x, out, dy, self.eps, relu, input_grad)?;
+        Ok((
+            g.x,
+            [
+                (self.weight.as_tensor().id(), g.weight),
+                (self.bias.as_tensor().id(), g.bias),
+            ],
+        ))
+    }
+
     /// Training mode with the statistics of the global batch: per-channel sums of `x` and
     /// `x²` and the element count are summed over ranks (differentiably), so N ranks compute
     /// what one process computes on the concatenated batch.
@@ -126,16 +169,10 @@ impl BatchNorm2d {
 
     /// Blends the batch statistics (over `count` elements per channel) into the running ones.
     fn update_running_stats(&self, count: f64, mean: &Tensor, biased_var: &Tensor) -> Result<()> {
-        let unbiased = (biased_var * (count / (count - 1.0).max(1.0)))?;
         let m = self.momentum;
-        let blend = |running: &Var, batch: &Tensor| -> Result<()> {
-            let value =
-                ((running.as_tensor() * (1.0 - m))? + (batch.to_dtype(running.dtype())? * m)?)?;
-            running.set(&value.detach())?;
-            Ok(())
-        };
-        blend(&self.running_mean, mean)?;
-        blend(&self.running_var, &unbiased)?;
+        ops::blend_into(self.running_mean.as_tensor(), mean, m, 1.0)?;
+        let unbiased = count / (count - 1.0).max(1.0);
+        ops::blend_into(self.running_var.as_tensor(), biased_var, m, unbiased)?;
         let tracked = (self.num_batches_tracked.as_tensor().to_dtype(DType::I64)? + 1.0)?;
         self.num_batches_tracked.set(&tracked)?;
         Ok(())

@@ -2,7 +2,7 @@
 //! (`mode="fan_out"`, `nonlinearity="relu"`, as torchvision's ResNet).
 
 use candle_core::{Tensor, Var};
-use weft_tensor::{ops, Scope};
+use weft_tensor::{ops, ParamGrad, Scope};
 
 use super::Init;
 use weft_tensor::Result;
@@ -41,5 +41,27 @@ impl Conv2d {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(ops::conv2d(x, &self.weight, self.stride, self.padding)?)
+    }
+
+    /// [`Conv2d::forward`] without an autograd graph (blocks with their own backward).
+    pub fn forward_graph_free(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(ops::conv2d_forward(
+            x,
+            self.weight.as_tensor(),
+            self.stride,
+            self.padding,
+        )?)
+    }
+
+    /// The input gradient (if `input_grad`) and the weight's gradient, keyed by its id.
+    pub fn backward(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        input_grad: bool,
+    ) -> Result<(Option<Tensor>, ParamGrad)> {
+        let w = self.weight.as_tensor();
+        let (dx, dw) = ops::conv2d_backward(x, w, dy, self.stride, self.padding, input_grad)?;
+        Ok((dx, (w.id(), dw)))
     }
 }

@@ -3,10 +3,12 @@
 use std::ops::Range;
 
 use candle_core::{Tensor, D};
-use weft_tensor::{ops, Block, CrossRankSlot, EntryId, Mode, Scope};
+use weft_tensor::{ops, Block, CrossRankSlot, EntryId, ExplicitBackward, Mode, Scope};
 
 use super::config::{BlockKind, Stem as StemKind};
 use crate::layers::{BatchNorm2d, Conv2d, Init, Linear};
+
+mod explicit;
 
 /// `conv1 → bn1 → relu (→ maxpool 3x3/2)`.
 pub struct Stem {
@@ -61,6 +63,10 @@ impl Block for Stem {
 
     fn entries(&self) -> Range<EntryId> {
         self.entries.clone()
+    }
+
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
     }
 }
 
@@ -176,6 +182,10 @@ impl Block for Residual {
 
     fn entries(&self) -> Range<EntryId> {
         self.entries.clone()
+    }
+
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
     }
 }
 

@@ -1,19 +1,14 @@
 //! `batch_norm_train` and `batch_norm_relu_train`: training-mode 2-D batch normalisation,
 //! optionally followed by a ReLU in the same pass. On f32/f64 tensors on the CPU or (feature
 //! `cuda`) on a GPU, with `kernels/batch_norm.cu`, it is a fused custom op with an analytic
-//! backward; elsewhere it is composed of Candle ops.
+//! backward (`batch_norm_op`); elsewhere it is composed of Candle ops. The same computation
+//! also comes graph-free, as a forward and a backward function, for blocks that differentiate
+//! themselves.
 
-use super::batch_norm_cpu::{forward, grad_input, grad_sums, moments, ChannelLayout};
+use super::batch_norm_op::{BatchNormOp, BnPass};
 use super::relu::{relu, relu_backward};
-
-#[cfg(feature = "cuda")]
-use super::batch_norm_cuda::{run_cuda, BnShape};
-use super::storage::{
-    dims4, run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKernel, Float,
-};
-#[cfg(feature = "cuda")]
-use candle_core::CudaStorage;
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
+use super::storage::{dims4, uses_cpu_kernels, uses_cuda_kernels};
+use candle_core::{bail, Result, Tensor};
 
 /// Normalises `x` (`N x C x H x W`) per channel with its batch mean and biased variance
 /// over `N, H, W`, then scales by `weight` and shifts by `bias` (both of shape `C`):
@@ -40,13 +35,140 @@ pub fn batch_norm_relu_train(
     batch_norm(x, weight, bias, eps, true)
 }
 
-fn batch_norm(
+/// What [`batch_norm_train_forward`] computed: the output and what its backward needs.
+#[derive(Debug, Clone)]
+pub struct BatchNormOutput {
+    /// The normalised (and, when asked, rectified) output.
+    pub y: Tensor,
+    /// `[mean; biased variance; weight; bias]`, `4 x C`.
+    pub table: Tensor,
+}
+
+impl BatchNormOutput {
+    /// The batch mean per channel.
+    pub fn mean(&self) -> Result<Tensor> {
+        self.table.get(0)
+    }
+
+    /// The biased batch variance per channel.
+    pub fn var(&self) -> Result<Tensor> {
+        self.table.get(1)
+    }
+}
+
+/// Gradients of a batch norm from [`batch_norm_train_backward`].
+#[derive(Debug, Clone)]
+pub struct BatchNormGrads {
+    pub x: Option<Tensor>,
+    pub weight: Tensor,
+    pub bias: Tensor,
+}
+
+/// [`batch_norm_train`] (or, with `relu`, [`batch_norm_relu_train`]) without an autograd
+/// graph, for blocks with their own backward. The tensors must take weft's kernels
+/// ([`super::has_kernels`]).
+pub fn batch_norm_train_forward(
     x: &Tensor,
     weight: &Tensor,
     bias: &Tensor,
     eps: f64,
-    relu_after: bool,
-) -> Result<(Tensor, Tensor, Tensor)> {
+    relu: bool,
+) -> Result<BatchNormOutput> {
+    check_arguments(x, weight, bias, eps)?;
+    let tensors = [x, weight, bias];
+    if !uses_cpu_kernels(&tensors) && !uses_cuda_kernels(&tensors) {
+        bail!(
+            "batch_norm_train_forward: no weft kernel for {:?} tensors on {:?}",
+            x.dtype(),
+            x.device().location()
+        );
+    }
+    let x = x.contiguous()?;
+    let table = x.apply_op3_no_bwd(
+        &weight.contiguous()?,
+        &bias.contiguous()?,
+        &BatchNormOp::new(BnPass::Table, eps, false),
+    )?;
+    let y = x.apply_op2_no_bwd(&table, &BatchNormOp::new(BnPass::ForwardTable, eps, relu))?;
+    Ok(BatchNormOutput { y, table })
+}
+
+/// The gradients of [`batch_norm_train_forward`]`(x, .., relu)` that gave `out`, from the
+/// output gradient `dy`; the input's only when `input_grad`.
+pub fn batch_norm_train_backward(
+    x: &Tensor,
+    out: &BatchNormOutput,
+    dy: &Tensor,
+    eps: f64,
+    relu: bool,
+    input_grad: bool,
+) -> Result<BatchNormGrads> {
+    if dy.dims() != x.dims() {
+        bail!(
+            "batch_norm_train_backward: dy has shape {:?}, x {:?}",
+            dy.dims(),
+            x.dims()
+        );
+    }
+    let dy = through_relu(&out.y, dy, relu)?;
+    let x = x.contiguous()?;
+    let table = x.apply_op3_no_bwd(
+        &dy,
+        &out.table,
+        &BatchNormOp::new(BnPass::GradTable, eps, false),
+    )?;
+    let dx = match input_grad {
+        true => Some(input_gradient(&x, &dy, &table, eps)?),
+        false => None,
+    };
+    Ok(BatchNormGrads {
+        x: dx,
+        weight: table.get(4)?,
+        bias: table.get(5)?,
+    })
+}
+
+/// The backward passes of the differentiable op: the input gradient (when `input_grad`) and
+/// the per-channel sums `[sum(dy * xhat); sum(dy)]`, which are the weight and bias gradients.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward_passes(
+    x: &Tensor,
+    affine: &Tensor,
+    stats: &Tensor,
+    y: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+    relu: bool,
+    input_grad: bool,
+) -> Result<(Option<Tensor>, Tensor)> {
+    let dy = through_relu(y, dy, relu)?;
+    let x = x.contiguous()?;
+    let sums = x.apply_op3_no_bwd(&dy, stats, &BatchNormOp::new(BnPass::GradSums, eps, false))?;
+    let dx = match input_grad {
+        true => {
+            let table = Tensor::cat(&[stats, affine, &sums], 0)?;
+            Some(input_gradient(&x, &dy, &table, eps)?)
+        }
+        false => None,
+    };
+    Ok((dx, sums))
+}
+
+/// The gradient of the normalised output from that of the output `y` (a ReLU's when `relu`).
+fn through_relu(y: &Tensor, dy: &Tensor, relu: bool) -> Result<Tensor> {
+    match relu {
+        true => relu_backward(y, dy),
+        false => dy.contiguous(),
+    }
+}
+
+/// `dx` from the 6-row table `[mean; var; weight; bias; sum(dy * xhat); sum(dy)]`.
+fn input_gradient(x: &Tensor, dy: &Tensor, table: &Tensor, eps: f64) -> Result<Tensor> {
+    x.apply_op3_no_bwd(dy, table, &BatchNormOp::new(BnPass::GradInput, eps, false))
+}
+
+/// Checks the shapes of `x`, `weight` and `bias` and the value of `eps`.
+fn check_arguments(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<()> {
     let (n, c, h, w) = dims4(x.dims(), "batch_norm_train", "x")?;
     if n * h * w == 0 || c == 0 {
         bail!(
@@ -66,6 +188,17 @@ fn batch_norm(
     if !(eps.is_finite() && eps >= 0.0) {
         bail!("batch_norm_train: eps must be finite and non-negative, got {eps}");
     }
+    Ok(())
+}
+
+fn batch_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    relu_after: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    check_arguments(x, weight, bias, eps)?;
     let tensors = [x, weight, bias];
     if !uses_cpu_kernels(&tensors) && !uses_cuda_kernels(&tensors) {
         let (y, mean, var) = batch_norm_train_candle(x, weight, bias, eps)?;
@@ -73,20 +206,12 @@ fn batch_norm(
         return Ok((y, mean, var));
     }
     let x = x.contiguous()?;
-    let stats = x.apply_op1_no_bwd(&BatchNormOp {
-        pass: BnPass::Moments,
-        eps,
-        relu: false,
-    })?;
+    let stats = x.apply_op1_no_bwd(&BatchNormOp::new(BnPass::Moments, eps, false))?;
     let affine = Tensor::stack(&[weight, bias], 0)?;
     let y = x.apply_op3(
         &affine,
         &stats,
-        BatchNormOp {
-            pass: BnPass::Forward,
-            eps,
-            relu: relu_after,
-        },
+        BatchNormOp::new(BnPass::Forward, eps, relu_after),
     )?;
     Ok((y, stats.get(0)?, stats.get(1)?))
 }
@@ -108,260 +233,4 @@ pub(super) fn batch_norm_train_candle(
         .broadcast_mul(&weight.reshape(per_channel)?)?
         .broadcast_add(&bias.reshape(per_channel)?)?;
     Ok((y, mean.flatten_all()?.detach(), var.flatten_all()?.detach()))
-}
-
-/// Which batch-norm kernel a custom op runs, with its arguments.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum BnPass {
-    /// `(x)` -> `[mean; var]`, shape `2 x C`.
-    Moments,
-    /// `(x, [weight; bias], [mean; var])` -> `y`.
-    Forward,
-    /// `(x, dy, [mean; var])` -> `[sum(dy * xhat); sum(dy)]`, shape `2 x C`.
-    GradSums,
-    /// `(x, dy, [mean; var; weight; bias; sum(dy * xhat); sum(dy)])` -> `dx`.
-    GradInput,
-}
-
-/// A batch-norm custom op (unary for `Moments`, ternary otherwise); `relu` applies a ReLU
-/// after the forward pass (and its mask before the backward passes).
-struct BatchNormOp {
-    pass: BnPass,
-    eps: f64,
-    relu: bool,
-}
-
-/// A batch-norm kernel bound to its data layout.
-struct BnKernel {
-    pass: BnPass,
-    layout: ChannelLayout,
-    eps: f64,
-    relu: bool,
-}
-
-impl CpuKernel for BnKernel {
-    fn run<T: Float>(&self, args: &[&[T]]) -> Result<Vec<T>> {
-        let (l, eps) = (&self.layout, self.eps);
-        Ok(match (self.pass, args) {
-            (BnPass::Moments, &[x]) => moments(x, l),
-            (BnPass::Forward, &[x, affine, stats]) => {
-                let mut y = forward(x, affine, stats, l, eps);
-                if self.relu {
-                    y.iter_mut()
-                        .for_each(|v| *v = if *v < T::ZERO { T::ZERO } else { *v });
-                }
-                y
-            }
-            (BnPass::GradSums, &[x, dy, stats]) => grad_sums(x, dy, stats, l, eps),
-            (BnPass::GradInput, &[x, dy, table]) => grad_input(x, dy, table, l, eps),
-            (pass, _) => bail!(
-                "batch-norm kernel {pass:?}: wrong argument count {}",
-                args.len()
-            ),
-        })
-    }
-}
-
-impl BatchNormOp {
-    /// Checks the argument shapes (`x` first, then named arguments); returns the channel
-    /// count, the plane size `H * W` and the result's shape.
-    fn check(
-        &self,
-        x_dims: &[usize],
-        others: &[(&[usize], &str)],
-    ) -> Result<(usize, usize, Shape)> {
-        let (_, channels, h, w) = dims4(x_dims, self.name(), "x")?;
-        let table_rows = match self.pass {
-            BnPass::GradInput => 6,
-            _ => 2,
-        };
-        for &(dims, name) in others {
-            let expected: &[usize] = match name {
-                "dy" => x_dims,
-                "affine" | "stats" => &[2, channels],
-                _ => &[table_rows, channels],
-            };
-            if dims != expected {
-                bail!(
-                    "{}: `{name}` has shape {dims:?}, expected {expected:?}",
-                    self.name()
-                );
-            }
-        }
-        let shape = match self.pass {
-            BnPass::Moments | BnPass::GradSums => (2, channels).into(),
-            BnPass::Forward | BnPass::GradInput => Shape::from(x_dims),
-        };
-        Ok((channels, h * w, shape))
-    }
-
-    /// Checks the argument shapes, runs the CPU kernel and returns its result with its shape.
-    fn run(&self, args: &[Arg<'_>]) -> Result<(CpuStorage, Shape)> {
-        let others: Vec<(&[usize], &str)> = args[1..]
-            .iter()
-            .map(|a| (a.layout.dims(), a.name))
-            .collect();
-        let (channels, plane, shape) = self.check(args[0].layout.dims(), &others)?;
-        let kernel = BnKernel {
-            pass: self.pass,
-            layout: ChannelLayout { channels, plane },
-            eps: self.eps,
-            relu: self.relu,
-        };
-        Ok((run_kernel(&kernel, self.name(), args)?, shape))
-    }
-
-    /// Checks the argument shapes, runs the CUDA kernel and returns its result with its shape.
-    #[cfg(feature = "cuda")]
-    fn run_cuda(
-        &self,
-        args: &[(&CudaStorage, &Layout, &'static str)],
-    ) -> Result<(CudaStorage, Shape)> {
-        let others: Vec<(&[usize], &str)> = args[1..]
-            .iter()
-            .map(|(_, layout, name)| (layout.dims(), *name))
-            .collect();
-        let x_dims = args[0].1.dims();
-        let (c, plane, shape) = self.check(x_dims, &others)?;
-        let geometry = BnShape {
-            n: x_dims[0],
-            c,
-            plane,
-        };
-        let storage = run_cuda(
-            self.pass,
-            self.eps,
-            self.relu,
-            geometry,
-            args,
-            shape.elem_count(),
-        )?;
-        Ok((storage, shape))
-    }
-
-    /// Names of the second and third arguments of the ternary passes.
-    fn arg_names(&self) -> (&'static str, &'static str) {
-        match self.pass {
-            BnPass::Forward => ("affine", "stats"),
-            BnPass::GradSums => ("dy", "stats"),
-            _ => ("dy", "table"),
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        match self.pass {
-            BnPass::Moments => "weft-batch-norm-moments",
-            BnPass::Forward => "weft-batch-norm",
-            BnPass::GradSums => "weft-batch-norm-grad-sums",
-            BnPass::GradInput => "weft-batch-norm-grad-input",
-        }
-    }
-}
-
-impl CustomOp1 for BatchNormOp {
-    fn name(&self) -> &'static str {
-        BatchNormOp::name(self)
-    }
-
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.run(&[Arg {
-            storage,
-            layout,
-            name: "x",
-        }])
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        self.run_cuda(&[(storage, layout, "x")])
-    }
-}
-
-impl CustomOp3 for BatchNormOp {
-    fn name(&self) -> &'static str {
-        BatchNormOp::name(self)
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (name2, name3) = self.arg_names();
-        self.run(&[
-            Arg {
-                storage: s1,
-                layout: l1,
-                name: "x",
-            },
-            Arg {
-                storage: s2,
-                layout: l2,
-                name: name2,
-            },
-            Arg {
-                storage: s3,
-                layout: l3,
-                name: name3,
-            },
-        ])
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &CudaStorage,
-        l1: &Layout,
-        s2: &CudaStorage,
-        l2: &Layout,
-        s3: &CudaStorage,
-        l3: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        let (name2, name3) = self.arg_names();
-        self.run_cuda(&[(s1, l1, "x"), (s2, l2, name2), (s3, l3, name3)])
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        affine: &Tensor,
-        stats: &Tensor,
-        y: &Tensor,
-        dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let eps = self.eps;
-        let dy = if self.relu {
-            relu_backward(y, dy)?
-        } else {
-            dy.contiguous()?
-        };
-        let sums = x.apply_op3_no_bwd(
-            &dy,
-            stats,
-            &BatchNormOp {
-                pass: BnPass::GradSums,
-                eps,
-                relu: false,
-            },
-        )?;
-        let dx = if x.track_op() {
-            let table = Tensor::cat(&[stats, affine, &sums], 0)?;
-            Some(x.apply_op3_no_bwd(
-                &dy,
-                &table,
-                &BatchNormOp {
-                    pass: BnPass::GradInput,
-                    eps,
-                    relu: false,
-                },
-            )?)
-        } else {
-            None
-        };
-        Ok((dx, affine.track_op().then_some(sums), None))
-    }
 }

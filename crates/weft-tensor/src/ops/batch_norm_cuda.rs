@@ -7,7 +7,7 @@ use candle_core::cuda::{CudaDType, CudaStorage};
 use candle_core::{bail, DType, Layout, Result, WithDType};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::batch_norm::BnPass;
+use super::batch_norm_op::BnPass;
 use super::cuda_launch::{device_of, function, launched, output, view, BATCH_NORM, THREADS};
 
 /// Geometry of `x` (`N x C x H x W`).
@@ -79,18 +79,27 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
     let relu = i32::from(relu);
     // SAFETY (every launch below): the arguments match the kernel's signature in
     // kernels/batch_norm.cu, and every pointer addresses a live allocation of the length the
-    // kernel reads or writes (checked shapes; `partial` holds `splits x 2C` doubles, each
-    // written by exactly one block of the partial pass).
+    // kernel reads or writes (checked shapes: statistics 2 x C, tables 4 x C or 6 x C;
+    // `partial` holds `splits x 2C` doubles, each written by exactly one block of the partial
+    // pass).
     match pass {
-        BnPass::Moments | BnPass::GradSums => {
+        BnPass::Moments | BnPass::GradSums | BnPass::Table | BnPass::GradTable => {
             let (partial_kernel, finalize_kernel) = match pass {
                 BnPass::Moments => ("bn_moments_partial", "bn_moments_finalize"),
-                _ => ("bn_grad_sums_partial", "bn_grad_sums_finalize"),
+                BnPass::Table => ("bn_moments_partial", "bn_table_finalize"),
+                BnPass::GradSums => ("bn_grad_sums_partial", "bn_grad_sums_finalize"),
+                _ => ("bn_grad_sums_partial", "bn_grad_table_finalize"),
             };
             let partial = output::<f64>(&device, splits as usize * 2 * shape.c)?;
             let func = function(&device, &BATCH_NORM, partial_kernel, T::DTYPE)?;
             let mut builder = func.builder();
-            for v in &views {
+            // The moments read x; the gradient sums x, dy and the statistics (a table's
+            // first two rows).
+            let inputs = match pass {
+                BnPass::Moments | BnPass::Table => &views[..1],
+                _ => &views[..3],
+            };
+            for v in inputs {
                 builder.arg(v);
             }
             builder.arg(&partial).arg(&n).arg(&c).arg(&hw);
@@ -98,9 +107,12 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
             let func = function(&device, &BATCH_NORM, finalize_kernel, T::DTYPE)?;
             let mut builder = func.builder();
             match pass {
-                BnPass::Moments => {
-                    builder.arg(&views[0]).arg(&partial).arg(&out);
-                    builder.arg(&c).arg(&hw).arg(&splits).arg(&m);
+                BnPass::Moments | BnPass::Table => {
+                    builder.arg(&views[0]).arg(&partial);
+                    if let BnPass::Table = pass {
+                        builder.arg(&views[1]).arg(&views[2]);
+                    }
+                    builder.arg(&out).arg(&c).arg(&hw).arg(&splits).arg(&m);
                 }
                 _ => {
                     builder.arg(&views[2]).arg(&partial).arg(&out);
@@ -109,20 +121,31 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
             }
             launched(finalize_kernel, unsafe { builder.launch(shape.finalize()) })?;
         }
-        BnPass::Forward | BnPass::GradInput => {
+        BnPass::Forward | BnPass::ForwardTable | BnPass::GradInput => {
             let kernel = match pass {
-                BnPass::Forward => "bn_forward",
-                _ => "bn_grad_input",
+                BnPass::GradInput => "bn_grad_input",
+                _ => "bn_forward",
             };
             let func = function(&device, &BATCH_NORM, kernel, T::DTYPE)?;
             let mut builder = func.builder();
-            for v in &views {
-                builder.arg(v);
+            // From a [mean; var; weight; bias] table: affine = rows 2..4, stats = rows 0..2.
+            let (affine, stats);
+            match pass {
+                BnPass::ForwardTable => {
+                    affine = views[1].slice(2 * shape.c..4 * shape.c);
+                    stats = views[1].slice(..2 * shape.c);
+                    builder.arg(&views[0]).arg(&affine).arg(&stats);
+                }
+                _ => {
+                    for v in &views {
+                        builder.arg(v);
+                    }
+                }
             }
             builder.arg(&out).arg(&c).arg(&hw);
             match pass {
-                BnPass::Forward => builder.arg(&eps).arg(&relu),
-                _ => builder.arg(&m).arg(&eps),
+                BnPass::GradInput => builder.arg(&m).arg(&eps),
+                _ => builder.arg(&eps).arg(&relu),
             };
             launched(kernel, unsafe { builder.launch(shape.planes()) })?;
         }
@@ -148,5 +171,50 @@ pub(crate) fn run_cuda(
         DType::F32 => run::<f32>(pass, eps, relu, shape, args, out_len),
         DType::F64 => run::<f64>(pass, eps, relu, shape, args, out_len),
         other => bail!("batch-norm kernel: dtype {other:?} is not supported (f32, f64)"),
+    }
+}
+
+fn blend<T: CudaDType + DeviceRepr + WithDType>(
+    running: &mut CudaStorage,
+    range: std::ops::Range<usize>,
+    batch: (&CudaStorage, &Layout),
+    momentum: f64,
+    scale: f64,
+) -> Result<()> {
+    let device = device_of(running);
+    let n = range.len();
+    let func = function(&device, &BATCH_NORM, "bn_blend_running", T::DTYPE)?;
+    let src = view::<T>(batch.0, batch.1, "batch")?;
+    let mut dst = running.as_cuda_slice_mut::<T>()?.slice_mut(range);
+    let len = n as i32;
+    let mut builder = func.builder();
+    builder
+        .arg(&mut dst)
+        .arg(&src)
+        .arg(&len)
+        .arg(&momentum)
+        .arg(&scale);
+    let config = LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(THREADS), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match `bn_blend_running` in kernels/batch_norm.cu; both views hold
+    // `n` elements (checked by the caller).
+    launched("bn_blend_running", unsafe { builder.launch(config) })
+}
+
+/// `running[range] = (1 - momentum) * running + momentum * scale * batch`, in place.
+pub(crate) fn blend_running(
+    running: &mut CudaStorage,
+    range: std::ops::Range<usize>,
+    batch: (&CudaStorage, &Layout),
+    momentum: f64,
+    scale: f64,
+) -> Result<()> {
+    match running.dtype() {
+        DType::F32 => blend::<f32>(running, range, batch, momentum, scale),
+        DType::F64 => blend::<f64>(running, range, batch, momentum, scale),
+        other => bail!("blend_into: dtype {other:?} is not supported (f32, f64)"),
     }
 }

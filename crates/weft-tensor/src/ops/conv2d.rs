@@ -25,6 +25,71 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<T
     }
 }
 
+/// [`conv2d`] without an autograd graph, for blocks with their own backward (see
+/// [`conv2d_backward`]). The tensors must take weft's kernels ([`super::has_kernels`]).
+pub fn conv2d_forward(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+    conv_problem(x.dims(), w.dims(), stride, padding)?;
+    if !(uses_cpu_kernels(&[x, w]) || uses_cudnn(&[x, w])) {
+        bail!(
+            "conv2d_forward: no weft kernel for {:?} tensors on {:?}",
+            x.dtype(),
+            x.device().location()
+        );
+    }
+    x.contiguous()?
+        .apply_op2_no_bwd(&w.contiguous()?, &Conv2dOp { stride, padding })
+}
+
+/// The gradients of [`conv2d_forward`]`(x, w)` given the output gradient `dy`:
+/// `(dx if input_grad, dw)`.
+pub fn conv2d_backward(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    stride: usize,
+    padding: usize,
+    input_grad: bool,
+) -> Result<(Option<Tensor>, Tensor)> {
+    let problem = conv_problem(x.dims(), w.dims(), stride, padding)?;
+    problem.check_output_grad(dy.dims(), "conv2d_backward")?;
+    let (dx, dw) = conv_grads(x, w, &dy.contiguous()?, stride, padding, (input_grad, true))?;
+    Ok((dx, dw.expect("the weight gradient was asked for")))
+}
+
+/// Input and weight gradients of a convolution, each only when `wanted`.
+fn conv_grads(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    stride: usize,
+    padding: usize,
+    wanted: (bool, bool),
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let (_, _, in_h, in_w) = x.dims4()?;
+    let (_, _, k_h, k_w) = w.dims4()?;
+    let dx = if wanted.0 {
+        let op = Conv2dBackwardData {
+            stride,
+            padding,
+            in_hw: (in_h, in_w),
+        };
+        Some(dy.apply_op2_no_bwd(w, &op)?)
+    } else {
+        None
+    };
+    let dw = if wanted.1 {
+        let op = Conv2dBackwardFilter {
+            stride,
+            padding,
+            kernel_hw: (k_h, k_w),
+        };
+        Some(x.apply_op2_no_bwd(dy, &op)?)
+    } else {
+        None
+    };
+    Ok((dx, dw))
+}
+
 /// Whether the tensors go to cuDNN: f32/f64 on a CUDA device, in a build with `cudnn`.
 fn uses_cudnn(tensors: &[&Tensor]) -> bool {
     cfg!(feature = "cudnn")
@@ -199,31 +264,8 @@ impl CustomOp2 for Conv2dOp {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dy = dy.contiguous()?;
-        let (_, _, in_h, in_w) = x.dims4()?;
-        let (_, _, k_h, k_w) = w.dims4()?;
-        let (stride, padding) = (self.stride, self.padding);
-        let dx = if x.track_op() {
-            let op = Conv2dBackwardData {
-                stride,
-                padding,
-                in_hw: (in_h, in_w),
-            };
-            Some(dy.apply_op2_no_bwd(w, &op)?)
-        } else {
-            None
-        };
-        let dw = if w.track_op() {
-            let op = Conv2dBackwardFilter {
-                stride,
-                padding,
-                kernel_hw: (k_h, k_w),
-            };
-            Some(x.apply_op2_no_bwd(&dy, &op)?)
-        } else {
-            None
-        };
-        Ok((dx, dw))
+        let wanted = (x.track_op(), w.track_op());
+        conv_grads(x, w, &dy.contiguous()?, self.stride, self.padding, wanted)
     }
 }
 

@@ -16,11 +16,7 @@ use candle_core::{
 /// `-inf` padding on both spatial axes; returns `N x C x OH x OW` with
 /// `OH = (H + 2 * padding - kernel) / stride + 1`. Requires `padding <= kernel / 2`.
 pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
-    let window = PoolWindow {
-        kernel,
-        stride,
-        padding,
-    };
+    let window = PoolWindow::new(kernel, stride, padding);
     window.output_shape(x.dims())?;
     if uses_cpu_kernels(&[x]) || uses_cuda_kernels(&[x]) {
         x.contiguous()?.apply_op1(MaxPool2dOp { window })
@@ -29,7 +25,37 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
     }
 }
 
-/// The differentiable CPU op: arg `x`.
+/// [`max_pool2d`] without an autograd graph, for blocks with their own backward (see
+/// [`max_pool2d_backward`]). The tensor must take weft's kernels.
+pub fn max_pool2d_forward(
+    x: &Tensor,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    let window = PoolWindow::new(kernel, stride, padding);
+    window.output_shape(x.dims())?;
+    x.contiguous()?.apply_op1_no_bwd(&MaxPool2dOp { window })
+}
+
+/// The input gradient of [`max_pool2d_forward`]`(x) = y` given `dy`.
+pub fn max_pool2d_backward(
+    x: &Tensor,
+    y: &Tensor,
+    dy: &Tensor,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    let window = PoolWindow::new(kernel, stride, padding);
+    x.contiguous()?.apply_op3_no_bwd(
+        &y.contiguous()?,
+        &dy.contiguous()?,
+        &MaxPool2dBackward { window },
+    )
+}
+
+/// The differentiable op: arg `x`.
 struct MaxPool2dOp {
     window: PoolWindow,
 }
@@ -73,10 +99,10 @@ impl CustomOp1 for MaxPool2dOp {
     }
 
     fn bwd(&self, x: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        let op = MaxPool2dBackward {
-            window: self.window,
-        };
-        Ok(Some(x.apply_op3_no_bwd(y, &dy.contiguous()?, &op)?))
+        let w = self.window;
+        Ok(Some(max_pool2d_backward(
+            x, y, dy, w.kernel, w.stride, w.padding,
+        )?))
     }
 }
 
@@ -165,11 +191,7 @@ pub(super) fn max_pool2d_candle(
     stride: usize,
     padding: usize,
 ) -> Result<Tensor> {
-    let window = PoolWindow {
-        kernel,
-        stride,
-        padding,
-    };
+    let window = PoolWindow::new(kernel, stride, padding);
     let (n, c, out_h, out_w) = window.output_shape(x.dims())?;
     let (_, _, h, w) = x.dims4()?;
     let padded_dims = (n, c, h + 2 * padding, w + 2 * padding);

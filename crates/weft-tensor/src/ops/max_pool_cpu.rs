@@ -15,6 +15,14 @@ pub(super) struct PoolWindow {
 }
 
 impl PoolWindow {
+    pub(super) fn new(kernel: usize, stride: usize, padding: usize) -> Self {
+        Self {
+            kernel,
+            stride,
+            padding,
+        }
+    }
+
     /// Validates `x`'s shape against the window and returns the pooled shape.
     pub(super) fn output_shape(&self, x_dims: &[usize]) -> Result<(usize, usize, usize, usize)> {
         let (n, c, h, w) = dims4(x_dims, "max_pool2d", "x")?;

@@ -10,6 +10,10 @@
 //!   for the running averages.
 //! - [`relu`] and [`add_relu`] (the end of a residual block): ReLU with a one-pass backward.
 //!
+//! Each op also comes as a graph-free forward and its backward (`conv2d_forward` /
+//! `conv2d_backward`, …) for blocks that differentiate themselves
+//! ([`crate::ExplicitBackward`]), where [`has_kernels`] says they apply.
+//!
 //! The CPU kernels handle f32 and f64. With the `cuda` feature, batch norm, ReLU and max-pool
 //! on CUDA f32/f64 tensors run the kernels of `kernels/` ([`set_cuda_kernels`] turns them off);
 //! with the `cudnn` feature, `conv2d` on CUDA f32/f64 tensors runs cuDNN's forward,
@@ -20,6 +24,7 @@ mod batch_norm;
 mod batch_norm_cpu;
 #[cfg(feature = "cuda")]
 mod batch_norm_cuda;
+mod batch_norm_op;
 mod conv2d;
 mod conv_cpu;
 #[cfg(feature = "cudnn")]
@@ -35,16 +40,21 @@ mod max_pool_cuda;
 mod relu;
 #[cfg(feature = "cuda")]
 mod relu_cuda;
+mod running_average;
 mod scratch;
 mod storage;
 
-pub use batch_norm::{batch_norm_relu_train, batch_norm_train};
-pub use conv2d::conv2d;
+pub use batch_norm::{
+    batch_norm_relu_train, batch_norm_train, batch_norm_train_backward, batch_norm_train_forward,
+    BatchNormGrads, BatchNormOutput,
+};
+pub use conv2d::{conv2d, conv2d_backward, conv2d_forward};
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;
-pub use max_pool::max_pool2d;
-pub use relu::{add_relu, relu};
-pub use storage::set_cuda_kernels;
+pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
+pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
+pub use running_average::blend_into;
+pub use storage::{has_kernels, set_cuda_kernels};
 
 #[cfg(test)]
 mod tests;

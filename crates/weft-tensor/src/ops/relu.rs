@@ -33,9 +33,16 @@ pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// [`add_relu`] without an autograd graph, for blocks with their own backward (its backward
+/// is [`relu_backward`] for both inputs). The tensors must take weft's kernels.
+pub fn add_relu_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    a.contiguous()?
+        .apply_op2_no_bwd(&b.contiguous()?, &ReluOp::AddForward)
+}
+
 /// The gradient through a ReLU from its output `y` and the output's gradient `dy`
 /// (not differentiable itself). Tensors must take weft's kernels (see [`relu`]).
-pub(crate) fn relu_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
+pub fn relu_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
     y.contiguous()?
         .apply_op2_no_bwd(&dy.contiguous()?, &ReluOp::Backward)
 }

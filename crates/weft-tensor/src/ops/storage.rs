@@ -62,6 +62,13 @@ pub(crate) fn uses_cuda_kernels(tensors: &[&Tensor]) -> bool {
             .all(|t| t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::F64))
 }
 
+/// Whether weft's kernels cover every op of a convolutional block (convolution, batch norm,
+/// ReLU, max-pool) for tensors like `t`: f32/f64 on the CPU, or on a GPU in a build with the
+/// `cudnn` feature and the CUDA kernels on. Blocks differentiate themselves only then.
+pub fn has_kernels(t: &Tensor) -> bool {
+    uses_cpu_kernels(&[t]) || (cfg!(feature = "cudnn") && uses_cuda_kernels(&[t]))
+}
+
 /// One argument of a CPU custom op: its storage, layout and name (for error messages).
 #[derive(Clone, Copy)]
 pub(crate) struct Arg<'a> {

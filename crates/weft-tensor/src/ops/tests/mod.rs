@@ -5,4 +5,5 @@ mod batch_norm;
 mod conv2d;
 mod max_pool;
 mod relu;
+mod running_average;
 mod support;
