@@ -1,0 +1,16 @@
+//! The ResNet trainer as one rank: joins the job the environment describes (or runs alone),
+//! with the flags of `cargo xtask train-resnet`.
+
+use clap::Parser;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: weft_train::TrainArgs,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Cli::parse().args;
+    args.validate()?;
+    weft_train::resnet::run(&args).map(|_| ())
+}
