@@ -310,7 +310,8 @@ fn compare_graph_free_batch_norm(gpu: &Device, dims: [usize; 4], relu: bool) -> 
             .map(|t| t.to_device(device))
             .collect::<candle_core::Result<_>>()?;
         let out = ops::batch_norm_train_forward(&t[0], &t[1], &t[2], 1e-5, relu)?;
-        let g = ops::batch_norm_train_backward(&t[0], &out, &t[3], 1e-5, relu, true)?;
+        let relu_output = relu.then_some(&out.y);
+        let g = ops::batch_norm_train_backward(&t[0], &out.table, relu_output, &t[3], 1e-5, true)?;
         let dx = g.x.expect("asked for");
         [out.y, out.table, dx, g.weight, g.bias]
             .iter()

@@ -108,16 +108,17 @@ impl BatchNorm2d {
     }
 
     /// The input gradient (if `input_grad`) and the weight and bias gradients, keyed by their
-    /// ids, of [`BatchNorm2d::forward_graph_free`]`(x, .., relu) = out`.
+    /// ids, of a [`BatchNorm2d::forward_graph_free`] of `x` with statistics `table`;
+    /// `relu_output` is its output when it applied the ReLU.
     pub fn backward(
         &self,
         x: &Tensor,
-        out: &BatchNormOutput,
+        table: &Tensor,
+        relu_output: Option<&Tensor>,
         dy: &Tensor,
-        relu: bool,
         input_grad: bool,
     ) -> Result<(Option<Tensor>, [ParamGrad; 2])> {
-        let g = ops::batch_norm_train_backward(x, out, dy, self.eps, relu, input_grad)?;
+        let g = ops::batch_norm_train_backward(x, table, relu_output, dy, self.eps, input_grad)?;
         Ok((
             g.x,
             [

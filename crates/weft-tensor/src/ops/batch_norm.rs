@@ -93,14 +93,16 @@ pub fn batch_norm_train_forward(
     Ok(BatchNormOutput { y, table })
 }
 
-/// The gradients of [`batch_norm_train_forward`]`(x, .., relu)` that gave `out`, from the
-/// output gradient `dy`; the input's only when `input_grad`.
+/// The gradients of the [`batch_norm_train_forward`]`(x, ..)` that gave the statistics
+/// `table` (its [`BatchNormOutput::table`]), from the output gradient `dy`; the input's only
+/// when `input_grad`. With the fused ReLU, `relu_output` is the forward's output `y` (its
+/// mask); without it, the output need not be kept at all.
 pub fn batch_norm_train_backward(
     x: &Tensor,
-    out: &BatchNormOutput,
+    table: &Tensor,
+    relu_output: Option<&Tensor>,
     dy: &Tensor,
     eps: f64,
-    relu: bool,
     input_grad: bool,
 ) -> Result<BatchNormGrads> {
     if dy.dims() != x.dims() {
@@ -110,13 +112,12 @@ pub fn batch_norm_train_backward(
             x.dims()
         );
     }
-    let dy = through_relu(&out.y, dy, relu)?;
+    let dy = match relu_output {
+        Some(y) => relu_backward(y, dy)?,
+        None => dy.contiguous()?,
+    };
     let x = x.contiguous()?;
-    let table = x.apply_op3_no_bwd(
-        &dy,
-        &out.table,
-        &BatchNormOp::new(BnPass::GradTable, eps, false),
-    )?;
+    let table = x.apply_op3_no_bwd(&dy, table, &BatchNormOp::new(BnPass::GradTable, eps, false))?;
     let dx = match input_grad {
         true => Some(input_gradient(&x, &dy, &table, eps)?),
         false => None,

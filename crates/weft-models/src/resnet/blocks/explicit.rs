@@ -1,6 +1,7 @@
 //! The ResNet blocks' own backward passes ([`ExplicitBackward`]): a graph-free forward through
 //! weft's kernels that keeps, per convolution + batch norm, the convolution's input, the batch
-//! norm's input and output and its statistics, and the backward written out from them (ReLU
+//! norm's input and statistics (and its output where a ReLU mask needs it), and the backward
+//! written out from them (ReLU
 //! masks from the outputs, batch-norm and convolution gradients, one addition where the
 //! shortcut meets the branch). Used in local training mode on tensors weft's kernels take;
 //! otherwise (evaluation, SyncBatchNorm, other dtypes) the tape records Candle's graph.
@@ -12,66 +13,64 @@ use weft_tensor::{ExplicitBackward, ExplicitGrads, Mode, ParamGrad, Result, Save
 use super::{Residual, Stem};
 use crate::layers::{BatchNorm2d, Conv2d};
 
-/// What one convolution + batch norm keeps for its backward.
+/// What one convolution + batch norm keeps for its backward: the convolution's input, the
+/// batch norm's input and statistics, and its output only when a ReLU follows (its mask). The
+/// output of a batch norm without ReLU (the largest tensors of a bottleneck) is not kept.
 struct ConvBnSaved {
-    /// The convolution's input.
     input: Tensor,
-    /// The convolution's output, the batch norm's input.
     z: Tensor,
-    out: BatchNormOutput,
+    table: Tensor,
+    relu_output: Option<Tensor>,
 }
 
 impl ConvBnSaved {
-    const LEN: usize = 4;
-
+    /// Runs the convolution and the batch norm (then a ReLU when `relu`) on `x`; returns the
+    /// output and what the backward needs.
     fn forward(
         conv: &Conv2d,
         bn: &BatchNorm2d,
         x: &Tensor,
         mode: Mode,
         relu: bool,
-    ) -> Result<Self> {
+    ) -> Result<(Tensor, Self)> {
         let z = conv.forward_graph_free(x)?;
-        let out = bn.forward_graph_free(&z, mode, relu)?;
-        Ok(Self {
+        let BatchNormOutput { y, table } = bn.forward_graph_free(&z, mode, relu)?;
+        let relu_output = relu.then(|| y.clone());
+        let kept = Self {
             input: x.clone(),
             z,
-            out,
-        })
+            table,
+            relu_output,
+        };
+        Ok((y, kept))
     }
 
     fn push_to(self, saved: &mut Saved) {
-        saved.extend([self.input, self.z, self.out.y, self.out.table]);
+        saved.extend([self.input, self.z, self.table]);
+        saved.extend(self.relu_output);
     }
 
-    fn take_from(saved: &mut std::vec::IntoIter<Tensor>, block: &str) -> Result<Self> {
-        let mut next = || {
-            saved.next().ok_or_else(|| TensorError::Block {
-                block: block.into(),
-                message: "its saved tensors are incomplete".into(),
-            })
-        };
+    fn take_from(saved: &mut std::vec::IntoIter<Tensor>, block: &str, relu: bool) -> Result<Self> {
+        let mut next = || saved.next().ok_or_else(|| incomplete(block));
         Ok(Self {
             input: next()?,
             z: next()?,
-            out: BatchNormOutput {
-                y: next()?,
-                table: next()?,
-            },
+            table: next()?,
+            relu_output: if relu { Some(next()?) } else { None },
         })
     }
 
     /// Gradients of the convolution's input (if `input_grad`) and, into `grads`, of the
-    /// parameters, from the gradient of the batch norm's output (of its ReLU when `relu`).
+    /// parameters, from the gradient of the batch norm's output (of its ReLU if it had one).
     fn backward(
         &self,
         (conv, bn): (&Conv2d, &BatchNorm2d),
         dy: &Tensor,
-        relu: bool,
         input_grad: bool,
         grads: &mut Vec<ParamGrad>,
     ) -> Result<Option<Tensor>> {
-        let (dz, bn_grads) = bn.backward(&self.z, &self.out, dy, relu, true)?;
+        let relu_output = self.relu_output.as_ref();
+        let (dz, bn_grads) = bn.backward(&self.z, &self.table, relu_output, dy, true)?;
         let dz = dz.expect("the batch norm's input gradient was asked for");
         let (dx, conv_grad) = conv.backward(&self.input, &dz, input_grad)?;
         grads.extend(bn_grads);
@@ -92,14 +91,14 @@ impl ExplicitBackward for Stem {
         if !self.bn1.differentiates_itself(x, mode) {
             return Ok(None);
         }
-        let conv_bn = ConvBnSaved::forward(&self.conv1, &self.bn1, x, mode, true)?;
-        let mut saved = Vec::with_capacity(ConvBnSaved::LEN + 1);
+        let (h, conv_bn) = ConvBnSaved::forward(&self.conv1, &self.bn1, x, mode, true)?;
+        let mut saved = Vec::with_capacity(5);
         let y = if self.max_pool {
-            let pooled = ops::max_pool2d_forward(&conv_bn.out.y, 3, 2, 1)?;
+            let pooled = ops::max_pool2d_forward(&h, 3, 2, 1)?;
             saved.push(pooled.clone());
             pooled
         } else {
-            conv_bn.out.y.clone()
+            h
         };
         conv_bn.push_to(&mut saved);
         Ok(Some((y, saved)))
@@ -112,14 +111,13 @@ impl ExplicitBackward for Stem {
         } else {
             None
         };
-        let conv_bn = ConvBnSaved::take_from(&mut saved, "stem")?;
-        let dy = match pooled {
-            Some(pooled) => ops::max_pool2d_backward(&conv_bn.out.y, &pooled, dy, 3, 2, 1)?,
-            None => dy.clone(),
+        let conv_bn = ConvBnSaved::take_from(&mut saved, "stem", true)?;
+        let dy = match (pooled, &conv_bn.relu_output) {
+            (Some(pooled), Some(h)) => ops::max_pool2d_backward(h, &pooled, dy, 3, 2, 1)?,
+            _ => dy.clone(),
         };
         let mut params = Vec::with_capacity(3);
-        let input =
-            conv_bn.backward((&self.conv1, &self.bn1), &dy, true, input_grad, &mut params)?;
+        let input = conv_bn.backward((&self.conv1, &self.bn1), &dy, input_grad, &mut params)?;
         Ok(ExplicitGrads { input, params })
     }
 }
@@ -130,20 +128,19 @@ impl ExplicitBackward for Residual {
             return Ok(None);
         }
         let layers = self.branch.len() + usize::from(self.downsample.is_some());
-        let mut saved = Vec::with_capacity(layers * ConvBnSaved::LEN + 1);
+        let mut saved = Vec::with_capacity(layers * 4 + 1);
         let last = self.branch.len() - 1;
         let mut h = x.clone();
         for (i, (conv, bn)) in self.branch.iter().enumerate() {
-            let conv_bn = ConvBnSaved::forward(conv, bn, &h, mode, i != last)?;
-            h = conv_bn.out.y.clone();
+            let (out, conv_bn) = ConvBnSaved::forward(conv, bn, &h, mode, i != last)?;
+            h = out;
             conv_bn.push_to(&mut saved);
         }
         let shortcut = match &self.downsample {
             Some((conv, bn)) => {
-                let conv_bn = ConvBnSaved::forward(conv, bn, x, mode, false)?;
-                let s = conv_bn.out.y.clone();
+                let (out, conv_bn) = ConvBnSaved::forward(conv, bn, x, mode, false)?;
                 conv_bn.push_to(&mut saved);
-                s
+                out
             }
             None => x.clone(),
         };
@@ -154,13 +151,12 @@ impl ExplicitBackward for Residual {
 
     fn backward(&self, saved: Saved, dy: &Tensor, input_grad: bool) -> Result<ExplicitGrads> {
         let mut saved = saved.into_iter();
-        let branch = self
-            .branch
-            .iter()
-            .map(|_| ConvBnSaved::take_from(&mut saved, &self.name))
+        let last = self.branch.len() - 1;
+        let branch = (0..self.branch.len())
+            .map(|i| ConvBnSaved::take_from(&mut saved, &self.name, i != last))
             .collect::<Result<Vec<_>>>()?;
         let down = match self.downsample {
-            Some(_) => Some(ConvBnSaved::take_from(&mut saved, &self.name)?),
+            Some(_) => Some(ConvBnSaved::take_from(&mut saved, &self.name, false)?),
             None => None,
         };
         let y = saved.next().ok_or_else(|| incomplete(&self.name))?;
@@ -169,15 +165,14 @@ impl ExplicitBackward for Residual {
         let mut params = Vec::with_capacity(3 * (branch.len() + 1));
         let shortcut_grad = match (&self.downsample, &down) {
             (Some((conv, bn)), Some(kept)) => {
-                kept.backward((conv, bn), &g, false, input_grad, &mut params)?
+                kept.backward((conv, bn), &g, input_grad, &mut params)?
             }
             _ => input_grad.then(|| g.clone()),
         };
-        let last = self.branch.len() - 1;
         let mut grad = g;
         for (i, ((conv, bn), kept)) in self.branch.iter().zip(&branch).enumerate().rev() {
             let wanted = i > 0 || input_grad;
-            if let Some(dx) = kept.backward((conv, bn), &grad, i != last, wanted, &mut params)? {
+            if let Some(dx) = kept.backward((conv, bn), &grad, wanted, &mut params)? {
                 grad = dx;
             }
         }
