@@ -1,0 +1,258 @@
+//! `cargo xtask gpu-check`: the CUDA path against the CPU reference, as a pass/fail table.
+//! Each op's forward output and input/parameter gradients on the GPU are compared with the same
+//! computation on the CPU (fresh random inputs, f32, relative error to the largest value): the
+//! convolutions, weft's kernels (batch norm, ReLU, max-pool) and the Candle ops that other
+//! dtypes fall back to. Then ResNet-50 is compared in f64: whole-graph gradients (Candle's
+//! autograd), the block-wise trainer's gradients (the blocks' own backward) and parameters
+//! after one SGD step, and the losses of three steps. (In f32 a ResNet-50 at batch 4
+//! is too ill-conditioned to compare: BatchNorm over 16 values per channel in the last stage
+//! makes even the CPU's f32 and f64 gradients differ by 28 %.) Run it on a GPU machine whenever
+//! GPU code changes and record the table in `docs/gpu-checks.md`. The comparisons live in
+//! [`single_ops`] (single operations) and [`resnet`] (ResNet-50 end to end).
+
+mod resnet;
+mod single_ops;
+
+use anyhow::{bail, Result};
+use candle_core::{Device, Tensor};
+use weft_tensor::ops;
+
+use self::resnet::{compare_training, compare_whole_graph};
+use self::single_ops::{compare_blend, compare_graph_free_batch_norm, compare_op};
+
+/// A convolution to check: name, input shape, weight shape, stride, padding.
+type ConvCase = (&'static str, [usize; 4], [usize; 4], usize, usize);
+
+/// One row of the table.
+struct Check {
+    name: &'static str,
+    error: f64,
+    tolerance: f64,
+}
+
+pub fn run() -> Result<()> {
+    let gpu = Device::new_cuda(0)?;
+    #[cfg(feature = "cuda")]
+    weft_tensor::cuda_runtime::configure(&gpu, Default::default())?;
+    // Full fp32 products in the comparisons (cuDNN's TF32 default would blur them).
+    #[cfg(feature = "cudnn")]
+    ops::set_allow_tf32(false);
+    println!(
+        "gpu-check: convolutions through {}",
+        if cfg!(feature = "cudnn") {
+            "cuDNN (TF32 off for the checks)"
+        } else {
+            "Candle's CUDA kernels"
+        }
+    );
+    let mut checks = Vec::new();
+    // (name, kernel, stride, padding): every convolution shape of a torchvision ResNet.
+    let convs = [
+        ("conv2d 3x3 stride 1", 3, 1, 1),
+        ("conv2d 3x3 stride 2", 3, 2, 1),
+        ("conv2d 1x1 stride 1", 1, 1, 0),
+        ("conv2d 1x1 stride 2", 1, 2, 0),
+        ("conv2d 7x7 stride 2 pad 3", 7, 2, 3),
+    ];
+    for (name, k, stride, pad) in convs {
+        let error = compare_op(&gpu, &[&[4, 8, 16, 16], &[16, 8, k, k]], |t| {
+            ops::conv2d(&t[0], &t[1], stride, pad)
+        })?;
+        checks.push(Check {
+            name,
+            error,
+            tolerance: 1e-3,
+        });
+    }
+    // ResNet-50's own sizes at 64x64 input, batch 4.
+    let big_convs: [ConvCase; 3] = [
+        (
+            "conv2d stem 7x7/2 @64 (3->64)",
+            [4, 3, 64, 64],
+            [64, 3, 7, 7],
+            2,
+            3,
+        ),
+        (
+            "conv2d 3x3 @16 (64->64)",
+            [4, 64, 16, 16],
+            [64, 64, 3, 3],
+            1,
+            1,
+        ),
+        (
+            "conv2d 1x1/2 @8 (512->1024)",
+            [4, 512, 8, 8],
+            [1024, 512, 1, 1],
+            2,
+            0,
+        ),
+    ];
+    for (name, x, w, stride, pad) in big_convs {
+        let error = compare_op(&gpu, &[&x, &w], |t| ops::conv2d(&t[0], &t[1], stride, pad))?;
+        checks.push(Check {
+            name,
+            error,
+            tolerance: 1e-3,
+        });
+    }
+    // weft's kernels (kernels/*.cu): batch norm (one and several blocks per channel), with
+    // and without the fused ReLU, ReLU, add + ReLU, max-pool (ties after a ReLU: the gradient
+    // goes to the first maximum).
+    let bn = |t: &[Tensor]| Ok(ops::batch_norm_train(&t[0], &t[1], &t[2], 1e-5)?.0);
+    let bn_relu = |t: &[Tensor]| Ok(ops::batch_norm_relu_train(&t[0], &t[1], &t[2], 1e-5)?.0);
+    let pool = |t: &[Tensor]| ops::max_pool2d(&t[0], 3, 2, 1);
+    let pool_after_relu = |t: &[Tensor]| ops::max_pool2d(&ops::relu(&t[0])?, 3, 2, 1);
+    let relu = |t: &[Tensor]| ops::relu(&t[0]);
+    let add_relu = |t: &[Tensor]| ops::add_relu(&t[0], &t[1]);
+    type OpCheck<'a> = (
+        &'static str,
+        &'a [&'a [usize]],
+        f64,
+        &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>,
+    );
+    let kernel_checks: [OpCheck; 10] = [
+        (
+            "batch_norm_train @32 (64 ch)",
+            &[&[4, 64, 32, 32], &[64], &[64]],
+            1e-3,
+            &bn,
+        ),
+        (
+            "batch_norm_train @6 (8 ch)",
+            &[&[4, 8, 6, 6], &[8], &[8]],
+            1e-3,
+            &bn,
+        ),
+        (
+            "batch_norm_train @56 (64 ch, split)",
+            &[&[8, 64, 56, 56], &[64], &[64]],
+            1e-3,
+            &bn,
+        ),
+        (
+            "batch_norm_relu_train @32",
+            &[&[4, 64, 32, 32], &[64], &[64]],
+            1e-3,
+            &bn_relu,
+        ),
+        ("relu", &[&[4, 64, 32, 32]], 1e-6, &relu),
+        (
+            "add_relu",
+            &[&[4, 64, 32, 32], &[4, 64, 32, 32]],
+            1e-6,
+            &add_relu,
+        ),
+        (
+            "max_pool2d @32 after ReLU",
+            &[&[4, 64, 32, 32]],
+            1e-6,
+            &pool_after_relu,
+        ),
+        (
+            "max_pool2d after ReLU (ties)",
+            &[&[4, 8, 16, 16]],
+            1e-6,
+            &pool_after_relu,
+        ),
+        ("max_pool2d 3x3/2 pad 1", &[&[4, 8, 15, 15]], 1e-6, &pool),
+        (
+            "max_pool2d @112 (64 ch)",
+            &[&[2, 64, 112, 112]],
+            1e-6,
+            &pool,
+        ),
+    ];
+    for (name, shapes, tolerance, f) in kernel_checks {
+        checks.push(Check {
+            name,
+            error: compare_op(&gpu, shapes, f)?,
+            tolerance,
+        });
+    }
+    // The graph-free batch norm of blocks with their own backward (tables instead of copies)
+    // and the in-place running-statistics update.
+    for (name, dims, relu) in [
+        ("graph-free batch norm @56 (split)", [8, 64, 56, 56], false),
+        ("graph-free batch norm + ReLU @7", [8, 256, 7, 7], true),
+    ] {
+        checks.push(Check {
+            name,
+            error: compare_graph_free_batch_norm(&gpu, dims, relu)?,
+            tolerance: 1e-3,
+        });
+    }
+    checks.push(Check {
+        name: "blend_into (running statistics)",
+        error: compare_blend(&gpu)?,
+        tolerance: 1e-6,
+    });
+    // Candle's ops, which CUDA tensors of other dtypes take.
+    ops::set_cuda_kernels(false);
+    let fallback_checks: [OpCheck; 3] = [
+        (
+            "Candle batch_norm_train",
+            &[&[4, 8, 6, 6], &[8], &[8]],
+            1e-3,
+            &bn,
+        ),
+        (
+            "Candle max_pool2d 3x3/2 pad 1",
+            &[&[4, 8, 15, 15]],
+            1e-5,
+            &pool,
+        ),
+        ("Candle relu", &[&[4, 8, 15, 15]], 1e-6, &relu),
+    ];
+    for (name, shapes, tolerance, f) in fallback_checks {
+        checks.push(Check {
+            name,
+            error: compare_op(&gpu, shapes, f)?,
+            tolerance,
+        });
+    }
+    ops::set_cuda_kernels(true);
+    checks.push(Check {
+        name: "ResNet-50 f64 whole-graph grads",
+        error: compare_whole_graph(&gpu)?,
+        tolerance: 1e-6,
+    });
+    let (grad_error, param_error, loss_error) = compare_training(&gpu)?;
+    checks.push(Check {
+        name: "ResNet-50 f64 step 1 gradients",
+        error: grad_error,
+        tolerance: 1e-6,
+    });
+    checks.push(Check {
+        name: "ResNet-50 f64 step 1 parameters",
+        error: param_error,
+        tolerance: 1e-8,
+    });
+    checks.push(Check {
+        name: "ResNet-50 f64 3 SGD steps, loss",
+        error: loss_error,
+        tolerance: 1e-6,
+    });
+
+    println!(
+        "{:<36} {:>12} {:>10}  result",
+        "check", "rel. error", "tolerance"
+    );
+    let mut failed = 0;
+    for c in &checks {
+        let pass = c.error <= c.tolerance;
+        failed += usize::from(!pass);
+        println!(
+            "{:<36} {:>12.3e} {:>10.0e}  {}",
+            c.name,
+            c.error,
+            c.tolerance,
+            if pass { "pass" } else { "FAIL" }
+        );
+    }
+    if failed > 0 {
+        bail!("{failed} of {} GPU checks failed", checks.len());
+    }
+    println!("all {} GPU checks passed", checks.len());
+    Ok(())
+}

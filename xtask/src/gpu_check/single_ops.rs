@@ -1,0 +1,104 @@
+//! Single operations on the GPU against the CPU: outputs and gradients for fresh random inputs.
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor, Var};
+use weft_tensor::ops;
+
+/// Max relative error (over the output and the gradients of every input) between `f` on the
+/// GPU and on the CPU, for random inputs of the given shapes and a random output weighting.
+pub(super) fn compare_op(
+    gpu: &Device,
+    shapes: &[&[usize]],
+    f: impl Fn(&[Tensor]) -> candle_core::Result<Tensor>,
+) -> Result<f64> {
+    let inputs: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| Tensor::randn(0f32, 1.0, *s, &Device::Cpu))
+        .collect::<candle_core::Result<_>>()?;
+    let run = |device: &Device, weight: Option<&Tensor>| -> Result<(Vec<Tensor>, Tensor)> {
+        let vars: Vec<Var> = inputs
+            .iter()
+            .map(|t| Var::from_tensor(&t.to_device(device)?))
+            .collect::<candle_core::Result<_>>()?;
+        let tensors: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let out = f(&tensors)?;
+        let weight = match weight {
+            Some(w) => w.to_device(device)?,
+            None => Tensor::randn(0f32, 1.0, out.shape(), device)?,
+        };
+        let grads = (&out * &weight)?.sum_all()?.backward()?;
+        let mut results = vec![out.to_device(&Device::Cpu)?];
+        for v in &vars {
+            results.push(
+                grads
+                    .get(v)
+                    .expect("every input takes part")
+                    .to_device(&Device::Cpu)?,
+            );
+        }
+        Ok((results, weight.to_device(&Device::Cpu)?))
+    };
+    let (cpu, weight) = run(&Device::Cpu, None)?;
+    let (on_gpu, _) = run(gpu, Some(&weight))?;
+    cpu.iter()
+        .zip(&on_gpu)
+        .map(|(a, b)| relative_error(a, b))
+        .try_fold(0f64, |m, e| Ok(m.max(e?)))
+}
+
+/// `batch_norm_train_forward` and `_backward` on the GPU against the CPU: output, statistics
+/// table and every gradient, for random inputs.
+pub(super) fn compare_graph_free_batch_norm(
+    gpu: &Device,
+    dims: [usize; 4],
+    relu: bool,
+) -> Result<f64> {
+    let c = dims[1];
+    let cpu_inputs = [
+        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?,
+        Tensor::randn(1f32, 0.5, c, &Device::Cpu)?,
+        Tensor::randn(0f32, 0.5, c, &Device::Cpu)?,
+        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?,
+    ];
+    let run = |device: &Device| -> Result<Vec<Tensor>> {
+        let t: Vec<Tensor> = cpu_inputs
+            .iter()
+            .map(|t| t.to_device(device))
+            .collect::<candle_core::Result<_>>()?;
+        let out = ops::batch_norm_train_forward(&t[0], &t[1], &t[2], 1e-5, relu)?;
+        let relu_output = relu.then_some(&out.y);
+        let g = ops::batch_norm_train_backward(&t[0], &out.table, relu_output, &t[3], 1e-5, true)?;
+        let dx = g.x.expect("asked for");
+        [out.y, out.table, dx, g.weight, g.bias]
+            .iter()
+            .map(|t| Ok(t.to_device(&Device::Cpu)?))
+            .collect()
+    };
+    let (cpu, on_gpu) = (run(&Device::Cpu)?, run(gpu)?);
+    cpu.iter()
+        .zip(&on_gpu)
+        .map(|(a, b)| relative_error(a, b))
+        .try_fold(0f64, |m, e| Ok(m.max(e?)))
+}
+
+/// `blend_into` on the GPU against the CPU, from a row of a statistics table.
+pub(super) fn compare_blend(gpu: &Device) -> Result<f64> {
+    let running = Tensor::randn(0f32, 1.0, 300, &Device::Cpu)?;
+    let table = Tensor::randn(0f32, 1.0, (2, 300), &Device::Cpu)?;
+    let run = |device: &Device| -> Result<Tensor> {
+        let r = running.to_device(device)?.copy()?;
+        ops::blend_into(&r, &table.to_device(device)?.get(1)?, 0.1, 1.01)?;
+        Ok(r.to_device(&Device::Cpu)?)
+    };
+    relative_error(&run(&Device::Cpu)?, &run(gpu)?)
+}
+
+pub(super) fn relative_error(reference: &Tensor, other: &Tensor) -> Result<f64> {
+    let a: Vec<f64> = reference.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
+    let b: Vec<f64> = other.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
+    let scale = a.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+    Ok(a.iter()
+        .zip(&b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs()))
+        / scale)
+}
