@@ -4,9 +4,10 @@
 //! so each block keeps a graph of its own. Backward walks the blocks from last to first: given
 //! the gradient `g` of a block's output it back-propagates `g` through the block (the
 //! vector-Jacobian product, [`crate::vjp`]), hands the block's parameter gradients to a
-//! callback the moment they are final, and passes the gradient of the block's input on to the previous block. A checkpointed block keeps
-//! only its input and recomputes its forward during backward, without updating BatchNorm
-//! statistics a second time.
+//! callback the moment they are final, and passes the gradient of the block's input on to the
+//! previous block. A block with its own backward ([`crate::ExplicitBackward`]) runs graph-free
+//! and keeps only what that backward needs. A checkpointed block keeps only its input and
+//! recomputes its forward during backward, without updating BatchNorm statistics a second time.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -102,7 +103,11 @@ pub fn forward_traced(
     for (i, block) in model.blocks().iter().enumerate() {
         let start = Instant::now();
         if checkpointing.applies_to(i) {
-            let output = block.forward(&h, mode)?.detach();
+            let output = match forward_explicit(block.as_ref(), &h, mode)? {
+                // What the block would keep is dropped: backward recomputes it.
+                Some((output, _)) => output,
+                None => block.forward(&h, mode)?.detach(),
+            };
             records.push(Record::Checkpointed { input: h });
             h = output;
         } else if let Some((output, saved)) = forward_explicit(block.as_ref(), &h, mode)? {
