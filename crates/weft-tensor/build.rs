@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 3] = ["batch_norm", "relu", "max_pool"];
+const KERNELS: [&str; 4] = ["batch_norm", "relu", "max_pool", "multi_tensor"];
 
 fn main() {
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");

@@ -138,8 +138,28 @@ fn two_processes_log_the_losses_of_one() {
             "step {step}: one process logged {a}, two processes {b}"
         );
     }
-    for run in ["one", "two"] {
-        let metrics = std::fs::read_to_string(out.path().join(run).join("metrics.jsonl")).unwrap();
-        assert!(metrics.contains("val_acc"), "{run}: no validation line");
+    // Epoch metrics are sums over every rank's samples: the two runs report the accuracies of
+    // the same predictions (equal fractions) and the same validation loss.
+    let (a, b) = (
+        epoch_line(&out.path().join("one")),
+        epoch_line(&out.path().join("two")),
+    );
+    for key in ["train_acc", "val_acc"] {
+        assert_eq!(a[key], b[key], "{key}: one process {a}, two processes {b}");
     }
+    let (la, lb) = (
+        a["val_loss"].as_f64().unwrap(),
+        b["val_loss"].as_f64().unwrap(),
+    );
+    assert!((la - lb).abs() <= 1e-5 * la.abs(), "val_loss {la} vs {lb}");
+}
+
+/// The run's (only) epoch line.
+fn epoch_line(run: &Path) -> serde_json::Value {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .expect("the run wrote metrics")
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+        .find(|l| l.get("val_acc").is_some())
+        .expect("a validation line")
 }

@@ -4,11 +4,13 @@
 # WEFT_BUNDLE=. (its scripts/ and python/ folders). Builds nothing; writes every result under
 # $OUT (four files: run.log, the two profiles, the packed Nsight Compute CSV) and prints a
 # summary last. Usage: bash xtask/gpu/run-benchmarks.sh [SECTIONS], SECTIONS a comma-separated
-# choice of check,step,profile,smoke (default: all four; one device call may run at most 10
+# choice of check,variants,step,profile,smoke (default: all; one device call may run at most 10
 # minutes, so split them over two calls where needed):
-#   1. gpu-check: every CUDA op against the CPU, ResNet-50 training steps in f64
-#   2. bench-step, ResNet-50 batch 32 fp32: with Candle's ops and runtime settings, with weft's
-#      kernels, then weft's defaults beside PyTorch (same call)
+#   1. gpu-check: every CUDA op against the CPU, ResNet-50 training steps in f64 and f32, and
+#      on a machine with two GPUs the NCCL collectives and DDP against one GPU
+#   2a. bench-step, ResNet-50 batch 32 fp32, with Candle's ops and runtime settings, and with
+#      weft's kernels but Candle's runtime settings
+#   2. bench-step, weft's defaults beside PyTorch (same call), twice
 #   3. where the device time goes: Nsight Compute over weft's steps, torch.profiler over PyTorch's
 #   4. a short CUDA training run of the trainer
 set -uo pipefail
@@ -18,14 +20,14 @@ export WEFT_ANCHOR_PYTHON=python3
 OUT=${OUT:-/tmp/weft-gpu-out}
 mkdir -p "$OUT"
 X=$B/xtask
-SECTIONS=",${1:-check,step,profile,smoke},"
+SECTIONS=",${1:-check,variants,step,profile,smoke},"
 want() { [[ $SECTIONS == *",$1,"* ]]; }
 PY=$B/python
 [ -d "$PY" ] || PY=xtask/python
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
-} 2>&1 | tee "$OUT/run.log"
+} 2>&1 | tee -a "$OUT/run.log"
 
 if want check; then
   echo "== 1. gpu-check: CUDA ops and training steps against the CPU reference =="
@@ -33,12 +35,16 @@ if want check; then
 fi
 
 STEP="bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 8 --warmup 3"
-want step && {
-  echo "== 2. bench-step: ResNet-50, batch 32, 224x224, fp32 =="
+want variants && {
+  echo "== 2a. bench-step variants: ResNet-50, batch 32, 224x224, fp32 =="
   echo "-- a. Candle's ops for batch norm, ReLU and max-pool; the CUDA runtime as Candle leaves it"
   timeout 200 $X $STEP --no-anchor --cuda-kernels candle --cuda-event-tracking --cuda-release-memory
   echo "-- b. weft's kernels; the CUDA runtime as Candle leaves it (event tracking, memory released)"
   timeout 200 $X $STEP --no-anchor --cuda-event-tracking --cuda-release-memory
+} 2>&1 | tee -a "$OUT/run.log"
+
+want step && {
+  echo "== 2. bench-step: ResNet-50, batch 32, 224x224, fp32 =="
   # Twice: one run right after another program has measured slower once (BENCHMARKS.md).
   for run in 1 2; do
     echo "-- c$run. weft's defaults, beside PyTorch (TF32 convolutions, its default)"

@@ -72,6 +72,8 @@ def main() -> None:
         "backward_s": statistics.median(bwd),
         "step_s": statistics.median(step),
         "peak_bytes": peak,
+        "tf32_convolutions": torch.backends.cudnn.allow_tf32 if dev.type == "cuda" else None,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32 if dev.type == "cuda" else None,
     }))
 
 

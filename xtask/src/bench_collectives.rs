@@ -18,7 +18,7 @@ pub struct BenchCollectivesArgs {
     /// shm (CPU processes, anchor: gloo) or nccl (one process per GPU, anchor: torch's NCCL;
     /// needs the GPU build)
     #[arg(long, default_value = "shm")]
-    backend: String,
+    pub backend: String,
     #[arg(long, default_value_t = 2)]
     nproc: usize,
     #[arg(long, default_value = "all_reduce,reduce_scatter,all_gather")]

@@ -29,7 +29,7 @@ pub struct BenchDdpArgs {
     nproc: usize,
     /// cpu (ranks share this machine's cores) or cuda (one GPU per rank, NCCL)
     #[arg(long, default_value = "cpu")]
-    device: String,
+    pub device: String,
     /// Classes of the synthetic data set (the GPU anchor uses 1000)
     #[arg(long)]
     num_classes: Option<usize>,

@@ -110,6 +110,14 @@ fn print_row(name: &str, m: &Measured) {
     );
 }
 
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -128,7 +136,7 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
         )?;
         weft_tensor::ops::set_cuda_kernels(args.cuda_kernels == CudaKernels::Weft);
         println!(
-            "CUDA: {:?} kernels, event tracking {}, freed memory {}",
+            "CUDA: {:?} kernels, event tracking {}, freed memory {}, TF32 convolutions {} and matmuls off",
             args.cuda_kernels,
             if args.cuda_event_tracking {
                 "on"
@@ -139,7 +147,8 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
                 "released"
             } else {
                 "kept"
-            }
+            },
+            on_off(cfg!(feature = "cudnn"))
         );
     }
     let mut config = ResNetConfig::from_name(&args.model, args.num_classes)?;
@@ -242,8 +251,20 @@ fn measure_torch(args: &BenchStepArgs, threads: usize) -> Result<Measured> {
     let json: serde_json::Value = serde_json::from_str(line.trim().lines().last().unwrap_or(""))
         .with_context(|| format!("PyTorch anchor printed no JSON: {line}"))?;
     println!(
-        "anchor: torch {} with {} threads",
-        json["torch"], json["threads"]
+        "anchor: torch {} with {} threads{}",
+        json["torch"],
+        json["threads"],
+        match (
+            json["tf32_convolutions"].as_bool(),
+            json["tf32_matmul"].as_bool()
+        ) {
+            (Some(conv), Some(matmul)) => format!(
+                ", TF32 convolutions {} and matmuls {} (PyTorch's defaults)",
+                on_off(conv),
+                on_off(matmul)
+            ),
+            _ => String::new(),
+        }
     );
     let get = |key: &str| {
         json[key]

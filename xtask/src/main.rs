@@ -33,6 +33,9 @@ enum Command {
     GpuCheck,
     /// Build the CUDA binaries and write a folder that runs on a GPU machine without Rust
     GpuBundle(gpu_bundle::GpuBundleArgs),
+    /// One rank of gpu-check's two-GPU data-parallel rows (started by gpu-check)
+    #[command(hide = true)]
+    GpuCheckDdp,
 }
 
 /// Keeps freed large buffers in the heap instead of returning them to the kernel: a training
@@ -59,13 +62,22 @@ fn main() {
             true => cuda_build::rerun_with_cuda(),
             false => bench_step::run(&args),
         },
-        Command::BenchDdp(args) => bench_ddp::run(&args),
-        Command::BenchCollectives(args) => bench_collectives::run(&args),
+        Command::BenchDdp(args) => match cuda_build::needs_cuda_build(&args.device) {
+            true => cuda_build::rerun_with_cuda(),
+            false => bench_ddp::run(&args),
+        },
+        Command::BenchCollectives(args) => {
+            match args.backend == "nccl" && !cfg!(feature = "nccl") {
+                true => cuda_build::rerun_with_cuda(),
+                false => bench_collectives::run(&args),
+            }
+        }
         Command::GpuCheck => match cuda_build::needs_cuda_build("cuda") {
             true => cuda_build::rerun_with_cuda(),
             false => gpu_check::run(),
         },
         Command::GpuBundle(args) => gpu_bundle::run(&args),
+        Command::GpuCheckDdp => gpu_check::ddp::run_rank(),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");
@@ -80,12 +92,12 @@ fn train_resnet(args: weft_train::TrainArgs) -> Result<()> {
         return cuda_build::rerun_with_cuda();
     }
     let launched = std::env::var_os("WORLD_SIZE").is_some();
-    if args.nproc > 1 && !launched {
+    if args.ranks() > 1 && !launched {
         let mut rank_args: Vec<String> = std::env::args().skip(1).collect();
         if args.name.is_none() {
             rank_args.extend(["--name".into(), weft_train::resnet::default_run_name(&args)]);
         }
-        return launch::run_ranks(args.nproc, &rank_args);
+        return launch::run_ranks(args.ranks(), &rank_args);
     }
     weft_train::resnet::run(&args).map(|_| ())
 }

@@ -23,6 +23,10 @@ pub trait DeviceCollectives: Send + Sync {
     /// Element-wise reduction across ranks; every rank gets the result.
     fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work<Tensor>>;
 
+    /// Element-wise reduction across ranks written over `tensor` itself (contiguous): no
+    /// result is allocated, and the work yields `tensor` back.
+    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work<Tensor>>;
+
     /// Reduction into `root`; other ranks get their input back.
     fn reduce(&self, tensor: &Tensor, op: ReduceOp, root: usize) -> Result<Work<Tensor>>;
 

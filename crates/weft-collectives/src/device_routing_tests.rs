@@ -44,6 +44,14 @@ impl DeviceCollectives for NativeOnCpu {
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Work<Tensor>> {
         self.native("all_reduce", self.inner.all_reduce(self.buffer(t), op))
     }
+    fn all_reduce_in_place(&self, t: &Tensor, op: ReduceOp) -> Result<Work<Tensor>> {
+        let work = self.native("all_reduce", self.inner.all_reduce(self.buffer(t), op))?;
+        let flat = work.wait()?;
+        t.flatten_all()
+            .and_then(|target| target.slice_set(&flat, 0, 0))
+            .expect("writes into the input");
+        Ok(Work::done("all_reduce", self.rank(), Ok(t.clone())))
+    }
     fn reduce(&self, t: &Tensor, op: ReduceOp, root: usize) -> Result<Work<Tensor>> {
         self.native("reduce", self.inner.reduce(self.buffer(t), op, root))
     }
@@ -144,7 +152,24 @@ fn run_all(claims_cpu: bool) -> Vec<(Vec<Vec<f32>>, usize)> {
                         .unwrap();
                     assert_eq!(shard.dims(), &[1, 2]);
                     let root = comm.broadcast_tensor(&x, 1).unwrap().wait().unwrap();
-                    let results = vec![read(sum), read(gathered), read(shard), read(root)];
+                    let in_place = x.copy().unwrap();
+                    let returned = comm
+                        .all_reduce_tensor_in_place(&in_place, ReduceOp::Sum)
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                    assert_eq!(
+                        read(returned),
+                        read(in_place.clone()),
+                        "the input comes back"
+                    );
+                    let results = vec![
+                        read(sum),
+                        read(gathered),
+                        read(shard),
+                        read(root),
+                        read(in_place),
+                    ];
                     (results, comm.native_calls.load(Ordering::SeqCst))
                 })
             })
@@ -158,10 +183,14 @@ fn device_tensors_take_the_native_path_with_host_path_results() {
     let native = run_all(true);
     let host = run_all(false);
     for rank in 0..2 {
-        assert_eq!(native[rank].1, 4, "rank {rank}: every op went native");
+        assert_eq!(native[rank].1, 5, "rank {rank}: every op went native");
         assert_eq!(host[rank].1, 0, "rank {rank}: no op went native");
         assert_eq!(native[rank].0, host[rank].0, "rank {rank}: same results");
     }
     assert_eq!(host[0].0[0], vec![1.0, 2.0, 4.0, 3.0]);
     assert_eq!(host[1].0[2], vec![2.0, 3.0]);
+    assert_eq!(
+        host[0].0[4], host[0].0[0],
+        "in place: the input holds the sum"
+    );
 }

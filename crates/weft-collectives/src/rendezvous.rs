@@ -249,4 +249,38 @@ mod tests {
             .to_string()
             .contains("one host"));
     }
+
+    /// Rank 1 believes the job has 3 ranks: rank 0 names it; rank 1 fails too (waiting for a
+    /// rank 2 that never comes, or for a store that rank 0 closed), rather than hanging.
+    #[test]
+    fn a_rank_with_another_world_size_is_named() {
+        let port = free_port();
+        let errors: Vec<CommError> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|rank| {
+                    let env = match rank {
+                        0 => env(0, 2, port, "job"),
+                        _ => LaunchEnv {
+                            timeout: Duration::from_secs(2),
+                            ..env(1, 3, port, "job")
+                        },
+                    };
+                    s.spawn(move || init_shm(&env).unwrap_err())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            matches!(
+                &errors[0],
+                CommError::RankMismatch {
+                    rank: 1,
+                    field: "world size",
+                    ..
+                }
+            ),
+            "{}",
+            errors[0]
+        );
+    }
 }

@@ -63,6 +63,8 @@ pub struct TensorWork {
     /// Shape of the result, or why the result cannot be shaped (reported after the
     /// collective has run, so that no peer is left waiting).
     shape: Result<Shape>,
+    /// The tensor an in-place operation through the host writes its result into.
+    write_back: Option<Tensor>,
 }
 
 impl std::fmt::Debug for TensorWork {
@@ -83,21 +85,37 @@ impl TensorWork {
         }
     }
 
-    /// Waits for the operation and returns the result tensor, on the input's device.
+    /// Waits for the operation and returns the result tensor, on the input's device (for an
+    /// in-place operation, the input itself, holding the result).
     pub fn wait(self) -> Result<Tensor> {
-        match self.pending {
+        let Some(target) = self.write_back else {
+            return Self::result(self.pending, self.shape);
+        };
+        let op = match &self.pending {
+            Pending::Host { work, .. } => work.op(),
+            Pending::Native(work) => work.op(),
+        };
+        let result = Self::result(self.pending, self.shape)?;
+        target
+            .flatten_all()
+            .and_then(|flat| flat.slice_set(&result.flatten_all()?, 0, 0))
+            .map_err(|e| CommError::tensor(op, e))?;
+        Ok(target)
+    }
+
+    fn result(pending: Pending, shape: Result<Shape>) -> Result<Tensor> {
+        match pending {
             Pending::Host { work, device } => {
                 let op = work.op();
                 let buffer = work.wait()?;
-                buffer_to_tensor(op, buffer, self.shape?)?
+                buffer_to_tensor(op, buffer, shape?)?
                     .to_device(&device)
                     .map_err(|e| CommError::tensor(op, e))
             }
             Pending::Native(work) => {
                 let op = work.op();
                 let flat = work.wait()?;
-                flat.reshape(self.shape?)
-                    .map_err(|e| CommError::tensor(op, e))
+                flat.reshape(shape?).map_err(|e| CommError::tensor(op, e))
             }
         }
     }
@@ -149,7 +167,11 @@ fn start(
             device: tensor.device().clone(),
         },
     };
-    Ok(TensorWork { pending, shape })
+    Ok(TensorWork {
+        pending,
+        shape,
+        write_back: None,
+    })
 }
 
 /// Tensor versions of the [`Communicator`] operations.
@@ -165,6 +187,31 @@ pub trait TensorCollectives: Communicator {
             |d| d.all_reduce(tensor, op),
             |b| self.all_reduce(b, op),
         )
+    }
+
+    /// All-reduce over `tensor` itself (contiguous): on completion it holds the result, and
+    /// `wait` returns it. On a device the backend handles natively nothing is allocated; other
+    /// tensors go through a host buffer and are overwritten by `wait`.
+    fn all_reduce_tensor_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<TensorWork> {
+        if !tensor.is_contiguous() {
+            return Err(CommError::InvalidTensor {
+                op: "all_reduce",
+                reason: "an in-place all-reduce needs a contiguous tensor".into(),
+            });
+        }
+        let shape = Ok(tensor.shape().clone());
+        let mut work = start(
+            self,
+            "all_reduce",
+            tensor,
+            shape,
+            |d| d.all_reduce_in_place(tensor, op),
+            |b| self.all_reduce(b, op),
+        )?;
+        if matches!(work.pending, Pending::Host { .. }) {
+            work.write_back = Some(tensor.clone());
+        }
+        Ok(work)
     }
 
     /// Reduce to `root`; other ranks get their input back.

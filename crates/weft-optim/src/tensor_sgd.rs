@@ -1,9 +1,12 @@
-//! [`TensorSgd`]: the update of [`crate::Sgd`] on a flat candle tensor, on whatever device the
-//! tensor lives (a GPU's parameters and momentum never leave it). A handful of element-wise
-//! tensor operations per step; param groups become per-element weight-decay and lr-scale
-//! tensors, built once.
+//! [`TensorSgd`]: the update of [`crate::Sgd`] on candle tensors, on whatever device they live
+//! (a GPU's parameters and momentum never leave it): either on a flat parameter tensor
+//! ([`TensorSgd::step`], a handful of element-wise tensor operations), or in place on the
+//! model's own parameter tensors with their gradients in a flat buffer
+//! ([`TensorSgd::step_tensors`]: one fused kernel launch per 48 parameters on CUDA). Param
+//! groups become per-element weight-decay and lr-scale tensors, built once.
 
 use candle_core::{DType, Tensor};
+use weft_tensor::ops::{copy_tensors, sgd_tensors, SgdStep};
 
 use crate::{validate, OptimError, OptimizerState, ParamGroups, SgdConfig};
 
@@ -37,6 +40,9 @@ pub struct TensorSgd {
     step: u64,
     momentum_buffer: Option<Tensor>,
     coefficients: Option<Coefficients>,
+    /// The learning rate as one element beside the parameters (for [`Self::step_tensors`]),
+    /// rewritten by [`Self::set_lr`]: a step captured in a CUDA graph reads it at each replay.
+    lr_value: Option<Tensor>,
 }
 
 impl TensorSgd {
@@ -49,6 +55,7 @@ impl TensorSgd {
             step: 0,
             momentum_buffer: None,
             coefficients: None,
+            lr_value: None,
         })
     }
 
@@ -63,11 +70,26 @@ impl TensorSgd {
         self.config.lr
     }
 
-    /// Sets the base learning rate; it must be finite and `>= 0`.
+    /// Sets the base learning rate; it must be finite and `>= 0`. With parameters on a GPU
+    /// this writes the device copy of the rate (call it outside a CUDA graph capture).
     pub fn set_lr(&mut self, lr: f64) -> Result<(), OptimError> {
         validate::non_negative(NAME, "lr", lr)?;
         self.config.lr = lr;
+        if let Some(value) = &self.lr_value {
+            write_scalar(value, lr).map_err(tensor_error)?;
+        }
         Ok(())
+    }
+
+    /// The device copy of the learning rate, made beside `like` on first use.
+    fn lr_value(&mut self, like: &Tensor) -> Result<Tensor, OptimError> {
+        if self.lr_value.is_none() {
+            let value = Tensor::full(self.config.lr, 1, like.device())
+                .and_then(|t| t.to_dtype(like.dtype()))
+                .map_err(tensor_error)?;
+            self.lr_value = Some(value);
+        }
+        Ok(self.lr_value.clone().expect("just made"))
     }
 
     pub fn step_count(&self) -> u64 {
@@ -145,6 +167,89 @@ impl TensorSgd {
         Ok(new_params)
     }
 
+    /// One update of the parameter tensors `params` in place; parameter `i`'s gradient is the
+    /// elements `offsets[i]..offsets[i] + numel` of the flat `grads`. With uniform weight decay
+    /// and lr scale this is [`sgd_tensors`] (fused; no temporaries); per-element param groups
+    /// gather the parameters, update them as one flat tensor and write them back. On error
+    /// nothing (state, step count) is modified.
+    pub fn step_tensors(
+        &mut self,
+        params: &[&Tensor],
+        offsets: &[usize],
+        grads: &Tensor,
+    ) -> Result<(), OptimError> {
+        let len = grads.elem_count();
+        if let Some(buffer) = &self.momentum_buffer {
+            if buffer.elem_count() != len {
+                return Err(OptimError::StateLengthMismatch {
+                    optimizer: NAME,
+                    buffer: MOMENTUM_BUFFER,
+                    state: buffer.elem_count(),
+                    params: len,
+                });
+            }
+        }
+        let uniform = match self.coefficients(grads)? {
+            Coefficients::Uniform {
+                weight_decay,
+                lr_scale,
+            } => Some((*weight_decay, *lr_scale)),
+            Coefficients::PerElement { .. } => None,
+        };
+        let Some((weight_decay, lr_scale)) = uniform else {
+            return self.step_gathered(params, offsets, grads);
+        };
+        let first_step = self.momentum_buffer.is_none();
+        let buffer = match (&self.momentum_buffer, self.config.momentum != 0.0) {
+            (Some(buffer), _) => buffer.clone(),
+            (None, true) => grads.zeros_like().map_err(tensor_error)?,
+            // Never read or written without momentum.
+            (None, false) => grads.clone(),
+        };
+        let lr = self.lr_value(grads)?;
+        let step = SgdStep {
+            lr_scale,
+            momentum: self.config.momentum,
+            dampening: self.config.dampening,
+            weight_decay,
+            nesterov: self.config.nesterov,
+            maximize: self.config.maximize,
+            first_step,
+        };
+        sgd_tensors(params, offsets, grads, &buffer, &lr, &step).map_err(tensor_error)?;
+        if self.config.momentum != 0.0 {
+            self.momentum_buffer = Some(buffer);
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    /// [`Self::step_tensors`] through a flat copy of the parameters.
+    fn step_gathered(
+        &mut self,
+        params: &[&Tensor],
+        offsets: &[usize],
+        grads: &Tensor,
+    ) -> Result<(), OptimError> {
+        let mut order: Vec<usize> = (0..params.len()).collect();
+        order.sort_by_key(|&i| offsets[i]);
+        let flat: Vec<Tensor> = order
+            .iter()
+            .map(|&i| params[i].flatten_all())
+            .collect::<candle_core::Result<_>>()
+            .map_err(tensor_error)?;
+        let gathered = Tensor::cat(&flat, 0).map_err(tensor_error)?;
+        let updated = self.step(&gathered, grads)?;
+        let views: Vec<Tensor> = params
+            .iter()
+            .zip(offsets)
+            .map(|(p, &offset)| updated.narrow(0, offset, p.elem_count()))
+            .collect::<candle_core::Result<_>>()
+            .map_err(tensor_error)?;
+        let pairs: Vec<(&Tensor, &Tensor)> = views.iter().zip(params.iter().copied()).collect();
+        copy_tensors(&pairs).map_err(tensor_error)
+    }
+
     /// The state as host vectors (f32), for checkpoints: the same layout as [`crate::Sgd`]'s.
     pub fn state(&self) -> Result<OptimizerState<f32>, OptimError> {
         let buffer = match &self.momentum_buffer {
@@ -161,6 +266,12 @@ impl TensorSgd {
             buffer.iter().map(|b| (MOMENTUM_BUFFER, b)),
         ))
     }
+}
+
+/// Overwrites the one element of `t` with `value`, on the tensor's device.
+fn write_scalar(t: &Tensor, value: f64) -> candle_core::Result<()> {
+    let fresh = Tensor::full(value, 1, t.device())?.to_dtype(t.dtype())?;
+    t.slice_set(&fresh, 0, 0)
 }
 
 /// `g = ±grad + wd·p`; with momentum `buf = g` (first step) or `momentum·buf + (1 − dampening)·g`,

@@ -3,7 +3,9 @@
 //! [`AllReduceSum`] is a differentiable all-reduce (forward: sum over ranks; backward: sum the
 //! incoming gradients over ranks — the conjugate pair of nanotron's collectives), installed in
 //! a model's batch-statistics slot by [`convert_sync_batch_norm`], like PyTorch's
-//! `SyncBatchNorm.convert_sync_batchnorm`.
+//! `SyncBatchNorm.convert_sync_batchnorm`. CPU tensors are reduced through host buffers; CUDA
+//! tensors (feature `cuda`) through the communicator's tensor path, natively on the device
+//! with NCCL.
 
 use std::sync::Arc;
 
@@ -55,6 +57,40 @@ impl CustomOp1 for AllReduceSum {
             _ => candle_core::bail!("weft-all-reduce-sum: only f32 and f64 are supported"),
         };
         Ok((out, layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        use candle_core::op::BackpropOp;
+        use candle_core::Storage;
+        use weft_collectives::TensorCollectives;
+
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("weft-all-reduce-sum: the input must be contiguous");
+        };
+        // `try_clone` copies the whole allocation: view the input's elements within it.
+        let input = Tensor::from_storage(
+            Storage::Cuda(storage.try_clone(layout)?),
+            end,
+            BackpropOp::none(),
+            false,
+        )
+        .narrow(0, start, end - start)?;
+        let summed = self
+            .comm
+            .all_reduce_tensor(&input, ReduceOp::Sum)
+            .and_then(|work| work.wait())
+            .map_err(|e| candle_core::Error::Msg(format!("sync batch norm: {e}")))?;
+        let (result, result_layout) = summed.storage_and_layout();
+        match &*result {
+            Storage::Cuda(cuda) => Ok((cuda.try_clone(result_layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("weft-all-reduce-sum: the sum left the GPU"),
+        }
     }
 
     fn bwd(

@@ -75,12 +75,17 @@ pub struct TrainArgs {
     /// cpu | cuda | cuda:N
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Data-parallel ranks (processes started through weft-run; shm backend on the CPU)
-    #[arg(long, default_value_t = 1)]
-    pub nproc: usize,
+    /// Data-parallel ranks (processes started through weft-run; shm backend on the CPU, one
+    /// GPU each with NCCL on GPUs); default 1, or one per visible GPU with `--device cuda`
+    #[arg(long)]
+    pub nproc: Option<usize>,
     /// SyncBatchNorm: normalise with the statistics of the global batch over all ranks
     #[arg(long, default_value_t = false)]
     pub sync_bn: bool,
+    /// DDP: broadcast rank 0's buffers (BatchNorm running statistics) before every forward,
+    /// as PyTorch's DistributedDataParallel does by default
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub broadcast_buffers: bool,
     /// DDP bucket size in MiB
     #[arg(long, default_value_t = 25.0)]
     pub bucket_cap_mb: f64,
@@ -110,6 +115,16 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
+    /// The number of ranks: `--nproc`, or one per visible GPU for a bare `--device cuda`
+    /// without it, or 1.
+    pub fn ranks(&self) -> usize {
+        match self.nproc {
+            Some(n) => n,
+            None if self.device == "cuda" => crate::device::visible_gpus().max(1),
+            None => 1,
+        }
+    }
+
     /// Checks every flag; the message of the error is one line naming the flag.
     pub fn validate(&self) -> Result<()> {
         if !weft_models::resnet::MODEL_NAMES.contains(&self.model.as_str()) {
@@ -122,14 +137,14 @@ impl TrainArgs {
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        if self.nproc == 0 {
+        if self.nproc == Some(0) {
             bail!("--nproc must be at least 1");
         }
-        if !self.batch_size.is_multiple_of(self.nproc) {
+        if !self.batch_size.is_multiple_of(self.ranks()) {
             bail!(
-                "--batch-size {} is not divisible by --nproc {}",
+                "--batch-size {} is not divisible by the {} ranks (--nproc)",
                 self.batch_size,
-                self.nproc
+                self.ranks()
             );
         }
         if self.bucket_cap_mb.is_nan() || self.bucket_cap_mb <= 0.0 {

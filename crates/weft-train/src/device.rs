@@ -25,6 +25,19 @@ pub fn parse_device(value: &str) -> Result<DeviceSpec> {
     }
 }
 
+/// The number of GPUs this process can see (0 in a build without the `cuda` feature or
+/// without a driver).
+pub fn visible_gpus() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        use candle_core::cuda_backend::cudarc::driver::result;
+        if result::init().is_ok() {
+            return result::device::get_count().map_or(0, |n| n.max(0) as usize);
+        }
+    }
+    0
+}
+
 /// Like [`parse_device`], but a bare `cuda` in a launched job means this rank's GPU,
 /// `cuda:LOCAL_RANK` (or `SLURM_LOCALID`), one GPU per process as torchrun jobs do.
 pub fn parse_device_for_rank(value: &str) -> Result<DeviceSpec> {

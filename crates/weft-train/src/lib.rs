@@ -5,9 +5,12 @@
 //! one fused optimizer update over flat parameters), reused by the benchmarks.
 
 pub mod args;
+#[cfg(feature = "cuda")]
+mod cuda_graph;
 pub mod data;
 pub mod device;
 pub mod distributed;
+mod flat_optimizer;
 pub mod optim_setup;
 pub mod progress;
 pub mod resnet;

@@ -81,14 +81,12 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     let mut trainer = Trainer::new(model, build_optimizer(args, &device)?, checkpointing)?
         .with_timeline(timeline.clone());
     if let Some(comm) = &ctx.comm {
-        if args.sync_bn && !device.is_cpu() {
-            bail!("--sync-bn: SyncBatchNorm runs on CPU ranks only so far (its all-reduce of batch statistics is a CPU op)");
-        }
         if args.sync_bn {
             weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
         }
         let ddp_config = DdpConfig {
             bucket_cap_mb: args.bucket_cap_mb,
+            broadcast_buffers: args.broadcast_buffers,
             ..DdpConfig::default()
         };
         let ddp = DistributedDataParallel::new(

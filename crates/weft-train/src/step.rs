@@ -1,17 +1,20 @@
 //! One optimizer step of a block model: block-wise forward, cross-entropy loss, block-wise
 //! backward writing each block's gradients into the flat gradient buffer the moment they are
 //! final (and telling the gradient synchronisation, which may start communicating them), then
-//! one fused optimizer update over the flat parameter buffer.
+//! one fused optimizer update. The loss and hit count stay on the device until the update has
+//! been issued, so the step itself never waits for the device; on one GPU the whole step can
+//! be captured once and replayed as a CUDA graph ([`Trainer::with_cuda_graph`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Result};
-use candle_core::{DType, Tensor};
+use anyhow::Result;
+use candle_core::{DType, Tensor, D};
 use weft_models::loss;
-use weft_optim::{Optimizer, TensorSgd};
 use weft_parallel::GradientSync;
-use weft_tensor::{tape, BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Timeline};
+use weft_tensor::{tape, BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Slot, Timeline};
+
+pub use crate::flat_optimizer::FlatOptimizer;
 
 /// Where the time of one step went.
 #[derive(Debug, Clone, Copy, Default)]
@@ -37,71 +40,66 @@ pub struct StepOutcome {
     /// Correct top-1 predictions among this rank's samples.
     pub correct: usize,
     pub samples: usize,
+    /// The phases' times; all zero for a step replayed from a CUDA graph (one launch).
     pub timings: StepTimings,
+    /// Whether the step was replayed from a CUDA graph.
+    pub graphed: bool,
 }
 
-/// An optimizer over flat buffers of the model's dtype: over host slices (exact, for CPU
-/// buffers; GPU buffers make a round trip through the host), or over the flat tensor itself
-/// on its own device.
-pub enum FlatOptimizer {
-    F32(Box<dyn Optimizer<f32> + Send>),
-    F64(Box<dyn Optimizer<f64> + Send>),
-    /// SGD as tensor operations on the parameters' device, for GPU training.
-    Tensor(TensorSgd),
+/// One micro-batch's mean loss and hit count, still on the device.
+pub(crate) struct BatchResult {
+    pub loss: Tensor,
+    pub hits: Tensor,
+    pub samples: usize,
 }
 
-impl FlatOptimizer {
-    /// The dtype the optimizer needs, `None` when it takes any (tensor operations).
-    fn dtype(&self) -> Option<DType> {
-        match self {
-            FlatOptimizer::F32(_) => Some(DType::F32),
-            FlatOptimizer::F64(_) => Some(DType::F64),
-            FlatOptimizer::Tensor(_) => None,
-        }
-    }
-
-    /// Sets the learning rate and steps `params` (in place) with `grads`.
-    fn step(&mut self, params: &FlatBuffer, grads: &FlatBuffer, lr: f64) -> Result<()> {
-        let range = 0..params.layout().len();
-        let mut result = Ok(());
-        match self {
-            FlatOptimizer::F32(opt) => {
-                opt.set_lr(lr)?;
-                params.update_with(grads, range, |p: &mut [f32], g: &[f32]| {
-                    result = opt.step(p, g)
-                })?
-            }
-            FlatOptimizer::F64(opt) => {
-                opt.set_lr(lr)?;
-                params.update_with(grads, range, |p: &mut [f64], g: &[f64]| {
-                    result = opt.step(p, g)
-                })?
-            }
-            FlatOptimizer::Tensor(opt) => {
-                opt.set_lr(lr)?;
-                let updated = opt.step(params.tensor(), grads.tensor())?;
-                params.tensor().slice_set(&updated, 0, 0)?;
-            }
-        }
-        result.map_err(|e| anyhow!("optimizer step: {e}"))
+impl BatchResult {
+    /// Reads the mean loss and the hit count (waits for the device).
+    fn read(&self) -> Result<(f64, usize)> {
+        Ok((
+            self.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            self.hits.to_scalar::<u32>()? as usize,
+        ))
     }
 }
 
-/// A model with its flat master parameters, flat gradients, optimizer and gradient sync.
+/// The outcome of the micro-batches `results` of one step, read from the device.
+pub(crate) fn outcome(results: &[BatchResult], timings: StepTimings) -> Result<StepOutcome> {
+    let (mut loss_sum, mut correct, mut samples) = (0.0, 0, 0);
+    for r in results {
+        let (loss, hits) = r.read()?;
+        loss_sum += loss * r.samples as f64;
+        correct += hits;
+        samples += r.samples;
+    }
+    Ok(StepOutcome {
+        loss: loss_sum / samples.max(1) as f64,
+        correct,
+        samples,
+        timings,
+        graphed: false,
+    })
+}
+
+/// A model with its flat gradients, optimizer (with a flat master copy of the parameters where
+/// it needs one) and gradient sync.
 pub struct Trainer {
     model: BlockModel,
-    params: FlatBuffer,
+    params: Option<FlatBuffer>,
     grads: FlatBuffer,
     optimizer: FlatOptimizer,
     checkpointing: Checkpointing,
     mode: Mode,
     sync: Option<Box<dyn GradientSync + Send>>,
     timeline: Option<Arc<Timeline>>,
-    synchronized_timings: bool,
+    pub(crate) synchronized_timings: bool,
+    #[cfg(feature = "cuda")]
+    graph: Option<crate::cuda_graph::StepGraph>,
 }
 
 impl Trainer {
-    /// Flattens `model`'s parameters (a master copy in the model's dtype) for `optimizer`.
+    /// Lays out `model`'s parameters in flat buffers (gradients; a master copy of the
+    /// parameters in the model's dtype where `optimizer` needs one).
     pub fn new(
         model: BlockModel,
         optimizer: FlatOptimizer,
@@ -112,7 +110,15 @@ impl Trainer {
         if let Some(needed) = optimizer.dtype().filter(|&d| d != dtype) {
             anyhow::bail!("the optimizer works on {needed:?} but the model is {dtype:?}");
         }
-        let params = FlatBuffer::from_store(model.store(), layout.clone(), dtype)?;
+        let params = if optimizer.needs_master_copy() {
+            Some(FlatBuffer::from_store(
+                model.store(),
+                layout.clone(),
+                dtype,
+            )?)
+        } else {
+            None
+        };
         let grads = FlatBuffer::zeros(layout, dtype, model.store().device())?;
         Ok(Self {
             model,
@@ -124,7 +130,22 @@ impl Trainer {
             sync: None,
             timeline: None,
             synchronized_timings: false,
+            #[cfg(feature = "cuda")]
+            graph: None,
         })
+    }
+
+    /// On one GPU (no gradient sync), captures a step into a CUDA graph after a few eager
+    /// warm-up steps and replays it for every later batch of the same shape: one launch per
+    /// step instead of a thousand. If capturing fails the trainer says why once and stays
+    /// eager. Without the `cuda` feature, or on other devices, nothing changes.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    pub fn with_cuda_graph(mut self) -> Self {
+        #[cfg(feature = "cuda")]
+        if self.model.store().device().is_cuda() && self.sync.is_none() {
+            self.graph = Some(crate::cuda_graph::StepGraph::default());
+        }
+        self
     }
 
     /// Synchronises gradients across ranks with `sync` (data parallelism).
@@ -166,6 +187,11 @@ impl Trainer {
         &self.model
     }
 
+    #[cfg(feature = "cuda")]
+    pub(crate) fn optimizer_mut(&mut self) -> &mut FlatOptimizer {
+        &mut self.optimizer
+    }
+
     /// The flat gradient buffer (its layout is the parameters' layout).
     pub fn grads(&self) -> &FlatBuffer {
         &self.grads
@@ -173,6 +199,12 @@ impl Trainer {
 
     /// Trains on one batch (`images` NCHW, `labels` u32) with learning rate `lr`.
     pub fn step(&mut self, images: &Tensor, labels: &Tensor, lr: f64) -> Result<StepOutcome> {
+        #[cfg(feature = "cuda")]
+        if let Some(mut graph) = self.graph.take() {
+            let result = graph.step(self, images, labels, lr);
+            self.graph = Some(graph);
+            return result;
+        }
         self.step_accumulated(&[(images.clone(), labels.clone())], lr)
     }
 
@@ -184,17 +216,25 @@ impl Trainer {
         micro_batches: &[(Tensor, Tensor)],
         lr: f64,
     ) -> Result<StepOutcome> {
+        self.optimizer.set_lr(lr)?;
+        let (results, timings) = self.run(micro_batches)?;
+        outcome(&results, timings)
+    }
+
+    /// Forward, backward, gradient sync and optimizer update of one step, issued to the device
+    /// without waiting for it (unless timings are synchronised); the learning rate is set.
+    pub(crate) fn run(
+        &mut self,
+        micro_batches: &[(Tensor, Tensor)],
+    ) -> Result<(Vec<BatchResult>, StepTimings)> {
         let mut timings = StepTimings::default();
-        let (mut loss_sum, mut correct, mut samples) = (0.0, 0, 0);
         let k = micro_batches.len();
+        let mut results = Vec::with_capacity(k);
         for (i, (images, labels)) in micro_batches.iter().enumerate() {
             if let Some(sync) = self.sync.as_mut() {
                 sync.set_require_sync(i + 1 == k);
             }
-            let (loss, hits) = self.forward_backward(images, labels, k, i > 0, &mut timings)?;
-            loss_sum += loss * labels.elem_count() as f64;
-            correct += hits;
-            samples += labels.elem_count();
+            results.push(self.forward_backward(images, labels, k, i > 0, &mut timings)?);
         }
         let start = Instant::now();
         if let Some(sync) = self.sync.as_mut() {
@@ -203,22 +243,18 @@ impl Trainer {
         timings.sync = start.elapsed();
 
         let start = Instant::now();
-        self.optimizer.step(&self.params, &self.grads, lr)?;
-        self.params.copy_to_store(self.model.store())?;
+        self.optimizer
+            .step(self.params.as_ref(), &self.grads, self.model.store())?;
         timings.optimizer = self.lap(start)?;
         if let Some(t) = &self.timeline {
             t.record("optimizer", "optimizer", "compute", start, Instant::now());
         }
-        Ok(StepOutcome {
-            loss: loss_sum / samples.max(1) as f64,
-            correct,
-            samples,
-            timings,
-        })
+        Ok((results, timings))
     }
 
     /// Forward and backward of one micro-batch; gradients are written (or, when
-    /// `accumulate`, added) into the flat gradient buffer. Returns the unscaled mean loss.
+    /// `accumulate`, added) into the flat gradient buffer. Returns the unscaled mean loss and
+    /// the hit count, on the device.
     fn forward_backward(
         &mut self,
         images: &Tensor,
@@ -226,7 +262,7 @@ impl Trainer {
         micro_batches: usize,
         accumulate: bool,
         timings: &mut StepTimings,
-    ) -> Result<(f64, usize)> {
+    ) -> Result<BatchResult> {
         let start = Instant::now();
         if let Some(sync) = self.sync.as_mut() {
             sync.before_forward(self.model.store())?;
@@ -252,6 +288,7 @@ impl Trainer {
         let mut block_params = Vec::new();
         tape.backward(&scaled, model, |ready| -> weft_parallel::Result<()> {
             block_params.clear();
+            let mut written = Vec::new();
             for (id, grad) in ready.grads {
                 let grad = grad.ok_or_else(|| weft_parallel::ParallelError::UnusedParameter {
                     name: model.store().entries()[id].name.clone(),
@@ -263,20 +300,28 @@ impl Trainer {
                 if accumulate {
                     grads.accumulate(slot, &grad)?;
                 } else {
-                    grads.write(slot, &grad)?;
+                    written.push((slot, grad));
                 }
                 block_params.push(id);
             }
+            let values: Vec<(&Slot, &Tensor)> = written.iter().map(|(s, g)| (*s, g)).collect();
+            grads.write_many(&values)?;
             if let Some(sync) = sync.as_mut() {
                 sync.block_ready(&block_params, grads)?;
             }
             Ok(())
         })?;
         timings.backward += self.lap(start)?;
-        Ok((
-            batch_loss.to_dtype(DType::F64)?.to_scalar()?,
-            loss::correct_predictions(&logits, labels)?,
-        ))
+        let predicted = logits.detach().argmax(D::Minus1)?;
+        let hits = predicted
+            .eq(&labels.to_dtype(predicted.dtype())?)?
+            .to_dtype(DType::U32)?
+            .sum_all()?;
+        Ok(BatchResult {
+            loss: batch_loss.detach(),
+            hits,
+            samples: labels.elem_count(),
+        })
     }
 
     /// Loss sum and correct predictions on one batch in evaluation mode (no gradients kept).

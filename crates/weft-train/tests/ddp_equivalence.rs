@@ -352,3 +352,45 @@ fn sync_batch_norm_in_training_mode_matches_one_process() {
         assert_close(p, &reference, &format!("sync-bn rank {rank}"));
     }
 }
+
+/// `broadcast_buffers` (on by default): before each forward every rank takes rank 0's BatchNorm
+/// running statistics; off, each rank keeps its own.
+#[test]
+fn buffers_are_broadcast_before_forward_unless_turned_off() {
+    for broadcast_buffers in [true, false] {
+        let comms = ShmCommunicator::new_thread_group(2).unwrap();
+        let seen: Vec<Vec<f64>> = thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(rank, comm)| {
+                    scope.spawn(move || {
+                        let t = trainer(0);
+                        let config = DdpConfig {
+                            broadcast_buffers,
+                            ..DdpConfig::default()
+                        };
+                        let store = t.model().store();
+                        let mut ddp =
+                            DistributedDataParallel::new(store, t.grads(), Arc::new(comm), config)
+                                .unwrap();
+                        let mean = store.get("bn1.running_mean").unwrap();
+                        let mine = Tensor::full(rank as f64 + 1.0, mean.var.shape(), &Device::Cpu)
+                            .unwrap();
+                        mean.var.set(&mine).unwrap();
+                        ddp.before_forward(store).unwrap();
+                        mean.tensor().to_vec1::<f64>().unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let expected_rank1 = if broadcast_buffers { 1.0 } else { 2.0 };
+        assert!(seen[0].iter().all(|&v| v == 1.0), "{seen:?}");
+        assert!(
+            seen[1].iter().all(|&v| v == expected_rank1),
+            "broadcast_buffers {broadcast_buffers}: rank 1 holds {:?}",
+            seen[1]
+        );
+    }
+}

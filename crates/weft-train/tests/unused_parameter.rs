@@ -1,9 +1,14 @@
-//! A parameter that takes no part in the loss is reported by name, not waited for.
+//! A parameter that takes no part in the loss is reported by name, not waited for: in one
+//! process, and on every rank of a data-parallel job (where waiting for its gradient's
+//! all-reduce would hang).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
+use weft_collectives::ShmCommunicator;
 use weft_optim::{Sgd, SgdConfig};
+use weft_parallel::{DdpConfig, DistributedDataParallel};
 use weft_tensor::{Block, BlockModel, Checkpointing, EntryId, Mode, ParamStore};
 use weft_train::step::{FlatOptimizer, Trainer};
 
@@ -27,8 +32,8 @@ impl Block for Linear {
     }
 }
 
-#[test]
-fn unused_parameter_is_named() {
+/// A one-block model whose `linear.unused` parameter never enters the loss.
+fn trainer() -> Trainer {
     let dev = Device::Cpu;
     let mut store = ParamStore::new(&dev, DType::F32);
     let mut scope = store.scope("linear");
@@ -45,14 +50,50 @@ fn unused_parameter_is_named() {
         ..SgdConfig::default()
     })
     .unwrap();
-    let mut trainer = Trainer::new(
+    Trainer::new(
         model,
         FlatOptimizer::F32(Box::new(sgd)),
         Checkpointing::None,
     )
-    .unwrap();
-    let x = Tensor::ones((2, 4), DType::F32, &dev).unwrap();
-    let y = Tensor::new(&[0u32, 1], &dev).unwrap();
-    let err = trainer.step(&x, &y, 0.1).unwrap_err().to_string();
+    .unwrap()
+}
+
+fn step_error(trainer: &mut Trainer) -> String {
+    let x = Tensor::ones((2, 4), DType::F32, &Device::Cpu).unwrap();
+    let y = Tensor::new(&[0u32, 1], &Device::Cpu).unwrap();
+    trainer.step(&x, &y, 0.1).unwrap_err().to_string()
+}
+
+#[test]
+fn unused_parameter_is_named() {
+    let err = step_error(&mut trainer());
     assert!(err.contains("`linear.unused`"), "{err}");
+}
+
+#[test]
+fn unused_parameter_is_named_on_every_rank_of_a_ddp_job() {
+    let comms = ShmCommunicator::new_thread_group(2).unwrap();
+    let errors: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                scope.spawn(move || {
+                    let plain = trainer();
+                    let ddp = DistributedDataParallel::new(
+                        plain.model().store(),
+                        plain.grads(),
+                        Arc::new(comm),
+                        DdpConfig::default(),
+                    )
+                    .unwrap();
+                    step_error(&mut plain.with_sync(Box::new(ddp)))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, err) in errors.iter().enumerate() {
+        assert!(err.contains("`linear.unused`"), "rank {rank}: {err}");
+        assert!(!err.contains("linear.weight"), "rank {rank}: {err}");
+    }
 }

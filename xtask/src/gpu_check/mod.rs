@@ -10,22 +10,26 @@
 //! GPU code changes and record the table in `docs/gpu-checks.md`. The comparisons live in
 //! [`single_ops`] (single operations) and [`resnet`] (ResNet-50 end to end).
 
+pub mod ddp;
+mod multi_gpu;
 mod resnet;
 mod single_ops;
 
 use anyhow::{bail, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use weft_tensor::ops;
 
-use self::resnet::{compare_training, compare_whole_graph};
-use self::single_ops::{compare_blend, compare_graph_free_batch_norm, compare_op};
+use self::resnet::{compare_f32_losses, compare_training, compare_whole_graph};
+use self::single_ops::{
+    compare_blend, compare_graph_free_batch_norm, compare_multi_tensor, compare_op,
+};
 
 /// A convolution to check: name, input shape, weight shape, stride, padding.
 type ConvCase = (&'static str, [usize; 4], [usize; 4], usize, usize);
 
 /// One row of the table.
 struct Check {
-    name: &'static str,
+    name: String,
     error: f64,
     tolerance: f64,
 }
@@ -59,7 +63,7 @@ pub fn run() -> Result<()> {
             ops::conv2d(&t[0], &t[1], stride, pad)
         })?;
         checks.push(Check {
-            name,
+            name: name.into(),
             error,
             tolerance: 1e-3,
         });
@@ -91,7 +95,7 @@ pub fn run() -> Result<()> {
     for (name, x, w, stride, pad) in big_convs {
         let error = compare_op(&gpu, &[&x, &w], |t| ops::conv2d(&t[0], &t[1], stride, pad))?;
         checks.push(Check {
-            name,
+            name: name.into(),
             error,
             tolerance: 1e-3,
         });
@@ -165,7 +169,7 @@ pub fn run() -> Result<()> {
     ];
     for (name, shapes, tolerance, f) in kernel_checks {
         checks.push(Check {
-            name,
+            name: name.into(),
             error: compare_op(&gpu, shapes, f)?,
             tolerance,
         });
@@ -177,13 +181,13 @@ pub fn run() -> Result<()> {
         ("graph-free batch norm + ReLU @7", [8, 256, 7, 7], true),
     ] {
         checks.push(Check {
-            name,
+            name: name.into(),
             error: compare_graph_free_batch_norm(&gpu, dims, relu)?,
             tolerance: 1e-3,
         });
     }
     checks.push(Check {
-        name: "blend_into (running statistics)",
+        name: "blend_into (running statistics)".into(),
         error: compare_blend(&gpu)?,
         tolerance: 1e-6,
     });
@@ -206,36 +210,59 @@ pub fn run() -> Result<()> {
     ];
     for (name, shapes, tolerance, f) in fallback_checks {
         checks.push(Check {
-            name,
+            name: name.into(),
             error: compare_op(&gpu, shapes, f)?,
             tolerance,
         });
     }
     ops::set_cuda_kernels(true);
+    for (dtype, tolerance) in [(DType::F32, 1e-6), (DType::F64, 1e-12)] {
+        let (copied, stepped) = compare_multi_tensor(&gpu, dtype)?;
+        checks.push(Check {
+            name: format!("copy_tensors, 61 tensors, {dtype:?}"),
+            error: copied,
+            tolerance: 0.0,
+        });
+        checks.push(Check {
+            name: format!("sgd_tensors, 61 tensors, 2 steps, {dtype:?}"),
+            error: stepped,
+            tolerance,
+        });
+    }
     checks.push(Check {
-        name: "ResNet-50 f64 whole-graph grads",
+        name: "ResNet-50 f64 whole-graph grads".into(),
         error: compare_whole_graph(&gpu)?,
         tolerance: 1e-6,
     });
     let (grad_error, param_error, loss_error) = compare_training(&gpu)?;
     checks.push(Check {
-        name: "ResNet-50 f64 step 1 gradients",
+        name: "ResNet-50 f64 step 1 gradients".into(),
         error: grad_error,
         tolerance: 1e-6,
     });
     checks.push(Check {
-        name: "ResNet-50 f64 step 1 parameters",
+        name: "ResNet-50 f64 step 1 parameters".into(),
         error: param_error,
         tolerance: 1e-8,
     });
     checks.push(Check {
-        name: "ResNet-50 f64 3 SGD steps, loss",
+        name: "ResNet-50 f64 3 SGD steps, loss".into(),
         error: loss_error,
         tolerance: 1e-6,
     });
+    checks.push(Check {
+        name: "ResNet-50 f32 3 SGD steps, loss".into(),
+        error: compare_f32_losses(&gpu)?,
+        tolerance: 1e-3,
+    });
+    if multi_gpu::has_two_gpus() {
+        multi_gpu::run(&mut checks)?;
+    } else {
+        println!("gpu-check: one GPU; the NCCL and two-GPU data-parallel rows need two");
+    }
 
     println!(
-        "{:<36} {:>12} {:>10}  result",
+        "{:<44} {:>12} {:>10}  result",
         "check", "rel. error", "tolerance"
     );
     let mut failed = 0;
@@ -243,7 +270,7 @@ pub fn run() -> Result<()> {
         let pass = c.error <= c.tolerance;
         failed += usize::from(!pass);
         println!(
-            "{:<36} {:>12.3e} {:>10.0e}  {}",
+            "{:<44} {:>12.3e} {:>10.0e}  {}",
             c.name,
             c.error,
             c.tolerance,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use clap::{Parser, Subcommand};
 use weft_collectives::{
-    init_for_device, Communicator, LaunchEnv, ReduceOp, Result, TcpStore, TensorCollectives,
+    init_for_device, Buffer, Communicator, LaunchEnv, ReduceOp, Result, TcpStore, TensorCollectives,
 };
 
 #[derive(Parser)]
@@ -141,6 +141,7 @@ fn collectives(device: &str) -> std::result::Result<(), String> {
             })?;
         }
     }
+    every_dtype(&*comm).map_err(run)?;
     let halves = comm.split((rank % 2) as u32, rank as i64).map_err(run)?;
     let members = comm_sum_of_ranks(&*halves, rank).map_err(run)?;
     let expected: usize = (0..n).filter(|r| r % 2 == rank % 2).sum();
@@ -155,6 +156,59 @@ fn collectives(device: &str) -> std::result::Result<(), String> {
     comm.barrier().wait().map_err(run)?;
     println!("selftest ok rank {rank} ({})", comm.backend());
     Ok(())
+}
+
+/// Sum and max all-reduces and a broadcast in every dtype (small integers: exact in each).
+fn every_dtype(comm: &dyn Communicator) -> Result<()> {
+    let (rank, n) = (comm.rank(), comm.world_size());
+    let len = 777;
+    // Non-negative below 16, so that u8 sums over up to 8 ranks stay exact.
+    let small = |r: usize, i: usize| ((r * 5 + i * 3) % 16) as f64;
+    let buffers = |r: usize| -> Vec<Buffer> {
+        let v: Vec<f64> = (0..len).map(|i| small(r, i)).collect();
+        vec![
+            Buffer::F64(v.clone()),
+            Buffer::F16(v.iter().map(|&x| half::f16::from_f64(x)).collect()),
+            Buffer::BF16(v.iter().map(|&x| half::bf16::from_f64(x)).collect()),
+            Buffer::I64(v.iter().map(|&x| x as i64).collect()),
+            Buffer::U8(v.iter().map(|&x| x as u8).collect()),
+        ]
+    };
+    let as_f64 = |b: Buffer| -> Vec<f64> {
+        match b {
+            Buffer::F64(v) => v,
+            Buffer::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Buffer::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Buffer::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Buffer::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            other => vec![f64::NAN; other.len()],
+        }
+    };
+    let mismatch = |what: String| crate_error(what);
+    for (kind, mine) in buffers(rank).into_iter().enumerate() {
+        let dtype = mine.dtype();
+        let sum = as_f64(comm.all_reduce(mine.clone(), ReduceOp::Sum).wait()?);
+        let max = as_f64(comm.all_reduce(mine.clone(), ReduceOp::Max).wait()?);
+        let last = as_f64(comm.broadcast(mine, n - 1).wait()?);
+        for i in 0..len {
+            let expected_sum: f64 = (0..n).map(|r| small(r, i)).sum();
+            let expected_max = (0..n).map(|r| small(r, i)).fold(0.0, f64::max);
+            if sum[i] != expected_sum || max[i] != expected_max || last[i] != small(n - 1, i) {
+                return Err(mismatch(format!(
+                    "{dtype:?} (case {kind}): element {i}: sum {}, max {}, broadcast {}",
+                    sum[i], max[i], last[i]
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn crate_error(reason: String) -> weft_collectives::CommError {
+    weft_collectives::CommError::InvalidArgument {
+        op: "selftest",
+        reason,
+    }
 }
 
 /// The tensor collectives on device tensors (the path DDP uses on GPUs).
@@ -197,6 +251,19 @@ fn device_tensors(comm: &dyn Communicator, device: &Device) -> std::result::Resu
     let got = read(shard.wait().map_err(fail)?).map_err(tensor_fail)?;
     check("device reduce_scatter", &got, |i| {
         (0..n).map(|r| value(r, rank * len + i)).sum()
+    })?;
+    // In place, over a range of a larger tensor (a DDP bucket of the flat gradient buffer).
+    let flat = Tensor::zeros(len + 10, candle_core::DType::F32, device).map_err(tensor_fail)?;
+    let bucket = flat.narrow(0, 5, len).map_err(tensor_fail)?;
+    bucket.slice_set(&x, 0, 0).map_err(tensor_fail)?;
+    comm.all_reduce_tensor_in_place(&bucket, ReduceOp::Sum)
+        .map_err(fail)?
+        .wait()
+        .map_err(fail)?;
+    let got = read(flat).map_err(tensor_fail)?;
+    check("device all_reduce in place", &got, |i| match i {
+        i if (5..5 + len).contains(&i) => (0..n).map(|r| value(r, i - 5)).sum(),
+        _ => 0.0,
     })?;
     Ok(())
 }

@@ -77,8 +77,12 @@ impl NcclCommunicator {
             })?;
         let context = cuda.cuda_stream().context().clone();
         let world_size = members.len();
-        let (watch_liveness, watch_members, timeout) =
-            (liveness.clone(), members.clone(), config.timeout);
+        let (watch_liveness, watch_members, timeout, watch_context) = (
+            liveness.clone(),
+            members.clone(),
+            config.timeout,
+            context.clone(),
+        );
         let engine = Engine::start(
             init,
             context,
@@ -86,6 +90,7 @@ impl NcclCommunicator {
             config.timeout,
             move |comm, health, flights| Watchdog {
                 comm,
+                context: watch_context,
                 health,
                 flights,
                 liveness: watch_liveness,

@@ -29,6 +29,29 @@ impl NcclCommunicator {
         )
     }
 
+    fn start_all_reduce_in_place(
+        &self,
+        tensor: &Tensor,
+        op: ReduceOp,
+        deliver: Deliver,
+    ) -> Result<()> {
+        if !tensor.is_contiguous() {
+            return Err(CommError::InvalidTensor {
+                op: "all_reduce",
+                reason: "an in-place all-reduce needs a contiguous tensor".into(),
+            });
+        }
+        let data = self.prepare("all_reduce", tensor)?;
+        let d = data.clone();
+        self.submit(
+            "all_reduce",
+            vec![data.clone()],
+            data,
+            Box::new(move |l| l.all_reduce(&d, &d, op)),
+            deliver,
+        )
+    }
+
     fn start_reduce(
         &self,
         tensor: &Tensor,
@@ -203,6 +226,12 @@ impl DeviceCollectives for NcclCommunicator {
     fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work<Tensor>> {
         to_work("all_reduce", self.rank, |d| {
             self.start_all_reduce(tensor, op, d)
+        })
+    }
+
+    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work<Tensor>> {
+        to_work("all_reduce", self.rank, |d| {
+            self.start_all_reduce_in_place(tensor, op, d)
         })
     }
 

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
-use cudarc::driver::CudaEvent;
+use cudarc::driver::{CudaContext, CudaEvent};
 
 use super::engine::{driver, Deliver, Health};
 use super::handle::CommHandle;
@@ -41,6 +41,10 @@ const LIVENESS_EVERY: Duration = Duration::from_secs(1);
 /// State of the watchdog thread.
 pub(crate) struct Watchdog {
     pub comm: Arc<CommHandle>,
+    /// The GPU's context, current on the watchdog thread: the tensors of finished operations
+    /// are freed there, and a free without a current context fails (cudarc records the
+    /// error and the next CUDA call of any thread returns it).
+    pub context: Arc<CudaContext>,
     pub health: Arc<Health>,
     pub flights: Receiver<InFlight>,
     pub liveness: Arc<Liveness>,
@@ -59,6 +63,10 @@ impl Watchdog {
     }
 
     fn run(self) {
+        if let Err(e) = self.context.bind_to_thread() {
+            self.health
+                .fail(driver("watchdog bind_to_thread", self.rank, e), &self.comm);
+        }
         let mut queue: VecDeque<InFlight> = VecDeque::new();
         let mut open = true;
         let mut last_liveness = Instant::now();

@@ -66,6 +66,12 @@ pub(crate) fn check_alive(
     }
     for &rank in missing {
         let rank_status = region.status(rank).load(Ordering::Acquire);
+        // A rank that failed because it saw another die may have exited since: the rank it
+        // saw die is the cause, not its own exit.
+        let blamed = region.blamed(rank).load(Ordering::Acquire);
+        if rank_status == status::FAILED && blamed != 0 {
+            return Err(died(blamed as usize - 1, format!("rank {rank} saw it die")));
+        }
         if rank_status == status::EXITED {
             return Err(died(rank, "it left the communicator".into()));
         }

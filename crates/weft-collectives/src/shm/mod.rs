@@ -9,6 +9,7 @@
 mod broadcast;
 mod config;
 mod descriptor;
+mod direct;
 mod engine;
 mod futex;
 mod heartbeat;

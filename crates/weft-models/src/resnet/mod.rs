@@ -145,6 +145,56 @@ mod tests {
         t.to_vec1().unwrap()
     }
 
+    fn mean_and_std(v: &[f32]) -> (f64, f64) {
+        let n = v.len() as f64;
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+        (mean, var.sqrt())
+    }
+
+    /// torchvision's initialisation: convolutions `kaiming_normal_(mode="fan_out",
+    /// nonlinearity="relu")`, std `sqrt(2 / (out_channels · k · k))`; BatchNorm weight 1 and
+    /// bias 0; the classifier PyTorch's `Linear` default, uniform in `±1/sqrt(in_features)`.
+    #[test]
+    fn initialisation_follows_torchvision() {
+        let model = resnet(
+            &ResNetConfig::from_name("resnet18", 1000).unwrap(),
+            DType::F32,
+            &Device::Cpu,
+        )
+        .unwrap();
+        let store = model.store();
+        // (name, out_channels * k * k): 37,632 to 2.4 M samples, so the sample std is within 1.5 %.
+        for (name, fan_out) in [
+            ("conv1.weight", 64 * 49),
+            ("layer1.0.conv1.weight", 64 * 9),
+            ("layer4.1.conv2.weight", 512 * 9),
+            ("layer2.0.downsample.0.weight", 128),
+        ] {
+            let (mean, std) = mean_and_std(&values(store, name));
+            let expected = (2.0 / fan_out as f64).sqrt();
+            assert!(mean.abs() < 0.02 * expected, "{name}: mean {mean}");
+            assert!(
+                (std / expected - 1.0).abs() < 0.015,
+                "{name}: std {std}, expected {expected}"
+            );
+        }
+        assert!(values(store, "bn1.weight").iter().all(|&v| v == 1.0));
+        assert!(values(store, "layer3.1.bn2.bias").iter().all(|&v| v == 0.0));
+        let bound = 1.0 / 512f32.sqrt();
+        for name in ["fc.weight", "fc.bias"] {
+            let v = values(store, name);
+            assert!(
+                v.iter().all(|x| x.abs() <= bound),
+                "{name} outside ±{bound}"
+            );
+            let (_, std) = mean_and_std(&v);
+            // Uniform on ±b has std b/sqrt(3); fc.bias has only 1000 samples.
+            let expected = bound as f64 / 3f64.sqrt();
+            assert!((std / expected - 1.0).abs() < 0.1, "{name}: std {std}");
+        }
+    }
+
     #[test]
     fn same_seed_same_init_and_unknown_names_are_errors() {
         let config = ResNetConfig::from_name("resnet20", 10)

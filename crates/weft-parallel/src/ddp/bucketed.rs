@@ -1,8 +1,9 @@
 //! `DistributedDataParallel`: gradients are bucketed in reverse parameter order; the moment
 //! backward has produced every gradient of a bucket, that bucket's average all-reduce starts
-//! asynchronously while backward goes on with earlier blocks. `finish` waits for every
-//! bucket and writes the averages back into the flat gradient buffer. The result equals
-//! all-reducing every gradient after backward.
+//! asynchronously while backward goes on with earlier blocks, in place: a bucket is a range of
+//! the flat gradient buffer, and on a GPU NCCL averages it where it lies (no copy, PyTorch's
+//! `gradient_as_bucket_view`). `finish` waits for every bucket. The result equals all-reducing
+//! every gradient after backward.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -35,6 +36,8 @@ pub struct DistributedDataParallel {
     plan: BucketPlan,
     /// Gradients still missing per bucket in the current backward.
     missing: Vec<usize>,
+    /// Which entries' gradients the current backward has reported.
+    reported: Vec<bool>,
     in_flight: Vec<InFlight>,
     timings: Vec<BucketTiming>,
     require_sync: bool,
@@ -74,6 +77,7 @@ impl DistributedDataParallel {
             config,
             plan,
             missing,
+            reported: vec![false; store.len()],
             in_flight: Vec::new(),
             timings: Vec::new(),
             require_sync: true,
@@ -100,7 +104,7 @@ impl DistributedDataParallel {
     fn launch(&mut self, bucket: usize, grads: &FlatBuffer) -> Result<()> {
         let range = self.plan.buckets()[bucket].range.clone();
         let data = grads.tensor().narrow(0, range.start, range.len())?;
-        let work = self.comm.all_reduce_tensor(&data, ReduceOp::Avg)?;
+        let work = self.comm.all_reduce_tensor_in_place(&data, ReduceOp::Avg)?;
         self.in_flight.push(InFlight {
             bucket,
             work,
@@ -137,6 +141,7 @@ impl GradientSync for DistributedDataParallel {
             let Some(bucket) = self.plan.bucket_of(entry) else {
                 continue;
             };
+            self.reported[entry] = true;
             self.missing[bucket] -= 1;
             if self.missing[bucket] == 0 {
                 self.launch(bucket, grads)?;
@@ -145,7 +150,7 @@ impl GradientSync for DistributedDataParallel {
         Ok(())
     }
 
-    fn finish(&mut self, grads: &FlatBuffer) -> Result<()> {
+    fn finish(&mut self, _grads: &FlatBuffer) -> Result<()> {
         if !self.require_sync {
             return Ok(());
         }
@@ -154,15 +159,15 @@ impl GradientSync for DistributedDataParallel {
             .iter()
             .enumerate()
             .filter(|(_, &m)| m > 0)
-            .flat_map(|(b, _)| self.plan.buckets()[b].entries.clone())
+            .flat_map(|(b, _)| self.plan.buckets()[b].entries.iter().copied())
+            .filter(|&e| !self.reported[e])
             .collect();
+        self.reported.fill(false);
         self.poll();
         self.timings.clear();
         for f in std::mem::take(&mut self.in_flight) {
-            let averaged = f.work.wait()?;
+            f.work.wait()?;
             let completed = f.completed.unwrap_or_else(Instant::now);
-            let range = self.plan.buckets()[f.bucket].range.clone();
-            grads.tensor().slice_set(&averaged, 0, range.start)?;
             if let Some(t) = &self.timeline {
                 t.record(
                     format!("allreduce bucket {}", f.bucket),

@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Tensor};
 use weft_collectives::{Buffer, Communicator, TensorCollectives};
+use weft_tensor::ops::copy_tensors;
 use weft_tensor::{EntryId, ParamStore};
 
 use crate::error::{ParallelError, Result};
@@ -38,7 +39,9 @@ pub fn check_same_model(store: &ParamStore, comm: &dyn Communicator) -> Result<(
     Ok(())
 }
 
-/// Overwrites the given entries on every rank with `root`'s values (one broadcast per dtype).
+/// Overwrites the given entries on every rank with `root`'s values: per dtype, the entries are
+/// gathered into one flat tensor, broadcast, and scattered back (a few launches on a GPU
+/// whatever the number of entries, see [`copy_tensors`]).
 pub fn broadcast_entries(
     store: &ParamStore,
     ids: &[EntryId],
@@ -52,24 +55,29 @@ pub fn broadcast_entries(
     dtypes.sort_by_key(|d| d.as_str());
     dtypes.dedup();
     for dtype in dtypes {
-        let group: Vec<EntryId> = ids
+        let group: Vec<&Tensor> = ids
             .iter()
-            .copied()
-            .filter(|&id| store.entries()[id].var.dtype() == dtype)
+            .map(|&id| store.entries()[id].tensor())
+            .filter(|t| t.dtype() == dtype)
             .collect();
-        let flat: Vec<Tensor> = group
-            .iter()
-            .map(|&id| store.entries()[id].tensor().flatten_all())
-            .collect::<candle_core::Result<_>>()?;
-        let joined = Tensor::cat(&flat, 0)?;
+        let total: usize = group.iter().map(|t| t.elem_count()).sum();
+        let joined = Tensor::zeros(total, dtype, store.device())?;
+        let views = views_of(&joined, &group)?;
+        copy_tensors(&group.iter().copied().zip(&views).collect::<Vec<_>>())?;
         let received = comm.broadcast_tensor(&joined, root)?.wait()?;
-        let mut offset = 0;
-        for &id in &group {
-            let var = &store.entries()[id].var;
-            let n = var.elem_count();
-            var.set(&received.narrow(0, offset, n)?.reshape(var.shape())?)?;
-            offset += n;
-        }
+        let views = views_of(&received, &group)?;
+        copy_tensors(&views.iter().zip(group.iter().copied()).collect::<Vec<_>>())?;
     }
     Ok(())
+}
+
+/// Consecutive views of the flat `joined`, one per tensor of `group`, in order.
+fn views_of(joined: &Tensor, group: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let mut offset = 0;
+    let mut views = Vec::with_capacity(group.len());
+    for t in group {
+        views.push(joined.narrow(0, offset, t.elem_count())?);
+        offset += t.elem_count();
+    }
+    Ok(views)
 }

@@ -141,6 +141,21 @@ impl FlatBuffer {
         Ok(())
     }
 
+    /// Overwrites several slots at once (one CUDA launch per 48 slots, see
+    /// [`crate::ops::copy_tensors`]): a block's gradients the moment backward produced them.
+    pub fn write_many(&self, values: &[(&Slot, &Tensor)]) -> Result<()> {
+        let mut sources = Vec::with_capacity(values.len());
+        let mut views = Vec::with_capacity(values.len());
+        for (slot, value) in values {
+            self.check_numel(slot, value)?;
+            sources.push(value.to_dtype(self.dtype())?);
+            views.push(self.data.narrow(0, slot.offset, slot.numel())?);
+        }
+        let pairs: Vec<(&Tensor, &Tensor)> = sources.iter().zip(&views).collect();
+        crate::ops::copy_tensors(&pairs)?;
+        Ok(())
+    }
+
     /// Adds `value` into `slot` (gradient accumulation over micro-batches).
     pub fn accumulate(&self, slot: &Slot, value: &Tensor) -> Result<()> {
         self.check_numel(slot, value)?;
@@ -177,12 +192,24 @@ impl FlatBuffer {
         Ok(())
     }
 
-    /// Writes the buffer's values into the store's variables, in place.
+    /// Writes the buffer's values into the store's variables, in place (one CUDA launch per
+    /// 48 entries, see [`crate::ops::copy_tensors`]).
     pub fn copy_to_store(&self, store: &ParamStore) -> Result<()> {
-        for slot in self.layout.slots() {
-            let var = &store.entries()[slot.entry].var;
-            var.set(&self.view(slot)?.to_dtype(var.dtype())?)?;
-        }
+        let values = self
+            .layout
+            .slots()
+            .iter()
+            .map(|slot| {
+                let var = &store.entries()[slot.entry].var;
+                Ok(self.view(slot)?.to_dtype(var.dtype())?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let pairs: Vec<(&Tensor, &Tensor)> = values
+            .iter()
+            .zip(self.layout.slots())
+            .map(|(value, slot)| (value, store.entries()[slot.entry].tensor()))
+            .collect();
+        crate::ops::copy_tensors(&pairs)?;
         Ok(())
     }
 

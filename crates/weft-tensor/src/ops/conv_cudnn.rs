@@ -1,30 +1,27 @@
-//! Convolution forward, backward-data and backward-filter through cuDNN (cudarc's bindings),
-//! for contiguous f32/f64 NCHW tensors on a CUDA device (feature `cudnn`). One cuDNN handle
-//! per thread and device (handles are neither `Send` nor `Sync`); the algorithm is chosen by
-//! cuDNN's heuristics once per pass and shape and cached with its workspace size.
+//! Convolution forward, backward-data and backward-filter through cuDNN (cudarc's `result`
+//! layer), for contiguous f32/f64 NCHW tensors on a CUDA device (feature `cudnn`). One cuDNN
+//! handle per thread and stream (handles are neither `Send` nor `Sync`); per pass and shape a
+//! [`Plan`] (descriptors and the algorithm found fastest by timing them) is built on first use
+//! and cached, so each later call is one cuDNN launch with a workspace from the memory pool.
 //!
 //! f32 convolutions may use TF32 tensor cores, as PyTorch's (`torch.backends.cudnn.allow_tf32`
 //! is on by default); [`set_allow_tf32`] turns that off for full fp32 products.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::c_void;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::{bail, DType, Layout, Result, WithDType};
-use cudarc::cudnn::sys::{
-    cudnnConvolutionBwdDataAlgo_t, cudnnConvolutionBwdFilterAlgo_t, cudnnConvolutionFwdAlgo_t,
-    cudnnConvolutionMode_t, cudnnMathType_t, cudnnTensorFormat_t,
-};
-use cudarc::cudnn::{
-    ConvBackwardData, ConvBackwardFilter, ConvDescriptor, ConvForward, Cudnn, CudnnDataType,
-    FilterDescriptor, TensorDescriptor,
-};
-use cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+use cudarc::cudnn::sys;
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr};
 
 use super::conv_cpu::ConvProblem;
+pub(crate) use super::cudnn_plan::CudnnPass;
+use super::cudnn_plan::{Algo, Handle, Plan, SearchBuffers};
 
 static ALLOW_TF32: AtomicBool = AtomicBool::new(true);
 
@@ -33,137 +30,35 @@ pub fn set_allow_tf32(allow: bool) {
     ALLOW_TF32.store(allow, Ordering::Relaxed);
 }
 
-/// Which convolution a cuDNN call computes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum CudnnPass {
-    Forward,
-    BackwardData,
-    BackwardFilter,
-}
+/// Workspace (bytes) offered to the algorithm search of a new plan.
+const SEARCH_WORKSPACE: usize = 256 << 20;
 
-/// The algorithm chosen for one pass and shape, and its workspace size in bytes.
-#[derive(Clone, Copy)]
-enum Algo {
-    Forward(cudnnConvolutionFwdAlgo_t, usize),
-    BackwardData(cudnnConvolutionBwdDataAlgo_t, usize),
-    BackwardFilter(cudnnConvolutionBwdFilterAlgo_t, usize),
-}
-
-type AlgoKey = (CudnnPass, DType, [usize; 9], bool);
+type PlanKey = (CudnnPass, DType, [usize; 9], bool);
 
 thread_local! {
-    static HANDLES: RefCell<HashMap<usize, Arc<Cudnn>>> = RefCell::new(HashMap::new());
-    static ALGOS: RefCell<HashMap<AlgoKey, Algo>> = RefCell::new(HashMap::new());
+    static HANDLES: RefCell<HashMap<usize, Rc<Handle>>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<PlanKey, Rc<Plan>>> = RefCell::new(HashMap::new());
 }
 
 fn wrap<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> candle_core::Error + '_ {
     move |e| candle_core::Error::Msg(format!("cuDNN {what}: {e:?}"))
 }
 
-fn handle(device: &CudaDevice) -> Result<Arc<Cudnn>> {
-    let stream = device.cuda_stream();
-    let key = Arc::as_ptr(&stream) as usize;
+fn handle(stream: &std::sync::Arc<CudaStream>) -> Result<Rc<Handle>> {
+    let key = std::sync::Arc::as_ptr(stream) as usize;
     HANDLES.with(|handles| {
         if let Some(handle) = handles.borrow().get(&key) {
             return Ok(handle.clone());
         }
-        let handle = Cudnn::new(stream).map_err(wrap("create handle"))?;
+        // SAFETY: the device keeps its compute stream alive as long as the device exists, and
+        // the handle is only used for that device's tensors.
+        let handle = Rc::new(
+            unsafe { Handle::new(stream.cu_stream() as sys::cudaStream_t) }
+                .map_err(wrap("create handle"))?,
+        );
         handles.borrow_mut().insert(key, handle.clone());
         Ok(handle)
     })
-}
-
-/// The descriptors of one convolution problem.
-struct Descriptors<T: CudnnDataType> {
-    conv: ConvDescriptor<T>,
-    x: TensorDescriptor<T>,
-    w: FilterDescriptor<T>,
-    y: TensorDescriptor<T>,
-}
-
-fn descriptors<T: CudnnDataType>(cudnn: &Arc<Cudnn>, p: &ConvProblem) -> Result<Descriptors<T>> {
-    let g = &p.geom;
-    let i = |v: usize| v as i32;
-    let nchw = cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
-    let mut conv = cudnn
-        .create_conv2d::<T>(
-            [i(g.padding), i(g.padding)],
-            [i(g.stride), i(g.stride)],
-            [1, 1],
-            cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
-        )
-        .map_err(wrap("convolution descriptor"))?;
-    if T::DATA_TYPE == <f32 as CudnnDataType>::DATA_TYPE && !ALLOW_TF32.load(Ordering::Relaxed) {
-        conv.set_math_type(cudnnMathType_t::CUDNN_FMA_MATH)
-            .map_err(wrap("math type"))?;
-    }
-    let x = cudnn
-        .create_4d_tensor::<T>(nchw, [i(p.batch), i(g.c_in), i(g.in_h), i(g.in_w)])
-        .map_err(wrap("input descriptor"))?;
-    let w = cudnn
-        .create_4d_filter::<T>(nchw, [i(p.c_out), i(g.c_in), i(g.k_h), i(g.k_w)])
-        .map_err(wrap("filter descriptor"))?;
-    let y = cudnn
-        .create_4d_tensor::<T>(nchw, [i(p.batch), i(p.c_out), i(g.out_h), i(g.out_w)])
-        .map_err(wrap("output descriptor"))?;
-    Ok(Descriptors { conv, x, w, y })
-}
-
-fn algo<T: CudnnDataType + WithDType>(
-    pass: CudnnPass,
-    p: &ConvProblem,
-    d: &Descriptors<T>,
-) -> Result<Algo> {
-    let g = &p.geom;
-    let key = (
-        pass,
-        T::DTYPE,
-        [
-            p.batch, p.c_out, g.c_in, g.in_h, g.in_w, g.k_h, g.k_w, g.stride, g.padding,
-        ],
-        ALLOW_TF32.load(Ordering::Relaxed),
-    );
-    if let Some(algo) = ALGOS.with(|a| a.borrow().get(&key).copied()) {
-        return Ok(algo);
-    }
-    let algo = match pass {
-        CudnnPass::Forward => {
-            let op = ConvForward {
-                conv: &d.conv,
-                x: &d.x,
-                w: &d.w,
-                y: &d.y,
-            };
-            let a = op.pick_algorithm().map_err(wrap("forward algorithm"))?;
-            Algo::Forward(a, op.get_workspace_size(a).map_err(wrap("workspace"))?)
-        }
-        CudnnPass::BackwardData => {
-            let op = ConvBackwardData {
-                conv: &d.conv,
-                dx: &d.x,
-                w: &d.w,
-                dy: &d.y,
-            };
-            let a = op
-                .pick_algorithm()
-                .map_err(wrap("backward-data algorithm"))?;
-            Algo::BackwardData(a, op.get_workspace_size(a).map_err(wrap("workspace"))?)
-        }
-        CudnnPass::BackwardFilter => {
-            let op = ConvBackwardFilter {
-                conv: &d.conv,
-                x: &d.x,
-                dw: &d.w,
-                dy: &d.y,
-            };
-            let a = op
-                .pick_algorithm()
-                .map_err(wrap("backward-filter algorithm"))?;
-            Algo::BackwardFilter(a, op.get_workspace_size(a).map_err(wrap("workspace"))?)
-        }
-    };
-    ALGOS.with(|a| a.borrow_mut().insert(key, algo));
-    Ok(algo)
 }
 
 fn view<'a, T: CudaDType>(
@@ -178,7 +73,48 @@ fn view<'a, T: CudaDType>(
     Ok(slice.slice(layout.start_offset()..layout.start_offset() + layout.shape().elem_count()))
 }
 
-fn run<T: CudnnDataType + CudaDType + DeviceRepr + WithDType>(
+fn data_type(dtype: DType) -> Result<sys::cudnnDataType_t> {
+    match dtype {
+        DType::F32 => Ok(sys::cudnnDataType_t::CUDNN_DATA_FLOAT),
+        DType::F64 => Ok(sys::cudnnDataType_t::CUDNN_DATA_DOUBLE),
+        other => bail!("cuDNN convolution: dtype {other:?} is not supported (f32, f64)"),
+    }
+}
+
+/// The cached plan of `key`, or a new one searched on `buffers`' tensors.
+fn plan(
+    key: PlanKey,
+    handle: &Handle,
+    p: &ConvProblem,
+    device: &CudaDevice,
+    buffers: impl FnOnce(*mut c_void, usize) -> SearchBuffers,
+) -> Result<Rc<Plan>> {
+    if let Some(plan) = PLANS.with(|plans| plans.borrow().get(&key).cloned()) {
+        return Ok(plan);
+    }
+    // SAFETY: scratch memory for the search only.
+    let workspace: CudaSlice<u8> = unsafe { device.alloc::<u8>(SEARCH_WORKSPACE)? };
+    let stream = device.cuda_stream();
+    let (at, _) = workspace.device_ptr(&stream);
+    // SAFETY: the handle is bound to this device's stream and the buffers hold the problem's
+    // tensors (see `run`).
+    let plan = unsafe {
+        Plan::new(
+            handle.0,
+            key.0,
+            p,
+            data_type(key.1)?,
+            key.3,
+            &buffers(at as *mut c_void, SEARCH_WORKSPACE),
+        )
+    }
+    .map_err(wrap("algorithm search"))?;
+    let plan = Rc::new(plan);
+    PLANS.with(|plans| plans.borrow_mut().insert(key, plan.clone()));
+    Ok(plan)
+}
+
+fn run<T: CudaDType + DeviceRepr + WithDType>(
     pass: CudnnPass,
     p: &ConvProblem,
     (a, la): (&CudaStorage, &Layout),
@@ -186,47 +122,106 @@ fn run<T: CudnnDataType + CudaDType + DeviceRepr + WithDType>(
     out_len: usize,
 ) -> Result<CudaStorage> {
     let device = a.device.clone();
-    let cudnn = handle(&device)?;
-    let d = descriptors::<T>(&cudnn, p)?;
-    let algo = algo(pass, p, &d)?;
+    let stream = device.cuda_stream();
+    let cudnn = handle(&stream)?;
     let (a, b) = (
         view::<T>(a, la, "first argument")?,
         view::<T>(b, lb, "second argument")?,
     );
     // SAFETY: every element of the output is written by cuDNN (beta = 0).
-    let mut out: CudaSlice<T> = unsafe { device.alloc::<T>(out_len)? };
-    let stream = device.cuda_stream();
-    let workspace_len = match algo {
-        Algo::Forward(_, n) | Algo::BackwardData(_, n) | Algo::BackwardFilter(_, n) => n,
+    let out: CudaSlice<T> = unsafe { device.alloc::<T>(out_len)? };
+    let (a_at, _) = a.device_ptr(&stream);
+    let (b_at, _) = b.device_ptr(&stream);
+    let (out_at, _) = out.device_ptr(&stream);
+    let (a_at, b_at, out_at) = (
+        a_at as *mut c_void,
+        b_at as *mut c_void,
+        out_at as *mut c_void,
+    );
+    let g = &p.geom;
+    let key = (
+        pass,
+        T::DTYPE,
+        [
+            p.batch, p.c_out, g.c_in, g.in_h, g.in_w, g.k_h, g.k_w, g.stride, g.padding,
+        ],
+        ALLOW_TF32.load(Ordering::Relaxed),
+    );
+    // (x, w, y) of the descriptors: `(x, w)` forward, `(dy, w)` backward-data, `(x, dy)`
+    // backward-filter, and the output.
+    let (x, w, y) = match pass {
+        CudnnPass::Forward => (a_at, b_at, out_at),
+        CudnnPass::BackwardData => (out_at, b_at, a_at),
+        CudnnPass::BackwardFilter => (a_at, out_at, b_at),
     };
-    // SAFETY: the workspace is only used as scratch by cuDNN.
-    let mut workspace = unsafe { stream.alloc::<u8>(workspace_len.max(1)) }
-        .map_err(wrap("workspace allocation"))?;
+    let plan = plan(key, &cudnn, p, &device, |workspace, workspace_len| {
+        SearchBuffers {
+            x,
+            w,
+            y,
+            workspace,
+            workspace_len,
+        }
+    })?;
+    // SAFETY: scratch memory for cuDNN only.
+    let workspace: CudaSlice<u8> = unsafe { device.alloc::<u8>(plan.workspace.max(1))? };
+    let (ws, _) = workspace.device_ptr(&stream);
     let (one, zero) = (T::from_f64(1.0), T::from_f64(0.0));
-    // SAFETY: the views and the output match the descriptors' dtype, shapes and NCHW layout.
+    let (alpha, beta) = (
+        (&raw const one).cast::<c_void>(),
+        (&raw const zero).cast::<c_void>(),
+    );
+    let ws = ws as *mut c_void;
+    // SAFETY: the pointers address the problem's tensors as the plan's descriptors describe
+    // them (contiguous NCHW of T), and `plan.workspace` bytes of workspace.
     unsafe {
-        match algo {
-            Algo::Forward(algo, _) => ConvForward {
-                conv: &d.conv,
-                x: &d.x,
-                w: &d.w,
-                y: &d.y,
-            }
-            .launch(algo, Some(&mut workspace), (one, zero), &a, &b, &mut out),
-            Algo::BackwardData(algo, _) => ConvBackwardData {
-                conv: &d.conv,
-                dx: &d.x,
-                w: &d.w,
-                dy: &d.y,
-            }
-            .launch(algo, Some(&mut workspace), (one, zero), &mut out, &b, &a),
-            Algo::BackwardFilter(algo, _) => ConvBackwardFilter {
-                conv: &d.conv,
-                x: &d.x,
-                dw: &d.w,
-                dy: &d.y,
-            }
-            .launch(algo, Some(&mut workspace), (one, zero), &a, &mut out, &b),
+        use cudarc::cudnn::result;
+        match plan.algo {
+            Algo::Forward(algo) => result::convolution_forward(
+                cudnn.0,
+                alpha,
+                plan.x,
+                x,
+                plan.w,
+                w,
+                plan.conv,
+                algo,
+                ws,
+                plan.workspace,
+                beta,
+                plan.y,
+                y,
+            ),
+            Algo::BackwardData(algo) => result::convolution_backward_data(
+                cudnn.0,
+                alpha,
+                plan.w,
+                w,
+                plan.y,
+                y,
+                plan.conv,
+                algo,
+                ws,
+                plan.workspace,
+                beta,
+                plan.x,
+                x,
+            ),
+            Algo::BackwardFilter(algo) => result::convolution_backward_filter(
+                cudnn.0,
+                alpha,
+                plan.x,
+                x,
+                plan.y,
+                y,
+                plan.conv,
+                algo,
+                ws,
+                plan.workspace,
+                beta,
+                plan.w,
+                w,
+            ),
         }
     }
     .map_err(wrap("convolution"))?;

@@ -30,6 +30,10 @@ pub(crate) const MAX_POOL: Module = Module {
     name: "weft_max_pool",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/max_pool.ptx")),
 };
+pub(crate) const MULTI_TENSOR: Module = Module {
+    name: "weft_multi_tensor",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/multi_tensor.ptx")),
+};
 
 /// Threads per block of every weft kernel.
 pub(crate) const THREADS: u32 = 256;
@@ -59,8 +63,13 @@ pub(crate) fn function(
         DType::F64 => "f64",
         other => bail!("{kernel}: dtype {other:?} is not supported on CUDA (f32, f64)"),
     };
+    function_named(device, module, &format!("{kernel}_{suffix}"))
+}
+
+/// The function `name` of `module`.
+pub(crate) fn function_named(device: &CudaDevice, module: &Module, name: &str) -> Result<Kernel> {
     let func = device
-        .get_or_load_custom_func(&format!("{kernel}_{suffix}"), module.name, module.ptx)?
+        .get_or_load_custom_func(name, module.name, module.ptx)?
         .into_cuda_function();
     Ok(Kernel {
         func,

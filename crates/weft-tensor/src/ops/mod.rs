@@ -9,6 +9,8 @@
 //!   2-D batch normalisation with a fused analytic backward; also returns the batch statistics
 //!   for the running averages.
 //! - [`relu`] and [`add_relu`] (the end of a residual block): ReLU with a one-pass backward.
+//! - [`copy_tensors`] and [`sgd_tensors`]: copies and the SGD update over many tensors, in
+//!   one CUDA launch per 48 tensors.
 //!
 //! Each op also comes as a graph-free forward and its backward (`conv2d_forward` /
 //! `conv2d_backward`, …) for blocks that differentiate themselves
@@ -31,12 +33,17 @@ mod conv_cpu;
 mod conv_cudnn;
 #[cfg(feature = "cuda")]
 mod cuda_launch;
+#[cfg(feature = "cudnn")]
+mod cudnn_plan;
 mod im2col;
 mod matmul;
 mod max_pool;
 mod max_pool_cpu;
 #[cfg(feature = "cuda")]
 mod max_pool_cuda;
+mod multi_tensor;
+#[cfg(feature = "cuda")]
+mod multi_tensor_cuda;
 mod relu;
 #[cfg(feature = "cuda")]
 mod relu_cuda;
@@ -52,6 +59,7 @@ pub use conv2d::{conv2d, conv2d_backward, conv2d_forward};
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
+pub use multi_tensor::{copy_tensors, sgd_tensors, SgdStep};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::blend_into;
 pub use storage::{has_kernels, set_cuda_kernels};

@@ -1,0 +1,132 @@
+//! The rank side of gpu-check's data-parallel rows (`xtask gpu-check-ddp`, started on every GPU
+//! by `weft-run`): ResNet-18 in f64 trained with `DistributedDataParallel` over NCCL (small
+//! buckets, so many all-reduces are in flight during backward; buffers broadcast before each
+//! forward; the tensor SGD), each rank on its share of the global batch, against one process
+//! training on the whole batch. BatchNorm uses either its running statistics (evaluation mode)
+//! or the global batch's (SyncBatchNorm, training mode), so the two runs differ only in the
+//! order of floating-point sums. Rank 0 prints the rows.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use weft_collectives::{init_for_device, Communicator, LaunchEnv, ReduceOp, TensorCollectives};
+use weft_models::{resnet, ResNetConfig};
+use weft_optim::{SgdConfig, TensorSgd};
+use weft_parallel::{DdpConfig, DistributedDataParallel};
+use weft_tensor::{Checkpointing, Mode};
+use weft_train::step::{FlatOptimizer, Trainer};
+
+/// Images per rank and steps.
+const PER_RANK: usize = 2;
+const STEPS: usize = 3;
+/// The marker of a result line, read by the parent gpu-check.
+pub const ROW: &str = "gpu-check-row";
+
+/// A deterministic global batch (the same on every rank): images and labels of `n` samples.
+fn batch(n: usize, step: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+    let len = n * 3 * 64 * 64;
+    let values: Vec<f64> = (0..len)
+        .map(|i| ((i * 7919 + step * 104_729) % 2003) as f64 / 1001.5 - 1.0)
+        .collect();
+    let images = Tensor::from_vec(values, (n, 3, 64, 64), device)?;
+    let labels: Vec<u32> = (0..n).map(|i| ((i * 3 + step) % 10) as u32).collect();
+    Ok((images, Tensor::from_vec(labels, n, device)?))
+}
+
+fn trainer(seed: u64, device: &Device, mode: Mode) -> Result<Trainer> {
+    let model = resnet(
+        &ResNetConfig::from_name("resnet18", 10)?.with_seed(seed),
+        DType::F64,
+        device,
+    )?;
+    let sgd = TensorSgd::new(SgdConfig {
+        lr: 1e-3,
+        momentum: 0.9,
+        weight_decay: 1e-4,
+        ..SgdConfig::default()
+    })?;
+    Ok(Trainer::new(model, FlatOptimizer::Tensor(sgd), Checkpointing::None)?.with_mode(mode))
+}
+
+/// Every parameter, flattened and concatenated, on `device`.
+fn parameters(t: &Trainer) -> Result<Tensor> {
+    let store = t.model().store();
+    let flat: Vec<Tensor> = store
+        .parameter_ids()
+        .into_iter()
+        .map(|id| store.entries()[id].tensor().flatten_all())
+        .collect::<candle_core::Result<_>>()?;
+    Ok(Tensor::cat(&flat, 0)?)
+}
+
+fn max_abs(t: &Tensor) -> Result<f64> {
+    Ok(t.abs()?.max(0)?.to_scalar::<f64>()?)
+}
+
+/// Runs on every rank of a `weft-run` job with one GPU per rank.
+pub fn run_rank() -> Result<()> {
+    let env = LaunchEnv::from_env().context("gpu-check-ddp runs under weft-run")?;
+    let device = Device::new_cuda(env.local_rank)?;
+    #[cfg(feature = "cuda")]
+    weft_tensor::cuda_runtime::configure(&device, Default::default())?;
+    #[cfg(feature = "cudnn")]
+    weft_tensor::ops::set_allow_tf32(false);
+    let comm: Arc<dyn Communicator> = Arc::from(init_for_device(&device)?);
+    for sync_bn in [false, true] {
+        scenario(&comm, &device, sync_bn)?;
+    }
+    comm.barrier().wait()?;
+    Ok(())
+}
+
+/// DDP on every rank against one process on rank 0's GPU; rank 0 prints two rows.
+fn scenario(comm: &Arc<dyn Communicator>, device: &Device, sync_bn: bool) -> Result<()> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let mode = if sync_bn { Mode::TRAIN } else { Mode::EVAL };
+    // Another initialisation on every other rank: DDP must overwrite it with rank 0's.
+    let mut ddp = trainer(1 + rank as u64, device, mode)?;
+    if sync_bn {
+        weft_parallel::convert_sync_batch_norm(ddp.model(), comm.clone());
+    }
+    let config = DdpConfig {
+        bucket_cap_mb: 0.5,
+        first_bucket_cap_mb: 0.1,
+        broadcast_buffers: true,
+    };
+    let sync =
+        DistributedDataParallel::new(ddp.model().store(), ddp.grads(), comm.clone(), config)?;
+    let buckets = sync.plan().buckets().len();
+    ddp = ddp.with_sync(Box::new(sync));
+    for step in 0..STEPS {
+        let (x, y) = batch(PER_RANK * world, step, device)?;
+        let mine = |t: &Tensor| t.narrow(0, rank * PER_RANK, PER_RANK);
+        ddp.step(&mine(&x)?, &mine(&y)?, 1e-3)?;
+    }
+    let trained = parameters(&ddp)?;
+    // Every rank against rank 0: all replicas must be identical.
+    let reference = comm.broadcast_tensor(&trained, 0)?.wait()?;
+    let spread = max_abs(&(&trained - &reference)?)?;
+    let spread = comm
+        .all_reduce_tensor(&Tensor::new(&[spread], device)?, ReduceOp::Max)?
+        .wait()?
+        .flatten_all()?
+        .to_vec1::<f64>()?[0];
+    if rank == 0 {
+        let mut single = trainer(1, device, mode)?;
+        for step in 0..STEPS {
+            let (x, y) = batch(PER_RANK * world, step, device)?;
+            single.step(&x, &y, 1e-3)?;
+        }
+        let expected = parameters(&single)?;
+        let error = max_abs(&(&trained - &expected)?)? / max_abs(&expected)?;
+        let what = if sync_bn {
+            "SyncBatchNorm, training mode"
+        } else {
+            "BatchNorm in eval mode"
+        };
+        println!("{ROW}\tDDP {world} GPUs = 1 GPU, {what}, {buckets} buckets\t{error:e}\t1e-9");
+        println!("{ROW}\tDDP {world} GPUs, {what}: replicas identical\t{spread:e}\t0");
+    }
+    Ok(())
+}
