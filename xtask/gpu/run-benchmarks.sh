@@ -10,7 +10,8 @@
 #      on a machine with two GPUs the NCCL collectives and DDP against one GPU
 #   2a. bench-step, ResNet-50 batch 32 fp32, with Candle's ops and runtime settings, and with
 #      weft's kernels but Candle's runtime settings
-#   2. bench-step, weft's defaults beside PyTorch (same call), twice
+#   2. bench-step, weft's defaults beside PyTorch (same call), twice, and once without the
+#      CUDA graph
 #   3. where the device time goes: Nsight Compute over weft's steps, torch.profiler over PyTorch's
 #   4. a short CUDA training run of the trainer
 set -uo pipefail
@@ -34,7 +35,7 @@ if want check; then
   timeout 300 $X gpu-check 2>&1 | tee /tmp/gpu-check.log | tee -a "$OUT/run.log"
 fi
 
-STEP="bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 8 --warmup 3"
+STEP="bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 10 --warmup 4"
 want variants && {
   echo "== 2a. bench-step variants: ResNet-50, batch 32, 224x224, fp32 =="
   echo "-- a. Candle's ops for batch norm, ReLU and max-pool; the CUDA runtime as Candle leaves it"
@@ -47,9 +48,13 @@ want step && {
   echo "== 2. bench-step: ResNet-50, batch 32, 224x224, fp32 =="
   # Twice: one run right after another program has measured slower once (BENCHMARKS.md).
   for run in 1 2; do
-    echo "-- c$run. weft's defaults, beside PyTorch (TF32 convolutions, its default)"
+    echo "-- c$run. weft's defaults (CUDA graph), beside PyTorch (TF32 convolutions, its default)"
     timeout 300 $X $STEP
   done
+  echo "-- d. weft's defaults without the CUDA graph (the step issued eagerly)"
+  timeout 200 $X $STEP --no-anchor --cuda-graph false
+  echo "-- e. CUDA graph, cuDNN algorithms timed per shape (WEFT_CUDNN_BENCHMARK=1) instead of its heuristics"
+  WEFT_CUDNN_BENCHMARK=1 timeout 200 $X $STEP --no-anchor
 } 2>&1 | tee /tmp/bench-step.log | tee -a "$OUT/run.log"
 
 if want profile; then
@@ -58,7 +63,7 @@ if want profile; then
   timeout 300 "$NCU" --csv --print-units base --metrics gpu__time_duration.sum --clock-control none \
     --cache-control none --log-file "$OUT/ncu-weft.csv" \
     $X bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 \
-    --steps 1 --warmup 1 --no-anchor > /tmp/ncu-run.log 2>&1
+    --steps 1 --warmup 1 --no-anchor --cuda-graph false > /tmp/ncu-run.log 2>&1
   tail -5 /tmp/ncu-run.log >> "$OUT/run.log"
   python3 "$PY/kernel_profile.py" "$OUT/ncu-weft.csv" --steps 2 2>&1 | tee "$OUT/profile-weft.txt"
   xz -T0 -f "$OUT/ncu-weft.csv" 2>/dev/null || gzip -f "$OUT/ncu-weft.csv"

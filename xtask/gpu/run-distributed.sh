@@ -94,5 +94,9 @@ EOF
 for run in target/bench-runs/bench-ddp-*; do
   [ -f "$run/metrics.jsonl" ] && cp "$run/metrics.jsonl" "$OUT/metrics-$(basename "$run" | cut -d- -f3).jsonl"
 done
+# rank 0's timeline of the data-parallel run (Chrome trace, Perfetto)
+for trace in target/bench-runs/bench-ddp-2gpu-*/trace-rank0.json; do
+  [ -f "$trace" ] && gzip -c "$trace" > "$OUT/trace-2gpu-rank0.json.gz"
+done
 fi
 echo "== done =="

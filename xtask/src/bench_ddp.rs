@@ -46,6 +46,15 @@ pub struct BenchDdpArgs {
     /// Skip the PyTorch DDP anchor (GPU only)
     #[arg(long, default_value_t = false)]
     no_anchor: bool,
+    /// Let the one-GPU run replay its step from a CUDA graph (the trainer's default); off, it
+    /// issues the step eagerly like the data-parallel runs, so that the scaling compares the
+    /// same execution
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    cuda_graph: bool,
+    /// Data loader threads per rank (default: 1 on the CPU; on GPUs the host's cores shared
+    /// out, at most 8, so that no rank waits for its images and stalls the others)
+    #[arg(long)]
+    workers: Option<usize>,
 }
 
 struct Measured {
@@ -185,6 +194,16 @@ fn announce_phase(name: &str) {
     println!("phase {name} at {now:.3}");
 }
 
+/// Loader threads per rank for a run on `nproc` ranks.
+fn workers(args: &BenchDdpArgs, nproc: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    args.workers.unwrap_or(if args.device.starts_with("cuda") {
+        (cores / nproc).saturating_sub(1).clamp(1, 8)
+    } else {
+        1
+    })
+}
+
 fn measure(args: &BenchDdpArgs, nproc: usize, threads: usize, tag: &str) -> Result<Measured> {
     let global_batch = args.batch_size * nproc;
     let out = workspace_root().join("target/bench-runs");
@@ -205,6 +224,8 @@ fn measure(args: &BenchDdpArgs, nproc: usize, threads: usize, tag: &str) -> Resu
         .args(["--steps", &args.steps.to_string()])
         .args(["--nproc", &nproc.to_string()])
         .args(["--synthetic-val", &global_batch.to_string()])
+        .args(["--cuda-graph", &args.cuda_graph.to_string()])
+        .args(["--workers", &workers(args, nproc).to_string()])
         .arg("--out")
         .arg(&out)
         .args(["--name", &name])

@@ -10,8 +10,10 @@
 //!   backend makes its stream wait on an event of the compute stream and keeps every tensor it
 //!   reads or writes alive until the operation has completed. So the tracking is turned off.
 //!
-//! [`memory_usage`] reads the pool's current and peak bytes: the equivalents of PyTorch's
-//! `memory_allocated`, `max_memory_allocated`, `memory_reserved` and `max_memory_reserved`.
+//! [`memory_usage`] reads the pool's current and peak bytes, plus those of CUDA graphs' own
+//! allocations (a replayed training step allocates there): the equivalents of PyTorch's
+//! `memory_allocated`, `max_memory_allocated`, `memory_reserved` and `max_memory_reserved`
+//! (peaks as the sum of both peaks, an upper bound of the combined one).
 
 use candle_core::Device;
 use cudarc::driver::{result, sys};
@@ -117,12 +119,43 @@ pub fn memory_usage(device: &Device) -> Result<Option<MemoryUsage>> {
     }
     use sys::CUmemPool_attribute as A;
     let pool = default_pool(device)?;
+    use sys::CUgraphMem_attribute as G;
+    let graph = |attr| graph_attribute(device, attr);
     Ok(Some(MemoryUsage {
-        used: pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-        used_peak: pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
-        reserved: pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-        reserved_peak: pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        used: pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?
+            + graph(G::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
+        used_peak: pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?
+            + graph(G::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)?,
+        reserved: pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?
+            + graph(G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
+        reserved_peak: pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?
+            + graph(G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?,
     }))
+}
+
+/// A memory attribute of the device's CUDA graphs (their allocations live apart from the
+/// default pool).
+fn graph_attribute(device: &Device, attr: sys::CUgraphMem_attribute) -> Result<u64> {
+    let cu_device = device.as_cuda_device()?.cuda_stream().context().cu_device();
+    let mut value: u64 = 0;
+    // SAFETY: every graph memory attribute is a cuuint64_t.
+    unsafe { sys::cuDeviceGetGraphMemAttribute(cu_device, attr, (&raw mut value).cast()) }
+        .result()
+        .map_err(|e| cuda_error("reading a graph memory attribute", e))?;
+    Ok(value)
+}
+
+/// Returns the memory the pool keeps of freed allocations to the device, down to what is in
+/// use: after a CUDA graph has been captured, the eager warm-up steps' memory is not needed.
+pub fn release_cached_memory(device: &Device) -> Result<()> {
+    if !device.is_cuda() {
+        return Ok(());
+    }
+    let pool = default_pool(device)?;
+    // SAFETY: a live pool of this device.
+    unsafe { sys::cuMemPoolTrimTo(pool, 0) }
+        .result()
+        .map_err(|e| cuda_error("trimming the memory pool", e))
 }
 
 /// Restarts the peak counters of [`memory_usage`] from the current values.
@@ -133,5 +166,17 @@ pub fn reset_peak_memory(device: &Device) -> Result<()> {
     use sys::CUmemPool_attribute as A;
     let pool = default_pool(device)?;
     set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)?;
-    set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0)
+    set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0)?;
+    let cu_device = device.as_cuda_device()?.cuda_stream().context().cu_device();
+    for attr in [
+        sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+        sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+    ] {
+        let mut zero: u64 = 0;
+        // SAFETY: the high-water attributes are cuuint64_t and may only be reset to zero.
+        unsafe { sys::cuDeviceSetGraphMemAttribute(cu_device, attr, (&raw mut zero).cast()) }
+            .result()
+            .map_err(|e| cuda_error("resetting a graph memory attribute", e))?;
+    }
+    Ok(())
 }

@@ -82,6 +82,9 @@ pub struct TrainArgs {
     /// SyncBatchNorm: normalise with the statistics of the global batch over all ranks
     #[arg(long, default_value_t = false)]
     pub sync_bn: bool,
+    /// On one GPU, replay the training step from a CUDA graph after two warm-up steps
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub cuda_graph: bool,
     /// DDP: broadcast rank 0's buffers (BatchNorm running statistics) before every forward,
     /// as PyTorch's DistributedDataParallel does by default
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

@@ -108,6 +108,9 @@ impl StepGraph {
                         graph
                             .launch()
                             .map_err(|e| anyhow!("CUDA graph launch: {e:?}"))?;
+                        // The warm-up steps' freed memory, cached by the pool, is not needed
+                        // any more: the graph allocates from its own.
+                        weft_tensor::cuda_runtime::release_cached_memory(images.device())?;
                         self.state = State::Ready(graph);
                         read(buffers, labels)
                     }

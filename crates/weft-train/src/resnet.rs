@@ -99,6 +99,9 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         trainer = trainer.with_sync(Box::new(ddp));
     }
 
+    if args.cuda_graph {
+        trainer = trainer.with_cuda_graph();
+    }
     let mut run = open_run_dir(args, &ctx)?;
     if ctx.is_main() {
         println!(

@@ -19,7 +19,9 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use weft_tensor::ops;
 
-use self::resnet::{compare_f32_losses, compare_training, compare_whole_graph};
+use self::resnet::{
+    compare_f32_losses, compare_graph_replay, compare_training, compare_whole_graph,
+};
 use self::single_ops::{
     compare_blend, compare_graph_free_batch_norm, compare_multi_tensor, compare_op,
 };
@@ -250,10 +252,16 @@ pub fn run() -> Result<()> {
         error: loss_error,
         tolerance: 1e-6,
     });
+    let (f32_error, f32_tolerance) = compare_f32_losses(&gpu)?;
     checks.push(Check {
-        name: "ResNet-50 f32 3 SGD steps, loss".into(),
-        error: compare_f32_losses(&gpu)?,
-        tolerance: 1e-3,
+        name: "ResNet-50 f32 3 SGD steps, loss vs f64".into(),
+        error: f32_error,
+        tolerance: f32_tolerance,
+    });
+    checks.push(Check {
+        name: "ResNet-18 f64 6 steps: CUDA graph = eager".into(),
+        error: compare_graph_replay(&gpu)?,
+        tolerance: 1e-12,
     });
     if multi_gpu::has_two_gpus() {
         multi_gpu::run(&mut checks)?;
@@ -270,7 +278,7 @@ pub fn run() -> Result<()> {
         let pass = c.error <= c.tolerance;
         failed += usize::from(!pass);
         println!(
-            "{:<44} {:>12.3e} {:>10.0e}  {}",
+            "{:<44} {:>12.3e} {:>10.1e}  {}",
             c.name,
             c.error,
             c.tolerance,

@@ -1,8 +1,9 @@
 //! Convolution forward, backward-data and backward-filter through cuDNN (cudarc's `result`
 //! layer), for contiguous f32/f64 NCHW tensors on a CUDA device (feature `cudnn`). One cuDNN
 //! handle per thread and stream (handles are neither `Send` nor `Sync`); per pass and shape a
-//! [`Plan`] (descriptors and the algorithm found fastest by timing them) is built on first use
-//! and cached, so each later call is one cuDNN launch with a workspace from the memory pool.
+//! [`Plan`] (descriptors and the algorithm: cuDNN's heuristic choice, or the fastest when timed
+//! with `WEFT_CUDNN_BENCHMARK=1`) is built on first use and cached, so each later call is one
+//! cuDNN launch with a workspace from the memory pool.
 //!
 //! f32 convolutions may use TF32 tensor cores, as PyTorch's (`torch.backends.cudnn.allow_tf32`
 //! is on by default); [`set_allow_tf32`] turns that off for full fp32 products.
@@ -30,7 +31,16 @@ pub fn set_allow_tf32(allow: bool) {
     ALLOW_TF32.store(allow, Ordering::Relaxed);
 }
 
-/// Workspace (bytes) offered to the algorithm search of a new plan.
+/// Environment variable that turns benchmark mode on (`1`): each new convolution shape times
+/// every algorithm instead of taking cuDNN's heuristic choice, PyTorch's `cudnn.benchmark`.
+pub const CUDNN_BENCHMARK_VAR: &str = "WEFT_CUDNN_BENCHMARK";
+
+fn benchmark_mode() -> bool {
+    static MODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| std::env::var(CUDNN_BENCHMARK_VAR).is_ok_and(|v| v == "1"))
+}
+
+/// Workspace (bytes) offered to the timed algorithm search of a new plan (benchmark mode).
 const SEARCH_WORKSPACE: usize = 256 << 20;
 
 type PlanKey = (CudnnPass, DType, [usize; 9], bool);
@@ -92,8 +102,13 @@ fn plan(
     if let Some(plan) = PLANS.with(|plans| plans.borrow().get(&key).cloned()) {
         return Ok(plan);
     }
+    let search_len = if benchmark_mode() {
+        SEARCH_WORKSPACE
+    } else {
+        0
+    };
     // SAFETY: scratch memory for the search only.
-    let workspace: CudaSlice<u8> = unsafe { device.alloc::<u8>(SEARCH_WORKSPACE)? };
+    let workspace: CudaSlice<u8> = unsafe { device.alloc::<u8>(search_len.max(1))? };
     let stream = device.cuda_stream();
     let (at, _) = workspace.device_ptr(&stream);
     // SAFETY: the handle is bound to this device's stream and the buffers hold the problem's
@@ -105,7 +120,8 @@ fn plan(
             p,
             data_type(key.1)?,
             key.3,
-            &buffers(at as *mut c_void, SEARCH_WORKSPACE),
+            benchmark_mode(),
+            &buffers(at as *mut c_void, search_len),
         )
     }
     .map_err(wrap("algorithm search"))?;

@@ -1,8 +1,14 @@
 //! A cuDNN convolution plan: the tensor, filter and convolution descriptors of one problem
-//! (owned, over cudarc's `result` layer) and the algorithm chosen for one pass by timing every
-//! candidate on the first call's own buffers (`cudnnFind*AlgorithmEx`, PyTorch's
-//! `cudnn.benchmark`). Plans are built once per pass, dtype, shape and math mode, and reused by
-//! every later call, so a call costs one cuDNN launch and no descriptor set-up.
+//! (owned, over cudarc's `result` layer) and the algorithm chosen for one pass, either the
+//! first that cuDNN's heuristics rank for the shape and that fits the workspace limit
+//! (`cudnnGetConvolution*Algorithm_v7`, PyTorch's default), or, in benchmark mode, the fastest
+//! when every candidate is timed on the first call's own buffers (`cudnnFind*AlgorithmEx`,
+//! PyTorch's `cudnn.benchmark`). Plans are built once per pass, dtype, shape and math mode,
+//! and reused by every later call, so a call costs one cuDNN launch and no descriptor set-up.
+//!
+//! Benchmark mode is off by default: a single timing per algorithm is at the mercy of whatever
+//! else the GPU does at that moment (under Nsight Compute it chose algorithms five times slower
+//! than the heuristics').
 
 use std::ffi::c_void;
 
@@ -77,6 +83,13 @@ struct Candidate<A> {
     math: sys::cudnnMathType_t,
 }
 
+/// The best-ranked candidate (cuDNN's heuristics list them best first) within
+/// [`WORKSPACE_LIMIT`], else the best-ranked one.
+fn first_fit<A: Copy>(candidates: Vec<Candidate<A>>) -> Option<Candidate<A>> {
+    let within = candidates.iter().position(|c| c.memory <= WORKSPACE_LIMIT);
+    candidates.into_iter().nth(within.unwrap_or(0))
+}
+
 /// The fastest candidate within [`WORKSPACE_LIMIT`], then the least memory within
 /// [`TIME_SLACK`] of it.
 fn choose<A: Copy>(candidates: Vec<Candidate<A>>) -> Option<Candidate<A>> {
@@ -93,7 +106,8 @@ fn choose<A: Copy>(candidates: Vec<Candidate<A>>) -> Option<Candidate<A>> {
 
 impl Plan {
     /// Describes `p` (NCHW, `data_type`; TF32 tensor cores for f32 unless `tf32` is false)
-    /// and times every algorithm of `pass` on `buffers` with `handle`.
+    /// and picks the algorithm of `pass` with `handle`: by heuristics, or with `benchmark` by
+    /// timing every candidate on `buffers`.
     ///
     /// # Safety
     /// `handle` is a live cuDNN handle bound to the stream the buffers are used on, and the
@@ -104,6 +118,7 @@ impl Plan {
         p: &ConvProblem,
         data_type: sys::cudnnDataType_t,
         tf32: bool,
+        benchmark: bool,
         buffers: &SearchBuffers,
     ) -> CudnnResult<Self> {
         let g = &p.geom;
@@ -150,25 +165,43 @@ impl Plan {
         if fma_only {
             result::set_convolution_math_type(plan.conv, sys::cudnnMathType_t::CUDNN_FMA_MATH)?;
         }
-        let math = plan.search(handle, pass, buffers)?;
+        let math = plan.search(handle, pass, benchmark, buffers)?;
         if !fma_only {
             result::set_convolution_math_type(plan.conv, math)?;
         }
+        plan.workspace = plan.workspace.max(plan.workspace_size(handle)?);
         Ok(plan)
     }
 
-    /// Times the algorithms of `pass`, keeps the chosen one; returns its math type.
+    /// The workspace the chosen algorithm needs with the descriptors as they are now.
+    unsafe fn workspace_size(&self, handle: sys::cudnnHandle_t) -> CudnnResult<usize> {
+        match self.algo {
+            Algo::Forward(a) => result::get_convolution_forward_workspace_size(
+                handle, self.x, self.w, self.conv, self.y, a,
+            ),
+            Algo::BackwardData(a) => result::get_convolution_backward_data_workspace_size(
+                handle, self.w, self.y, self.conv, self.x, a,
+            ),
+            Algo::BackwardFilter(a) => result::get_convolution_backward_filter_workspace_size(
+                handle, self.x, self.y, self.conv, self.w, a,
+            ),
+        }
+    }
+
+    /// Picks the algorithm of `pass` (timing the candidates with `benchmark`), keeps it;
+    /// returns its math type.
     unsafe fn search(
         &mut self,
         handle: sys::cudnnHandle_t,
         pass: CudnnPass,
+        benchmark: bool,
         b: &SearchBuffers,
     ) -> CudnnResult<sys::cudnnMathType_t> {
         const MAX: usize = 16;
         let mut count = 0;
-        macro_rules! candidates {
-            ($results:expr) => {
-                $results[..count as usize]
+        macro_rules! pick {
+            ($results:expr) => {{
+                let candidates = $results[..count as usize]
                     .iter()
                     .filter(|r| r.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
                     .map(|r| Candidate {
@@ -177,74 +210,103 @@ impl Plan {
                         memory: r.memory,
                         math: r.mathType,
                     })
-                    .collect::<Vec<_>>()
-            };
+                    .collect::<Vec<_>>();
+                let chosen = if benchmark {
+                    choose(candidates)
+                } else {
+                    first_fit(candidates)
+                };
+                chosen.ok_or(result::CudnnError(
+                    sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED,
+                ))?
+            }};
         }
-        let none = || result::CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED);
+        let n = MAX as i32;
         let (algo, memory, math) = match pass {
             CudnnPass::Forward => {
                 let mut results = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX];
-                sys::cudnnFindConvolutionForwardAlgorithmEx(
-                    handle,
-                    self.x,
-                    b.x,
-                    self.w,
-                    b.w,
-                    self.conv,
-                    self.y,
-                    b.y,
-                    MAX as i32,
-                    &mut count,
-                    results.as_mut_ptr(),
-                    b.workspace,
-                    b.workspace_len,
-                )
-                .result()?;
-                let c = choose(candidates!(results)).ok_or_else(none)?;
+                let out = results.as_mut_ptr();
+                if benchmark {
+                    sys::cudnnFindConvolutionForwardAlgorithmEx(
+                        handle,
+                        self.x,
+                        b.x,
+                        self.w,
+                        b.w,
+                        self.conv,
+                        self.y,
+                        b.y,
+                        n,
+                        &mut count,
+                        out,
+                        b.workspace,
+                        b.workspace_len,
+                    )
+                    .result()?;
+                } else {
+                    result::get_convolution_forward_algorithm(
+                        handle, self.x, self.w, self.conv, self.y, n, &mut count, out,
+                    )?;
+                }
+                let c = pick!(results);
                 (Algo::Forward(c.algo), c.memory, c.math)
             }
             CudnnPass::BackwardData => {
                 let mut results =
                     [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX];
-                sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                    handle,
-                    self.w,
-                    b.w,
-                    self.y,
-                    b.y,
-                    self.conv,
-                    self.x,
-                    b.x,
-                    MAX as i32,
-                    &mut count,
-                    results.as_mut_ptr(),
-                    b.workspace,
-                    b.workspace_len,
-                )
-                .result()?;
-                let c = choose(candidates!(results)).ok_or_else(none)?;
+                let out = results.as_mut_ptr();
+                if benchmark {
+                    sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
+                        handle,
+                        self.w,
+                        b.w,
+                        self.y,
+                        b.y,
+                        self.conv,
+                        self.x,
+                        b.x,
+                        n,
+                        &mut count,
+                        out,
+                        b.workspace,
+                        b.workspace_len,
+                    )
+                    .result()?;
+                } else {
+                    result::get_convolution_backward_data_algorithm(
+                        handle, self.w, self.y, self.conv, self.x, n, &mut count, out,
+                    )?;
+                }
+                let c = pick!(results);
                 (Algo::BackwardData(c.algo), c.memory, c.math)
             }
             CudnnPass::BackwardFilter => {
                 let mut results =
                     [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX];
-                sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                    handle,
-                    self.x,
-                    b.x,
-                    self.y,
-                    b.y,
-                    self.conv,
-                    self.w,
-                    b.w,
-                    MAX as i32,
-                    &mut count,
-                    results.as_mut_ptr(),
-                    b.workspace,
-                    b.workspace_len,
-                )
-                .result()?;
-                let c = choose(candidates!(results)).ok_or_else(none)?;
+                let out = results.as_mut_ptr();
+                if benchmark {
+                    sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                        handle,
+                        self.x,
+                        b.x,
+                        self.y,
+                        b.y,
+                        self.conv,
+                        self.w,
+                        b.w,
+                        n,
+                        &mut count,
+                        out,
+                        b.workspace,
+                        b.workspace_len,
+                    )
+                    .result()?;
+                } else {
+                    result::get_convolution_backward_filter_algorithm(
+                        handle, self.x, self.y, self.conv, self.w, n, &mut count, out,
+                    )?;
+                }
+                let c = pick!(results);
                 (Algo::BackwardFilter(c.algo), c.memory, c.math)
             }
         };
@@ -300,5 +362,17 @@ mod tests {
         .unwrap();
         assert_eq!(picked.algo, 2);
         assert!(choose::<u32>(vec![c(0, 1.0, usize::MAX)]).is_none());
+    }
+
+    #[test]
+    fn heuristics_take_the_best_ranked_that_fits() {
+        let ranked = vec![
+            c(5, -1.0, WORKSPACE_LIMIT + 1),
+            c(3, -1.0, 0),
+            c(4, -1.0, 0),
+        ];
+        assert_eq!(first_fit(ranked).unwrap().algo, 3);
+        let none_fits = vec![c(5, -1.0, usize::MAX), c(6, -1.0, usize::MAX)];
+        assert_eq!(first_fit(none_fits).unwrap().algo, 5);
     }
 }

@@ -57,7 +57,7 @@ pub use batch_norm::{
 };
 pub use conv2d::{conv2d, conv2d_backward, conv2d_forward};
 #[cfg(feature = "cudnn")]
-pub use conv_cudnn::set_allow_tf32;
+pub use conv_cudnn::{set_allow_tf32, CUDNN_BENCHMARK_VAR};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
 pub use multi_tensor::{copy_tensors, sgd_tensors, SgdStep};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
