@@ -5,6 +5,8 @@
 # $OUT/distributed.log (everything below, in order), $OUT/bench-collectives.jsonl and the DDP
 # runs' metrics; per-test logs stay in /tmp/weft-dist. Usage: bash xtask/gpu/run-distributed.sh
 # [SECTIONS], a comma-separated choice of selftest,kill,nodes,collectives,ddp (default: all).
+# The ddp section runs bench-ddp with CUDA graphs beside PyTorch DDP, then eagerly (unless
+# WEFT_DDP_EAGER=0), then with NCCL_MAX_NCHANNELS=$WEFT_DDP_NCCL_CHANNELS when that is set.
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -68,7 +70,17 @@ if want ddp; then
 echo "== 5. bench-ddp: ResNet-50 fp32, batch 32 per GPU, 224x224, 1 vs 2 GPUs, with the PyTorch DDP anchor =="
 nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader,nounits -lms 200 > "$T/bench-ddp.mem" &
 sampler=$!
-timeout 300 $G/xtask bench-ddp --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 24 --warmup 6 --nproc 2 2>&1 | tee "$T/bench-ddp.log"
+DDP="bench-ddp --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 24 --warmup 6 --nproc 2"
+echo "-- steps replayed from CUDA graphs (weft's default), beside PyTorch DDP"
+timeout 300 $G/xtask $DDP --cuda-graph true 2>&1 | tee "$T/bench-ddp.log"
+if [ "${WEFT_DDP_EAGER:-1}" != 0 ]; then
+  echo "-- steps issued eagerly"
+  timeout 200 $G/xtask $DDP --cuda-graph false --no-anchor 2>&1 | tee -a "$T/bench-ddp.log"
+fi
+if [ -n "${WEFT_DDP_NCCL_CHANNELS:-}" ]; then
+  echo "-- CUDA graphs, NCCL limited to $WEFT_DDP_NCCL_CHANNELS channels (NCCL_MAX_NCHANNELS)"
+  NCCL_MAX_NCHANNELS=$WEFT_DDP_NCCL_CHANNELS timeout 200 $G/xtask $DDP --cuda-graph true --no-anchor 2>&1 | tee -a "$T/bench-ddp.log"
+fi
 kill $sampler 2>/dev/null
 python3 - "$T/bench-ddp.mem" "$T/bench-ddp.log" <<'EOF'
 # Peak nvidia-smi memory per GPU in each phase that bench-ddp announced ("phase NAME at UNIX").

@@ -9,7 +9,7 @@ use candle_core::{DType as CandleDType, Device, Shape, Tensor};
 
 use crate::buffer::Buffer;
 use crate::communicator::{Communicator, Work};
-use crate::device::DeviceCollectives;
+use crate::device::{DeviceCollectives, DeviceJoin};
 use crate::error::Result;
 use crate::reduce_op::ReduceOp;
 use crate::shm::ShmCommunicator;
@@ -52,6 +52,21 @@ impl DeviceCollectives for NativeOnCpu {
             .expect("writes into the input");
         Ok(Work::done("all_reduce", self.rank(), Ok(t.clone())))
     }
+    fn all_reduce_ordered(&self, t: &Tensor, op: ReduceOp) -> Result<Box<dyn DeviceJoin>> {
+        self.all_reduce_in_place(t, op)?.wait()?;
+        Ok(Box::new(Joined))
+    }
+    fn broadcast_ordered(&self, t: &Tensor, root: usize) -> Result<Box<dyn DeviceJoin>> {
+        let flat = DeviceCollectives::broadcast(self, t, root)?.wait()?;
+        t.flatten_all()
+            .and_then(|target| target.slice_set(&flat, 0, 0))
+            .expect("writes into the input");
+        Ok(Box::new(Joined))
+    }
+    fn fence(&self) -> Result<Work<Tensor>> {
+        let marker = Tensor::zeros(1, CandleDType::F32, &Device::Cpu).expect("zeros");
+        Ok(Work::done("fence", self.rank(), Ok(marker)))
+    }
     fn reduce(&self, t: &Tensor, op: ReduceOp, root: usize) -> Result<Work<Tensor>> {
         self.native("reduce", self.inner.reduce(self.buffer(t), op, root))
     }
@@ -73,6 +88,15 @@ impl DeviceCollectives for NativeOnCpu {
     fn recv(&self, len: usize, dtype: CandleDType, peer: usize) -> Result<Work<Tensor>> {
         let template = Tensor::zeros(len, dtype, &Device::Cpu).expect("zeros");
         self.native("recv", self.inner.recv(self.buffer(&template), peer))
+    }
+}
+
+/// An ordered operation of the fake backend: done before it is returned.
+struct Joined;
+
+impl DeviceJoin for Joined {
+    fn join(self: Box<Self>) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -39,7 +39,7 @@ mod testing;
 
 pub use buffer::Buffer;
 pub use communicator::{Communicator, Work};
-pub use device::DeviceCollectives;
+pub use device::{DeviceCollectives, DeviceJoin};
 pub use element::{DType, Element};
 pub use env::LaunchEnv;
 pub use error::{CommError, Result};

@@ -1,4 +1,6 @@
-//! A single-GPU training step replayed from a CUDA graph ([`crate::step::Trainer::with_cuda_graph`]).
+//! A training step replayed from a CUDA graph ([`crate::step::Trainer::with_cuda_graph`]), on
+//! one GPU or on each GPU of a data-parallel job whose collectives are ordered on the device
+//! (NCCL inside the graph).
 //!
 //! The step is host-bound: about a thousand kernel launches and allocations, each costing the
 //! host more than the device. After [`WARMUP`] eager steps (which choose the cuDNN algorithms
@@ -98,6 +100,7 @@ impl StepGraph {
             State::WarmingUp(done) if *done < WARMUP => {
                 let _cache = cuda.enable_cuda_graph_htod_cache();
                 let (results, timings) = trainer.run(&batch)?;
+                trainer.wait_for_device()?;
                 self.state = State::WarmingUp(done + 1);
                 outcome(&results, timings)
             }
@@ -108,6 +111,7 @@ impl StepGraph {
                         graph
                             .launch()
                             .map_err(|e| anyhow!("CUDA graph launch: {e:?}"))?;
+                        trainer.wait_for_device()?;
                         // The warm-up steps' freed memory, cached by the pool, is not needed
                         // any more: the graph allocates from its own.
                         weft_tensor::cuda_runtime::release_cached_memory(images.device())?;
@@ -118,6 +122,7 @@ impl StepGraph {
                         eprintln!("weft: the training step runs without a CUDA graph ({reason:#})");
                         self.state = State::Off;
                         let (results, timings) = trainer.run(&batch)?;
+                        trainer.wait_for_device()?;
                         outcome(&results, timings)
                     }
                 }
@@ -126,6 +131,7 @@ impl StepGraph {
                 graph
                     .launch()
                     .map_err(|e| anyhow!("CUDA graph launch: {e:?}"))?;
+                trainer.wait_for_device()?;
                 read(buffers, labels)
             }
             State::Off => unreachable!("handled above"),

@@ -99,7 +99,8 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         trainer = trainer.with_sync(Box::new(ddp));
     }
 
-    if args.cuda_graph {
+    // SyncBatchNorm waits on the host for its statistics: not capturable.
+    if args.cuda_graph && !args.sync_bn {
         trainer = trainer.with_cuda_graph();
     }
     let mut run = open_run_dir(args, &ctx)?;
@@ -155,8 +156,9 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
                 outcome.samples as f64,
             ];
             ctx.sum(&mut global)?;
-            let hidden =
-                (ctx.world_size > 1).then(|| comm_hidden(&timeline.spans_since(spans_before)));
+            let hidden = (ctx.world_size > 1)
+                .then(|| comm_hidden(&timeline.spans_since(spans_before)))
+                .flatten();
             if let Some(run) = run.writer.as_mut() {
                 run.log(&StepMetrics {
                     step,
@@ -231,14 +233,15 @@ fn accumulate(totals: &mut [f64; 3], outcome: &StepOutcome) {
     totals[2] += outcome.samples as f64;
 }
 
-/// Share of this step's all-reduce time spent while backward was still running.
-fn comm_hidden(spans: &[timeline::Span]) -> f64 {
+/// Share of this step's all-reduce time spent while backward was still running; `None` when
+/// the host saw no all-reduce end (operations ordered on the device, or a replayed graph).
+fn comm_hidden(spans: &[timeline::Span]) -> Option<f64> {
     let (comm, compute): (Vec<_>, Vec<_>) = spans
         .iter()
         .filter(|s| s.category == "allreduce" || s.category == "backward")
         .cloned()
         .partition(|s| s.category == "allreduce");
-    timeline::hidden_fraction(&comm, &compute)
+    (!comm.is_empty()).then(|| timeline::hidden_fraction(&comm, &compute))
 }
 
 /// The run folder: rank 0 creates it and writes to it; every rank knows its path.

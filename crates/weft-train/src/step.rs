@@ -135,14 +135,18 @@ impl Trainer {
         })
     }
 
-    /// On one GPU (no gradient sync), captures a step into a CUDA graph after a few eager
-    /// warm-up steps and replays it for every later batch of the same shape: one launch per
-    /// step instead of a thousand. If capturing fails the trainer says why once and stays
-    /// eager. Without the `cuda` feature, or on other devices, nothing changes.
+    /// On a GPU, captures a step into a CUDA graph after a few eager warm-up steps and replays
+    /// it for every later batch of the same shape: one launch per step instead of a thousand.
+    /// With a gradient sync only if its operations can be captured (data parallelism over
+    /// NCCL: ordered on the device). If capturing fails the trainer says why once and stays
+    /// eager. Without the `cuda` feature, or on other devices, nothing changes. Call it after
+    /// [`Self::with_sync`].
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     pub fn with_cuda_graph(mut self) -> Self {
         #[cfg(feature = "cuda")]
-        if self.model.store().device().is_cuda() && self.sync.is_none() {
+        if self.model.store().device().is_cuda()
+            && self.sync.as_ref().is_none_or(|s| s.capturable())
+        {
             self.graph = Some(crate::cuda_graph::StepGraph::default());
         }
         self
@@ -218,7 +222,17 @@ impl Trainer {
     ) -> Result<StepOutcome> {
         self.optimizer.set_lr(lr)?;
         let (results, timings) = self.run(micro_batches)?;
+        self.wait_for_device()?;
         outcome(&results, timings)
+    }
+
+    /// Waits for the gradient sync's device-ordered work (watched: a dead peer is an error,
+    /// not a hang), before the step's results are read.
+    pub(crate) fn wait_for_device(&mut self) -> Result<()> {
+        if let Some(sync) = self.sync.as_mut() {
+            sync.wait_for_device()?;
+        }
+        Ok(())
     }
 
     /// Forward, backward, gradient sync and optimizer update of one step, issued to the device

@@ -73,15 +73,23 @@ pub fn run_rank() -> Result<()> {
     #[cfg(feature = "cudnn")]
     weft_tensor::ops::set_allow_tf32(false);
     let comm: Arc<dyn Communicator> = Arc::from(init_for_device(&device)?);
-    for sync_bn in [false, true] {
-        scenario(&comm, &device, sync_bn)?;
+    for (sync_bn, graph) in [(false, false), (true, false), (false, true)] {
+        scenario(&comm, &device, sync_bn, graph)?;
     }
     comm.barrier().wait()?;
     Ok(())
 }
 
-/// DDP on every rank against one process on rank 0's GPU; rank 0 prints two rows.
-fn scenario(comm: &Arc<dyn Communicator>, device: &Device, sync_bn: bool) -> Result<()> {
+/// DDP on every rank (replaying its step from a CUDA graph with `graph`) against one process
+/// on rank 0's GPU; rank 0 prints two rows.
+fn scenario(
+    comm: &Arc<dyn Communicator>,
+    device: &Device,
+    sync_bn: bool,
+    graph: bool,
+) -> Result<()> {
+    // Two eager warm-up steps, the captured one, then replays.
+    let steps = if graph { 6 } else { STEPS };
     let (rank, world) = (comm.rank(), comm.world_size());
     let mode = if sync_bn { Mode::TRAIN } else { Mode::EVAL };
     // Another initialisation on every other rank: DDP must overwrite it with rank 0's.
@@ -98,10 +106,16 @@ fn scenario(comm: &Arc<dyn Communicator>, device: &Device, sync_bn: bool) -> Res
         DistributedDataParallel::new(ddp.model().store(), ddp.grads(), comm.clone(), config)?;
     let buckets = sync.plan().buckets().len();
     ddp = ddp.with_sync(Box::new(sync));
-    for step in 0..STEPS {
+    if graph {
+        ddp = ddp.with_cuda_graph();
+    }
+    let mut replayed = 0;
+    for step in 0..steps {
         let (x, y) = batch(PER_RANK * world, step, device)?;
         let mine = |t: &Tensor| t.narrow(0, rank * PER_RANK, PER_RANK);
-        ddp.step(&mine(&x)?, &mine(&y)?, 1e-3)?;
+        // Static shapes for the graph: copies of this rank's rows.
+        let outcome = ddp.step(&mine(&x)?.copy()?, &mine(&y)?.copy()?, 1e-3)?;
+        replayed += usize::from(outcome.graphed);
     }
     let trained = parameters(&ddp)?;
     // Every rank against rank 0: all replicas must be identical.
@@ -114,17 +128,21 @@ fn scenario(comm: &Arc<dyn Communicator>, device: &Device, sync_bn: bool) -> Res
         .to_vec1::<f64>()?[0];
     if rank == 0 {
         let mut single = trainer(1, device, mode)?;
-        for step in 0..STEPS {
+        for step in 0..steps {
             let (x, y) = batch(PER_RANK * world, step, device)?;
             single.step(&x, &y, 1e-3)?;
         }
         let expected = parameters(&single)?;
-        let error = max_abs(&(&trained - &expected)?)? / max_abs(&expected)?;
-        let what = if sync_bn {
-            "SyncBatchNorm, training mode"
-        } else {
-            "BatchNorm in eval mode"
+        let mut error = max_abs(&(&trained - &expected)?)? / max_abs(&expected)?;
+        let what = match (sync_bn, graph) {
+            (true, _) => "SyncBatchNorm, training mode",
+            (false, false) => "BatchNorm in eval mode",
+            (false, true) => "CUDA graph, eval-mode BatchNorm",
         };
+        if graph && replayed < steps - 3 {
+            println!("gpu-check-ddp: only {replayed} of {steps} steps were replayed");
+            error = f64::INFINITY;
+        }
         println!("{ROW}\tDDP {world} GPUs = 1 GPU, {what}, {buckets} buckets\t{error:e}\t1e-9");
         println!("{ROW}\tDDP {world} GPUs, {what}: replicas identical\t{spread:e}\t0");
     }

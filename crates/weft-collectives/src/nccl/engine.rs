@@ -4,8 +4,9 @@
 //! [`super::watchdog`], which reports completion. Launching never waits for completion, so
 //! many operations can be in flight at once, and they complete in issue order.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -78,11 +79,23 @@ pub(crate) enum Init {
     Ready(CommHandle),
 }
 
+/// Serialises the calls into one NCCL communicator (its launcher thread and the callers of
+/// ordered operations) and counts the jobs submitted but not yet issued, so that an ordered
+/// operation never overtakes them.
+#[derive(Default)]
+pub(crate) struct IssueOrder {
+    lock: Mutex<()>,
+    queued: AtomicU64,
+}
+
 /// The launcher and watchdog threads of one communicator.
 pub(crate) struct Engine {
     tasks: Mutex<Option<Sender<Task>>>,
     pub health: Arc<Health>,
     pub comm: Arc<CommHandle>,
+    /// The communication stream every operation runs on.
+    pub stream: Arc<CudaStream>,
+    order: Arc<IssueOrder>,
     threads: Vec<JoinHandle<()>>,
     timeout: Duration,
     rank: usize,
@@ -105,6 +118,8 @@ impl Engine {
         let (ready_tx, ready_rx) = channel::<Result<Arc<CommHandle>>>();
         let health = Arc::new(Health::default());
         let launcher_health = health.clone();
+        let order = Arc::new(IssueOrder::default());
+        let (launcher_order, comm_stream) = (order.clone(), stream.clone());
         let launcher = std::thread::Builder::new()
             .name(format!("weft-nccl-launch-{rank}"))
             .spawn(move || {
@@ -124,6 +139,7 @@ impl Engine {
                 let launcher = Launcher {
                     comm,
                     stream,
+                    order: launcher_order,
                     health: launcher_health,
                     rank,
                     world_size,
@@ -149,27 +165,53 @@ impl Engine {
             tasks: Mutex::new(Some(task_tx)),
             health,
             comm,
+            stream: comm_stream,
+            order,
             threads: vec![launcher, watchdog],
             timeout,
             rank,
         })
     }
 
+    /// Takes the right to call into the communicator on this thread, once the launcher has
+    /// issued every job submitted before (or after `timeout`, failing).
+    pub fn issue_here(&self, op: &'static str) -> Result<MutexGuard<'_, ()>> {
+        let start = Instant::now();
+        loop {
+            let guard = self.order.lock.lock().expect("issue lock");
+            if self.order.queued.load(Ordering::Acquire) == 0 {
+                return Ok(guard);
+            }
+            drop(guard);
+            self.health.check(op)?;
+            if start.elapsed() > self.timeout {
+                return Err(CommError::Timeout {
+                    op,
+                    waited: start.elapsed(),
+                    missing: Vec::new(),
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Queues `job`; its `deliver` is called exactly once, from another thread.
     pub fn submit(&self, job: Job) {
-        let tasks = self.tasks.lock().expect("task lock");
-        let Some(sender) = tasks.as_ref() else {
-            return (job.deliver)(Err(CommError::WorkerGone {
+        let gone = |job: Job| {
+            (job.deliver)(Err(CommError::WorkerGone {
                 op: job.op,
                 rank: self.rank,
-            }));
+            }))
         };
+        let tasks = self.tasks.lock().expect("task lock");
+        let Some(sender) = tasks.as_ref() else {
+            return gone(job);
+        };
+        self.order.queued.fetch_add(1, Ordering::AcqRel);
         if let Err(returned) = sender.send(Task::Run(job)) {
+            self.order.queued.fetch_sub(1, Ordering::AcqRel);
             if let Task::Run(job) = returned.0 {
-                (job.deliver)(Err(CommError::WorkerGone {
-                    op: job.op,
-                    rank: self.rank,
-                }));
+                gone(job);
             }
         }
     }
@@ -231,6 +273,7 @@ pub(crate) fn driver(op: &'static str, rank: usize, e: cudarc::driver::DriverErr
 struct Launcher {
     comm: Arc<CommHandle>,
     stream: Arc<CudaStream>,
+    order: Arc<IssueOrder>,
     health: Arc<Health>,
     rank: usize,
     world_size: usize,
@@ -260,6 +303,13 @@ impl Launcher {
     }
 
     fn launch(&self, job: Job) {
+        let issuing = self.order.lock.lock().expect("issue lock");
+        self.launch_locked(job);
+        self.order.queued.fetch_sub(1, Ordering::AcqRel);
+        drop(issuing);
+    }
+
+    fn launch_locked(&self, job: Job) {
         if let Err(e) = self.health.check(job.op) {
             return (job.deliver)(Err(e));
         }

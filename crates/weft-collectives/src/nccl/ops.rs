@@ -3,14 +3,17 @@
 //! back as is, the [`Communicator`] methods stage host buffers through the GPU.
 
 use std::sync::mpsc::channel;
+use std::sync::Arc;
 
 use candle_core::{DType as CandleDType, Device, Tensor};
+use cudarc::driver::{CudaEvent, CudaStream};
 
-use super::engine::{Deliver, Init};
+use super::engine::{driver, Deliver, Init};
+use super::launch::Launch;
 use super::NcclCommunicator;
 use crate::buffer::Buffer;
 use crate::communicator::{Communicator, Work};
-use crate::device::DeviceCollectives;
+use crate::device::{DeviceCollectives, DeviceJoin};
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
 use crate::tensor::{buffer_to_tensor, tensor_to_buffer};
@@ -50,6 +53,58 @@ impl NcclCommunicator {
             Box::new(move |l| l.all_reduce(&d, &d, op)),
             deliver,
         )
+    }
+
+    /// Queues `issue` on this thread, on the communication stream after the compute stream's
+    /// queued work, over `tensor` in place (see [`DeviceJoin`]).
+    fn ordered(
+        &self,
+        op: &'static str,
+        tensor: &Tensor,
+        issue: impl FnOnce(&Launch, &Tensor) -> Result<()>,
+    ) -> Result<Box<dyn DeviceJoin>> {
+        self.engine.health.check(op)?;
+        if !tensor.is_contiguous() {
+            return Err(CommError::InvalidTensor {
+                op,
+                reason: "an in-place operation needs a contiguous tensor".into(),
+            });
+        }
+        let data = self.prepare(op, tensor)?;
+        let compute = self
+            .device
+            .as_cuda_device()
+            .map_err(|e| CommError::tensor(op, e))?
+            .cuda_stream();
+        let stream = &self.engine.stream;
+        let issuing = self.engine.issue_here(op)?;
+        let fail = |e: CommError| {
+            self.engine.health.fail(e.clone(), &self.engine.comm);
+            e
+        };
+        let ready = compute
+            .record_event(None)
+            .map_err(|e| fail(driver(op, self.rank, e)))?;
+        stream
+            .wait(&ready)
+            .map_err(|e| fail(driver(op, self.rank, e)))?;
+        let launch = Launch {
+            comm: &self.engine.comm,
+            stream,
+            rank: self.rank,
+            world_size: self.world_size,
+        };
+        issue(&launch, &data).map_err(fail)?;
+        let done = stream
+            .record_event(None)
+            .map_err(|e| fail(driver(op, self.rank, e)))?;
+        drop(issuing);
+        Ok(Box::new(StreamJoin {
+            done,
+            compute,
+            _data: data,
+            rank: self.rank,
+        }))
     }
 
     fn start_reduce(
@@ -235,6 +290,22 @@ impl DeviceCollectives for NcclCommunicator {
         })
     }
 
+    fn all_reduce_ordered(&self, tensor: &Tensor, op: ReduceOp) -> Result<Box<dyn DeviceJoin>> {
+        self.ordered("all_reduce", tensor, |l, t| l.all_reduce(t, t, op))
+    }
+
+    fn broadcast_ordered(&self, tensor: &Tensor, root: usize) -> Result<Box<dyn DeviceJoin>> {
+        self.check_rank("broadcast", "root", root)?;
+        self.ordered("broadcast", tensor, |l, t| l.broadcast(t, t, root))
+    }
+
+    fn fence(&self) -> Result<Work<Tensor>> {
+        let marker = self.alloc("fence", 1, CandleDType::F32)?;
+        to_work("fence", self.rank, |d| {
+            self.submit("fence", Vec::new(), marker, Box::new(|_| Ok(())), d)
+        })
+    }
+
     fn reduce(&self, tensor: &Tensor, op: ReduceOp, root: usize) -> Result<Work<Tensor>> {
         to_work("reduce", self.rank, |d| {
             self.start_reduce(tensor, op, root, d)
@@ -373,5 +444,23 @@ impl Communicator for NcclCommunicator {
 
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         Some(self)
+    }
+}
+
+/// The completion of an ordered operation: an event on the communication stream, which the
+/// compute stream waits for on `join`. Holds the operation's tensor until then; its memory is
+/// freed in compute-stream order, after the join.
+struct StreamJoin {
+    done: CudaEvent,
+    compute: Arc<CudaStream>,
+    _data: Tensor,
+    rank: usize,
+}
+
+impl DeviceJoin for StreamJoin {
+    fn join(self: Box<Self>) -> Result<()> {
+        self.compute
+            .wait(&self.done)
+            .map_err(|e| driver("join", self.rank, e))
     }
 }

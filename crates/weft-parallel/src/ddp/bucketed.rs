@@ -4,11 +4,18 @@
 //! the flat gradient buffer, and on a GPU NCCL averages it where it lies (no copy, PyTorch's
 //! `gradient_as_bucket_view`). `finish` waits for every bucket. The result equals all-reducing
 //! every gradient after backward.
+//!
+//! On a device whose collectives the backend runs natively (NCCL on GPUs) every operation is
+//! *ordered on the device*: queued on a communication stream after the gradients' kernels, and
+//! joined by the compute stream before the optimizer, without the host waiting for anything
+//! mid-step ([`GradientSync::wait_for_device`] waits at the end, watched for dead peers and
+//! timeouts). So the host keeps issuing backward while buckets are reduced, and a whole step
+//! can be captured in a CUDA graph.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use weft_collectives::{Communicator, ReduceOp, TensorCollectives, TensorWork};
+use weft_collectives::{Communicator, DeviceJoin, ReduceOp, TensorCollectives, TensorWork};
 use weft_tensor::{EntryId, FlatBuffer, ParamStore, Timeline};
 
 use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig, GradientSync};
@@ -22,9 +29,16 @@ pub struct BucketTiming {
     pub completed: Instant,
 }
 
+/// A bucket's all-reduce: through the tensor collectives (completion seen by the host), or
+/// ordered on the device.
+enum Reduction {
+    Host(TensorWork),
+    Device(Box<dyn DeviceJoin>),
+}
+
 struct InFlight {
     bucket: usize,
-    work: TensorWork,
+    work: Reduction,
     launched: Instant,
     completed: Option<Instant>,
 }
@@ -44,6 +58,11 @@ pub struct DistributedDataParallel {
     timeline: Option<Arc<Timeline>>,
     /// Entry names by id, for error messages.
     names: Vec<String>,
+    /// Whether the communicator runs the gradients' device natively: operations are then
+    /// ordered on the device.
+    on_device: bool,
+    /// Whether the last step left device-ordered work that the host has not seen finish.
+    unfenced: bool,
 }
 
 impl DistributedDataParallel {
@@ -62,6 +81,9 @@ impl DistributedDataParallel {
             )));
         }
         check_same_model(store, comm.as_ref())?;
+        let on_device = comm
+            .device_collectives()
+            .is_some_and(|d| d.handles(grads.tensor().device()));
         let all: Vec<EntryId> = (0..store.len()).collect();
         broadcast_entries(store, &all, comm.as_ref(), 0)?;
         let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
@@ -83,6 +105,8 @@ impl DistributedDataParallel {
             require_sync: true,
             timeline: None,
             names: store.entries().iter().map(|e| e.name.clone()).collect(),
+            on_device,
+            unfenced: false,
         })
     }
 
@@ -96,7 +120,8 @@ impl DistributedDataParallel {
         &self.plan
     }
 
-    /// Launch and completion times of the last synchronised step's buckets, in launch order.
+    /// Launch and completion times of the last synchronised step's buckets, in launch order
+    /// (none when the operations are ordered on the device: the host does not see them end).
     pub fn last_timings(&self) -> &[BucketTiming] {
         &self.timings
     }
@@ -104,7 +129,13 @@ impl DistributedDataParallel {
     fn launch(&mut self, bucket: usize, grads: &FlatBuffer) -> Result<()> {
         let range = self.plan.buckets()[bucket].range.clone();
         let data = grads.tensor().narrow(0, range.start, range.len())?;
-        let work = self.comm.all_reduce_tensor_in_place(&data, ReduceOp::Avg)?;
+        let work = match self.comm.device_collectives().filter(|_| self.on_device) {
+            Some(device) => {
+                self.unfenced = true;
+                Reduction::Device(device.all_reduce_ordered(&data, ReduceOp::Avg)?)
+            }
+            None => Reduction::Host(self.comm.all_reduce_tensor_in_place(&data, ReduceOp::Avg)?),
+        };
         self.in_flight.push(InFlight {
             bucket,
             work,
@@ -117,8 +148,10 @@ impl DistributedDataParallel {
     /// Stamps the completion time of buckets that finished since the last look.
     fn poll(&mut self) {
         for f in self.in_flight.iter_mut().filter(|f| f.completed.is_none()) {
-            if f.work.is_complete() {
-                f.completed = Some(Instant::now());
+            if let Reduction::Host(work) = &mut f.work {
+                if work.is_complete() {
+                    f.completed = Some(Instant::now());
+                }
             }
         }
     }
@@ -127,6 +160,7 @@ impl DistributedDataParallel {
 impl GradientSync for DistributedDataParallel {
     fn before_forward(&mut self, store: &ParamStore) -> Result<()> {
         if self.config.broadcast_buffers {
+            self.unfenced |= self.on_device;
             broadcast_entries(store, &store.buffer_ids(), self.comm.as_ref(), 0)?;
         }
         Ok(())
@@ -166,7 +200,16 @@ impl GradientSync for DistributedDataParallel {
         self.poll();
         self.timings.clear();
         for f in std::mem::take(&mut self.in_flight) {
-            f.work.wait()?;
+            match f.work {
+                Reduction::Host(work) => {
+                    work.wait()?;
+                }
+                // Ordered on the device: the host never sees it finish.
+                Reduction::Device(join) => {
+                    join.join()?;
+                    continue;
+                }
+            }
             let completed = f.completed.unwrap_or_else(Instant::now);
             if let Some(t) = &self.timeline {
                 t.record(
@@ -199,5 +242,18 @@ impl GradientSync for DistributedDataParallel {
 
     fn set_require_sync(&mut self, sync: bool) {
         self.require_sync = sync;
+    }
+
+    fn wait_for_device(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.unfenced) {
+            if let Some(device) = self.comm.device_collectives() {
+                device.fence()?.wait()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn capturable(&self) -> bool {
+        self.on_device
     }
 }

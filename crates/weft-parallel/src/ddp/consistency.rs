@@ -64,7 +64,17 @@ pub fn broadcast_entries(
         let joined = Tensor::zeros(total, dtype, store.device())?;
         let views = views_of(&joined, &group)?;
         copy_tensors(&group.iter().copied().zip(&views).collect::<Vec<_>>())?;
-        let received = comm.broadcast_tensor(&joined, root)?.wait()?;
+        let received = match comm
+            .device_collectives()
+            .filter(|d| d.handles(joined.device()))
+        {
+            // In place, ordered on the device (see DistributedDataParallel).
+            Some(device) => {
+                device.broadcast_ordered(&joined, root)?.join()?;
+                joined
+            }
+            None => comm.broadcast_tensor(&joined, root)?.wait()?,
+        };
         let views = views_of(&received, &group)?;
         copy_tensors(&views.iter().zip(group.iter().copied()).collect::<Vec<_>>())?;
     }

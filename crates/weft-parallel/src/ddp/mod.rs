@@ -55,4 +55,17 @@ pub trait GradientSync {
 
     /// Whether the next backward communicates (false inside `no_sync` gradient accumulation).
     fn set_require_sync(&mut self, sync: bool);
+
+    /// Waits until the device has finished the step's communication (for strategies whose
+    /// operations are ordered on the device only), failing on a dead peer or a timeout rather
+    /// than blocking forever; called before the step's results are read.
+    fn wait_for_device(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether a step synchronised by this strategy can be captured in a CUDA graph (its
+    /// operations never wait on the host).
+    fn capturable(&self) -> bool {
+        false
+    }
 }

@@ -16,10 +16,22 @@ use cudarc::cudnn::{result, sys};
 
 use super::conv_cpu::ConvProblem;
 
-/// Largest workspace (bytes) an algorithm may need to be chosen: the search tries larger
-/// ones too, but a training step allocates the workspace at every call, and peak memory is a
-/// goal as much as speed.
+/// Largest workspace (bytes) an algorithm may need to be chosen, by default: the search
+/// tries larger ones too, but a training step allocates the workspace at every call, and peak
+/// memory is a goal as much as speed. `WEFT_CUDNN_WORKSPACE_MB` sets another limit.
 const WORKSPACE_LIMIT: usize = 64 << 20;
+/// Environment variable overriding [`WORKSPACE_LIMIT`], in MiB.
+pub const WORKSPACE_VAR: &str = "WEFT_CUDNN_WORKSPACE_MB";
+
+fn workspace_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var(WORKSPACE_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map_or(WORKSPACE_LIMIT, |mb| mb << 20)
+    })
+}
 /// Among algorithms within this factor of the fastest allowed one, the one needing the least
 /// workspace is taken.
 const TIME_SLACK: f32 = 1.03;
@@ -86,7 +98,9 @@ struct Candidate<A> {
 /// The best-ranked candidate (cuDNN's heuristics list them best first) within
 /// [`WORKSPACE_LIMIT`], else the best-ranked one.
 fn first_fit<A: Copy>(candidates: Vec<Candidate<A>>) -> Option<Candidate<A>> {
-    let within = candidates.iter().position(|c| c.memory <= WORKSPACE_LIMIT);
+    let within = candidates
+        .iter()
+        .position(|c| c.memory <= workspace_limit());
     candidates.into_iter().nth(within.unwrap_or(0))
 }
 
@@ -95,7 +109,7 @@ fn first_fit<A: Copy>(candidates: Vec<Candidate<A>>) -> Option<Candidate<A>> {
 fn choose<A: Copy>(candidates: Vec<Candidate<A>>) -> Option<Candidate<A>> {
     let allowed: Vec<Candidate<A>> = candidates
         .into_iter()
-        .filter(|c| c.memory <= WORKSPACE_LIMIT && c.time >= 0.0)
+        .filter(|c| c.memory <= workspace_limit() && c.time >= 0.0)
         .collect();
     let fastest = allowed.iter().map(|c| c.time).fold(f32::INFINITY, f32::min);
     allowed
