@@ -4,7 +4,8 @@
 # carried as `.gpu/` (or from inside a bundle with WEFT_BUNDLE=.). Builds nothing. Writes
 # $OUT/distributed.log (everything below, in order), $OUT/bench-collectives.jsonl and the DDP
 # runs' metrics; per-test logs stay in /tmp/weft-dist. Usage: bash xtask/gpu/run-distributed.sh
-# [SECTIONS], a comma-separated choice of selftest,kill,nodes,collectives,ddp (default: all).
+# [SECTIONS], a comma-separated choice of selftest,kill,killtrain,nodes,collectives,ddp
+# (default: all).
 # The ddp section runs bench-ddp with CUDA graphs beside PyTorch DDP, then eagerly (unless
 # WEFT_DDP_EAGER=0), then with NCCL_MAX_NCHANNELS=$WEFT_DDP_NCCL_CHANNELS when that is set.
 set -uo pipefail
@@ -15,7 +16,7 @@ OUT=${OUT:-/tmp/weft-gpu-out}
 T=/tmp/weft-dist
 mkdir -p "$OUT" "$T"
 G=$B
-SECTIONS=",${1:-selftest,kill,nodes,collectives,ddp},"
+SECTIONS=",${1:-selftest,kill,killtrain,nodes,collectives,ddp},"
 want() { [[ $SECTIONS == *",$1,"* ]]; }
 exec > >(tee -a "$OUT/distributed.log") 2>&1
 date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
@@ -45,6 +46,25 @@ echo "== 2. a rank killed mid-all-reduce: the survivor must fail naming rank 1, 
   ended=$(date +%s.%N)
   echo "rank 0 exit status $status, $(python3 -c "print(f'{$ended-$killed:.1f}')") s after rank 1 was killed"
   cat "$T/kill-rank0.log"
+)
+fi
+
+if want killtrain; then
+echo "== 2b. a rank killed while the two ranks train from CUDA graphs: rank 0 must fail naming rank 1 =="
+(
+  export WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29751 WEFT_JOB_TOKEN=killtrain WEFT_TIMEOUT=60
+  common="train-resnet --device cuda --model resnet50 --num-classes 1000 --image-size 224 --batch-size 64 --steps 3000 --quiet --workers 4 --name killtrain --out /tmp/runs"
+  RANK=0 LOCAL_RANK=0 timeout 150 $G/xtask $common > "$T/killtrain-rank0.log" 2>&1 &
+  r0=$!
+  RANK=1 LOCAL_RANK=1 $G/xtask $common > "$T/killtrain-rank1.log" 2>&1 &
+  r1=$!
+  sleep 30
+  killed=$(date +%s.%N)
+  kill -9 $r1; wait $r1 2>/dev/null
+  wait $r0; status=$?
+  ended=$(date +%s.%N)
+  echo "rank 0 exit status $status, $(python3 -c "print(f'{$ended-$killed:.1f}')") s after rank 1 was killed"
+  tail -3 "$T/killtrain-rank0.log"
 )
 fi
 

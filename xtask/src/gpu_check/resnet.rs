@@ -94,12 +94,13 @@ pub(super) fn compare_training(gpu: &Device) -> Result<(f64, f64, f64)> {
 
 /// The losses of 3 SGD steps of ResNet-50 in f32 (the trainer's default precision, TF32 off)
 /// on the GPU and on the CPU, each against the same steps in f64 on the CPU from the same
-/// initial values. Returns the GPU's largest relative error and a tolerance of four times the
-/// CPU's own f32 error (at least 1e-4): from random initialisation a few steps of f32 training
+/// initial values. The first loss (no update yet) must agree to 1e-5; over all steps the GPU's
+/// largest relative error is held to four times the CPU's own f32 error (at least 1e-4): from
+/// random initialisation a few steps of f32 training
 /// amplify rounding strongly (8 images of 64x64 gave a 7 % difference between the CPU's and
 /// the GPU's third loss while the f64 rows agree to 1e-12), so the check asks that the GPU be
 /// as accurate as the CPU in the same precision, not that the two agree.
-pub(super) fn compare_f32_losses(gpu: &Device) -> Result<(f64, f64)> {
+pub(super) fn compare_f32_losses(gpu: &Device) -> Result<F32Losses> {
     let images = Tensor::randn(0f32, 1.0, (16, 3, 128, 128), &Device::Cpu)?;
     let labels = Tensor::from_vec(
         (0..16u32).map(|i| (i * 7) % 10).collect::<Vec<_>>(),
@@ -148,7 +149,19 @@ pub(super) fn compare_f32_losses(gpu: &Device) -> Result<(f64, f64)> {
             .zip(&reference)
             .fold(0f64, |m, (a, b)| m.max((a - b).abs() / b.abs()))
     };
-    Ok((error(&on_gpu), (4.0 * error(&cpu)).max(1e-4)))
+    Ok(F32Losses {
+        first_step: (on_gpu[0] - reference[0]).abs() / reference[0].abs(),
+        all_steps: error(&on_gpu),
+        all_steps_tolerance: (4.0 * error(&cpu)).max(1e-4),
+    })
+}
+
+/// The GPU's f32 losses against f64: the first step's relative error (before any update:
+/// forward rounding only), and the largest over the steps with its data-derived tolerance.
+pub(super) struct F32Losses {
+    pub first_step: f64,
+    pub all_steps: f64,
+    pub all_steps_tolerance: f64,
 }
 
 /// ResNet-18 in f64 on the GPU, trained for 6 steps (learning rate changing every step) by

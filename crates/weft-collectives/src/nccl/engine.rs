@@ -34,6 +34,9 @@ pub(crate) struct Job {
     pub result: Tensor,
     pub issue: Issue,
     pub deliver: Deliver,
+    /// The watchdog polls this operation's completion without backing off (for a fence the
+    /// host waits on at the end of every step).
+    pub spin: bool,
 }
 
 enum Task {
@@ -338,6 +341,7 @@ impl Launcher {
                     result: job.result,
                     deliver: job.deliver,
                     launched: Instant::now(),
+                    spin: job.spin,
                 };
                 if let Err(returned) = self.watchdog.send(flight) {
                     let flight = returned.0;

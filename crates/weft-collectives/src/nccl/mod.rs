@@ -199,6 +199,19 @@ impl NcclCommunicator {
         issue: Issue,
         deliver: Deliver,
     ) -> Result<()> {
+        self.submit_polled(op, keep, result, issue, deliver, false)
+    }
+
+    /// [`Self::submit`], polled without back-off when `spin`.
+    fn submit_polled(
+        &self,
+        op: &'static str,
+        keep: Vec<Tensor>,
+        result: Tensor,
+        issue: Issue,
+        deliver: Deliver,
+        spin: bool,
+    ) -> Result<()> {
         self.engine.health.check(op)?;
         let cuda = self
             .device
@@ -215,6 +228,7 @@ impl NcclCommunicator {
             result,
             issue,
             deliver,
+            spin,
         });
         Ok(())
     }

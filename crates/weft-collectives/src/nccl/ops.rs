@@ -301,8 +301,9 @@ impl DeviceCollectives for NcclCommunicator {
 
     fn fence(&self) -> Result<Work<Tensor>> {
         let marker = self.alloc("fence", 1, CandleDType::F32)?;
+        // The host waits on it at the end of every step: no back-off.
         to_work("fence", self.rank, |d| {
-            self.submit("fence", Vec::new(), marker, Box::new(|_| Ok(())), d)
+            self.submit_polled("fence", Vec::new(), marker, Box::new(|_| Ok(())), d, true)
         })
     }
 

@@ -28,6 +28,8 @@ pub(crate) struct InFlight {
     pub result: Tensor,
     pub deliver: Deliver,
     pub launched: Instant,
+    /// Poll by yielding for as long as it takes, not only for the first [`SPIN`].
+    pub spin: bool,
 }
 
 /// For this long after the oldest outstanding operation was launched, completion is polled
@@ -101,7 +103,7 @@ impl Watchdog {
             let Some(front) = queue.front() else {
                 continue;
             };
-            let spinning = front.launched.elapsed() < SPIN;
+            let spinning = front.spin || front.launched.elapsed() < SPIN;
             if let Some(error) = self.check_health(front, &mut last_liveness) {
                 self.fail_all(&mut queue, error);
                 continue;

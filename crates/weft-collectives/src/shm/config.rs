@@ -28,9 +28,6 @@ pub struct ShmConfig {
     pub small_max_bytes: usize,
     /// Bytes in each half of a point-to-point mailbox.
     pub p2p_slot_bytes: usize,
-    /// All-reduces of at least this many bytes read the peers' buffers directly (cross-memory
-    /// attach) when the ranks may read each other; `usize::MAX` turns that off.
-    pub direct_min_bytes: usize,
     /// Job id, used in segment names.
     pub job_id: String,
 }
@@ -45,7 +42,6 @@ impl Default for ShmConfig {
             slot_bytes: 1 << 20,
             small_max_bytes: 64 << 10,
             p2p_slot_bytes: 256 << 10,
-            direct_min_bytes: 1 << 20,
             job_id: format!("local{}", std::process::id()),
         }
     }

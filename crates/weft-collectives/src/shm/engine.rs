@@ -14,7 +14,6 @@ use std::sync::Arc;
 use crate::error::{CommError, Result};
 use crate::shm::config::ShmConfig;
 use crate::shm::descriptor::OpDesc;
-use crate::shm::direct::PeerAccess;
 use crate::shm::futex::store_and_wake;
 use crate::shm::layout::{status, Region};
 use crate::shm::sync::{wait_stages, WaitContext};
@@ -35,8 +34,6 @@ pub(crate) struct ShmEngine {
     /// Per peer: pieces sent to it and pieces received from it.
     pub(crate) pieces_sent: Vec<u64>,
     pub(crate) pieces_received: Vec<u64>,
-    /// Whether the ranks may read each other's buffers (the direct all-reduce path).
-    pub(crate) peer_access: PeerAccess,
     poisoned: Option<CommError>,
 }
 
@@ -59,7 +56,6 @@ impl ShmEngine {
             op_seq: 0,
             pieces_sent: vec![0; world_size],
             pieces_received: vec![0; world_size],
-            peer_access: PeerAccess::default(),
             poisoned: None,
         }
     }

@@ -2,8 +2,7 @@
 //! with typed accessors for each field.
 //!
 //! ```text
-//! header        magic, version, world size, slot sizes, total length, small-path limit,
-//!               direct-path threshold
+//! header        magic, version, world size, slot sizes, total length, small-path limit
 //! rank blocks   per rank: stage counter | pid, status, heartbeat, rejected op, blamed rank
 //!               | threads sleeping on the stage counter
 //! pair blocks   per (sender, receiver): pieces sent + piece descriptors | pieces acked
@@ -20,7 +19,7 @@ use crate::shm::config::ShmConfig;
 use crate::shm::segment::Segment;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"WEFTSHM1");
-const VERSION: u64 = 2;
+const VERSION: u64 = 1;
 /// Two cache lines, so adjacent-line prefetching cannot couple two writers.
 const LINE: usize = 128;
 const PAGE: usize = 4096;
@@ -44,8 +43,6 @@ pub(crate) struct Layout {
     /// Largest all-reduce or reduce, in bytes, that takes the latency path (a protocol
     /// parameter: every rank must choose the same path, so it travels in the header).
     pub(crate) small_max_bytes: usize,
-    /// Smallest all-reduce, in bytes, that takes the direct path (same reason).
-    pub(crate) direct_min_bytes: usize,
     rank_blocks: usize,
     pair_blocks: usize,
     slot_headers: usize,
@@ -74,7 +71,6 @@ impl Layout {
             slot_bytes,
             p2p_slot_bytes,
             small_max_bytes: 0,
-            direct_min_bytes: usize::MAX,
             rank_blocks,
             pair_blocks,
             slot_headers,
@@ -90,7 +86,6 @@ impl Layout {
     pub(crate) fn from_config(world_size: usize, config: &ShmConfig) -> Layout {
         Layout {
             small_max_bytes: config.small_max_bytes,
-            direct_min_bytes: config.direct_min_bytes,
             ..Layout::new(world_size, config.slot_bytes, config.p2p_slot_bytes)
         }
     }
@@ -114,7 +109,6 @@ impl Region {
             layout.p2p_slot_bytes as u64,
             layout.total_len as u64,
             layout.small_max_bytes as u64,
-            layout.direct_min_bytes as u64,
         ];
         for (i, value) in header.into_iter().enumerate() {
             region.atomic(8 * (i + 1)).store(value, Ordering::Relaxed);
@@ -143,7 +137,6 @@ impl Region {
         }
         let layout = Layout {
             small_max_bytes: read(6) as usize,
-            direct_min_bytes: read(7) as usize,
             ..Layout::new(read(2) as usize, read(3) as usize, read(4) as usize)
         };
         if layout.world_size != world_size {

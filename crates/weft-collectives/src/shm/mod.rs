@@ -9,7 +9,6 @@
 mod broadcast;
 mod config;
 mod descriptor;
-mod direct;
 mod engine;
 mod futex;
 mod heartbeat;

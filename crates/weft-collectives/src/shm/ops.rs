@@ -52,13 +52,10 @@ impl ShmEngine {
             valid = valid.and(self.check_rank(kind.name(), "root", root));
         }
         let small = self.uses_small_path(&buffer);
-        let direct = root.is_none() && self.uses_direct_path(buffer.as_bytes().len());
         self.run_collective(desc, valid, |engine| {
             let data = buffer.as_bytes_mut();
             if small {
                 engine.small_reduce(data, &desc, root)
-            } else if direct {
-                engine.direct_all_reduce(data, &desc)
             } else {
                 engine.pipelined_reduce(data, &desc, root)
             }

@@ -59,10 +59,8 @@ pub struct DistributedDataParallel {
     /// Entry names by id, for error messages.
     names: Vec<String>,
     /// Whether the communicator runs the gradients' device natively: operations are then
-    /// ordered on the device.
+    /// ordered on the device, and every step ends with a watched fence.
     on_device: bool,
-    /// Whether the last step left device-ordered work that the host has not seen finish.
-    unfenced: bool,
 }
 
 impl DistributedDataParallel {
@@ -106,7 +104,6 @@ impl DistributedDataParallel {
             timeline: None,
             names: store.entries().iter().map(|e| e.name.clone()).collect(),
             on_device,
-            unfenced: false,
         })
     }
 
@@ -130,10 +127,7 @@ impl DistributedDataParallel {
         let range = self.plan.buckets()[bucket].range.clone();
         let data = grads.tensor().narrow(0, range.start, range.len())?;
         let work = match self.comm.device_collectives().filter(|_| self.on_device) {
-            Some(device) => {
-                self.unfenced = true;
-                Reduction::Device(device.all_reduce_ordered(&data, ReduceOp::Avg)?)
-            }
+            Some(device) => Reduction::Device(device.all_reduce_ordered(&data, ReduceOp::Avg)?),
             None => Reduction::Host(self.comm.all_reduce_tensor_in_place(&data, ReduceOp::Avg)?),
         };
         self.in_flight.push(InFlight {
@@ -160,7 +154,6 @@ impl DistributedDataParallel {
 impl GradientSync for DistributedDataParallel {
     fn before_forward(&mut self, store: &ParamStore) -> Result<()> {
         if self.config.broadcast_buffers {
-            self.unfenced |= self.on_device;
             broadcast_entries(store, &store.buffer_ids(), self.comm.as_ref(), 0)?;
         }
         Ok(())
@@ -244,13 +237,16 @@ impl GradientSync for DistributedDataParallel {
         self.require_sync = sync;
     }
 
+    /// Every step on the device ends here, also one replayed from a CUDA graph (whose
+    /// operations this strategy never sees issued).
     fn wait_for_device(&mut self) -> Result<()> {
-        if std::mem::take(&mut self.unfenced) {
-            if let Some(device) = self.comm.device_collectives() {
+        match self.comm.device_collectives().filter(|_| self.on_device) {
+            Some(device) => {
                 device.fence()?.wait()?;
+                Ok(())
             }
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn capturable(&self) -> bool {
