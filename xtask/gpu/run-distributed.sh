@@ -53,12 +53,13 @@ if want killtrain; then
 echo "== 2b. a rank killed while the two ranks train from CUDA graphs: rank 0 must fail naming rank 1 =="
 (
   export WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29751 WEFT_JOB_TOKEN=killtrain WEFT_TIMEOUT=60
-  common="train-resnet --device cuda --model resnet50 --num-classes 1000 --image-size 224 --batch-size 64 --steps 3000 --quiet --workers 4 --name killtrain --out /tmp/runs"
+  rm -rf /tmp/runs/killtrain
+  common="train-resnet --device cuda --model resnet50 --num-classes 1000 --image-size 224 --batch-size 64 --epochs 50 --quiet --workers 4 --name killtrain --out /tmp/runs"
   RANK=0 LOCAL_RANK=0 timeout 150 $G/xtask $common > "$T/killtrain-rank0.log" 2>&1 &
   r0=$!
   RANK=1 LOCAL_RANK=1 $G/xtask $common > "$T/killtrain-rank1.log" 2>&1 &
   r1=$!
-  sleep 30
+  sleep 25
   killed=$(date +%s.%N)
   kill -9 $r1; wait $r1 2>/dev/null
   wait $r0; status=$?

@@ -58,8 +58,18 @@ pub(crate) struct Health {
 impl Health {
     /// Records `error` (the first one wins) and aborts `comm` so nothing stays blocked in it.
     pub fn fail(&self, error: CommError, comm: &CommHandle) {
-        self.cause.lock().expect("health lock").get_or_insert(error);
+        self.record(error);
         comm.abort();
+    }
+
+    /// Records `error` (the first one wins); later operations are refused with it.
+    pub fn record(&self, error: CommError) {
+        self.cause.lock().expect("health lock").get_or_insert(error);
+    }
+
+    /// Whether the communicator has failed.
+    pub fn failed(&self) -> bool {
+        self.cause.lock().expect("health lock").is_some()
     }
 
     /// `Ok` while the communicator is healthy.
@@ -256,9 +266,15 @@ impl Engine {
 }
 
 impl Drop for Engine {
-    /// Lets the queued operations finish, then stops both threads.
+    /// Lets the queued operations finish, then stops both threads. After a failure the
+    /// threads are left to end on their own: one of them may still be inside NCCL's abort
+    /// (which can wait for kernels a dead peer never completes), and the caller, who already
+    /// has the error, must not wait for it.
     fn drop(&mut self) {
         self.tasks.lock().expect("task lock").take();
+        if self.health.failed() {
+            return;
+        }
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
@@ -298,9 +314,13 @@ impl Launcher {
                     .check("split")
                     .and_then(|()| self.comm.split(color, key, new_rank));
                 if let Err(e) = &result {
-                    self.health.fail(e.clone(), &self.comm);
+                    self.health.record(e.clone());
                 }
+                let failed = result.is_err();
                 let _ = reply.send(result);
+                if failed {
+                    self.comm.abort();
+                }
             }
         }
     }
@@ -353,9 +373,11 @@ impl Launcher {
             }
             Err(e) => {
                 // A rank that did not enqueue its part leaves the others waiting: fail the
-                // communicator so they see an error rather than a hang.
-                self.health.fail(e.clone(), &self.comm);
+                // communicator so they see an error rather than a hang (the caller first:
+                // the abort may wait on the GPU).
+                self.health.record(e.clone());
                 (job.deliver)(Err(e));
+                self.comm.abort();
             }
         }
     }

@@ -78,8 +78,13 @@ impl NcclCommunicator {
             .cuda_stream();
         let stream = &self.engine.stream;
         let issuing = self.engine.issue_here(op)?;
+        // A rank that did not enqueue its part leaves the others waiting: the communicator is
+        // failed and aborted, on another thread (the abort may wait on the GPU; this thread
+        // returns the error at once).
         let fail = |e: CommError| {
-            self.engine.health.fail(e.clone(), &self.engine.comm);
+            self.engine.health.record(e.clone());
+            let comm = self.engine.comm.clone();
+            std::thread::spawn(move || comm.abort());
             e
         };
         let ready = compute

@@ -157,10 +157,14 @@ impl Watchdog {
         })
     }
 
+    /// Fails every outstanding operation with `error`, then aborts the communicator: the
+    /// waiters get their error first, since the abort may wait for kernels that a dead peer
+    /// never lets finish (NCCL kernels inside a replayed CUDA graph).
     fn fail_all(&self, queue: &mut VecDeque<InFlight>, error: CommError) {
-        self.health.fail(error.clone(), &self.comm);
+        self.health.record(error.clone());
         for flight in queue.drain(..) {
             (flight.deliver)(Err(error.clone()));
         }
+        self.comm.abort();
     }
 }
