@@ -2,9 +2,9 @@
 # Runs on the GPU machine (no Rust toolchain there), one GPU: from the repository root with the
 # bundle of `cargo xtask gpu-bundle` carried as `.gpu/`, or from inside a bundle with
 # WEFT_BUNDLE=. (its scripts/ and python/ folders). Builds nothing; writes every result under
-# $OUT (four files: run.log, the two profiles, the packed Nsight Compute CSV) and prints a
+# $OUT (five files: run.log, the two profiles, the packed Nsight Compute CSV, the cuDNN choices) and prints a
 # summary last. Usage: bash xtask/gpu/run-benchmarks.sh [SECTIONS], SECTIONS a comma-separated
-# choice of check,variants,step,profile,smoke (default: all; one device call may run at most 10
+# choice of check,variants,step,algos,profile,smoke (default: all; one device call may run at most 10
 # minutes, so split them over two calls where needed):
 #   1. gpu-check: every CUDA op against the CPU, ResNet-50 training steps in f64 and f32, and
 #      on a machine with two GPUs the NCCL collectives and DDP against one GPU
@@ -12,6 +12,8 @@
 #      weft's kernels but Candle's runtime settings
 #   2. bench-step, weft's defaults beside PyTorch (same call), twice, and once without the
 #      CUDA graph
+#   2b. bench-step with each way of choosing cuDNN's algorithms and several workspace limits,
+#      and the choices themselves
 #   3. where the device time goes: Nsight Compute over weft's steps, torch.profiler over PyTorch's
 #   4. a short CUDA training run of the trainer
 set -uo pipefail
@@ -21,7 +23,7 @@ export WEFT_ANCHOR_PYTHON=python3
 OUT=${OUT:-/tmp/weft-gpu-out}
 mkdir -p "$OUT"
 X=$B/xtask
-SECTIONS=",${1:-check,variants,step,profile,smoke},"
+SECTIONS=",${1:-check,variants,step,algos,profile,smoke},"
 want() { [[ $SECTIONS == *",$1,"* ]]; }
 PY=$B/python
 [ -d "$PY" ] || PY=xtask/python
@@ -35,7 +37,8 @@ if want check; then
   timeout 300 $X gpu-check 2>&1 | tee /tmp/gpu-check.log | tee -a "$OUT/run.log"
 fi
 
-STEP="bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 --steps 10 --warmup 4"
+MODEL="--device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000"
+STEP="bench-step $MODEL --steps 10 --warmup 4"
 want variants && {
   echo "== 2a. bench-step variants: ResNet-50, batch 32, 224x224, fp32 =="
   echo "-- a. Candle's ops for batch norm, ReLU and max-pool; the CUDA runtime as Candle leaves it"
@@ -53,18 +56,33 @@ want step && {
   done
   echo "-- d. weft's defaults without the CUDA graph (the step issued eagerly)"
   timeout 200 $X $STEP --no-anchor --cuda-graph false
-  echo "-- e. CUDA graph, cuDNN algorithms needing at most 16 MiB of workspace (WEFT_CUDNN_WORKSPACE_MB=16)"
-  WEFT_CUDNN_WORKSPACE_MB=16 timeout 200 $X $STEP --no-anchor
 } 2>&1 | tee /tmp/bench-step.log | tee -a "$OUT/run.log"
 
+want algos && {
+  echo "== 2b. how cuDNN's algorithms are chosen (WEFT_CUDNN_ALGO) and the workspace they may take (WEFT_CUDNN_WORKSPACE_MB)"
+  for ws in 64 128 256 1024; do
+    for algo in heuristic exhaustive; do
+      echo "-- $algo, at most $ws MiB of workspace"
+      WEFT_CUDNN_ALGO=$algo WEFT_CUDNN_WORKSPACE_MB=$ws timeout 200 $X $STEP --no-anchor | grep weft:
+    done
+  done
+  echo "-- the algorithm chosen per pass and shape, by heuristics and by cuDNN's timing ($OUT/cudnn-choices.txt)"
+  for algo in heuristic exhaustive; do
+    echo "== WEFT_CUDNN_ALGO=$algo" >> "$OUT/cudnn-choices.txt"
+    WEFT_CUDNN_ALGO=$algo WEFT_CUDNN_LOG=1 timeout 200 $X bench-step $MODEL --no-anchor --steps 1 --warmup 1 \
+      2>> "$OUT/cudnn-choices.txt" | grep weft:
+  done
+} 2>&1 | tee -a /tmp/bench-step.log | tee -a "$OUT/run.log"
+
 if want profile; then
-  echo "== 3. device time per kernel: weft (Nsight Compute, 2 steps) and PyTorch (torch.profiler, 3 steps) =="
+  echo "== 3. device time per kernel: weft (Nsight Compute, 2 timed steps) and PyTorch (torch.profiler, 3 steps) =="
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 300 "$NCU" --csv --print-units base --metrics gpu__time_duration.sum --clock-control none \
-    --cache-control none --log-file "$OUT/ncu-weft.csv" \
-    $X bench-step --device cuda --model resnet50 --batch-size 32 --image-size 224 --num-classes 1000 \
-    --steps 1 --warmup 1 --no-anchor --cuda-graph false > /tmp/ncu-run.log 2>&1
+  WEFT_CUDNN_LOG=1 timeout 300 "$NCU" --csv --print-units base --metrics gpu__time_duration.sum --clock-control none \
+    --cache-control none --profile-from-start off --log-file "$OUT/ncu-weft.csv" \
+    $X bench-step $MODEL --steps 2 --warmup 2 --no-anchor --cuda-graph false > /tmp/ncu-run.log 2>&1
   tail -5 /tmp/ncu-run.log >> "$OUT/run.log"
+  echo "== under Nsight Compute" >> "$OUT/cudnn-choices.txt"
+  grep -E "^cuDNN|^    Candidate" /tmp/ncu-run.log >> "$OUT/cudnn-choices.txt"
   python3 "$PY/kernel_profile.py" "$OUT/ncu-weft.csv" --steps 2 2>&1 | tee "$OUT/profile-weft.txt"
   xz -T0 -f "$OUT/ncu-weft.csv" 2>/dev/null || gzip -f "$OUT/ncu-weft.csv"
   timeout 120 python3 "$PY/torch_step_profile.py" 2>&1 | tee "$OUT/profile-torch.txt"

@@ -192,6 +192,7 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
     for i in 0..args.warmup + args.steps {
         if i == args.warmup {
             reset_peak_memory(&device)?;
+            set_profiler_collection(&device, true)?;
         }
         let start = Instant::now();
         let outcome = trainer.step(&images, &labels, 0.1)?;
@@ -202,6 +203,7 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
             graphed += usize::from(outcome.graphed);
         }
     }
+    set_profiler_collection(&device, false)?;
     if graphed > 0 {
         println!(
             "{graphed} of {} timed steps replayed from a CUDA graph (no forward/backward split)",
@@ -226,6 +228,15 @@ fn reset_peak_memory(device: &candle_core::Device) -> Result<()> {
     #[cfg(feature = "cuda")]
     weft_tensor::cuda_runtime::reset_peak_memory(device)?;
     let _ = device;
+    Ok(())
+}
+
+/// Turns a profiler attached with its collection off at start on or off (GPU only): a
+/// profile of bench-step then holds only the timed steps.
+fn set_profiler_collection(device: &candle_core::Device, on: bool) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    weft_tensor::cuda_runtime::set_profiler_collection(device, on)?;
+    let _ = (device, on);
     Ok(())
 }
 

@@ -14,6 +14,7 @@
 //! allocations (a replayed training step allocates there): the equivalents of PyTorch's
 //! `memory_allocated`, `max_memory_allocated`, `memory_reserved` and `max_memory_reserved`
 //! (peaks as the sum of both peaks, an upper bound of the combined one).
+//! [`set_profiler_collection`] brackets the part of a run an attached profiler records.
 
 use candle_core::Device;
 use cudarc::driver::{result, sys};
@@ -179,4 +180,29 @@ pub fn reset_peak_memory(device: &Device) -> Result<()> {
             .map_err(|e| cuda_error("resetting a graph memory attribute", e))?;
     }
     Ok(())
+}
+
+/// Starts (`true`) or stops (`false`) the collection of a profiler attached with its
+/// collection off at start (`ncu --profile-from-start off`, `nsys --capture-range=cudaProfilerApi`),
+/// so a profile holds the steady-state steps and none of the set-up.
+pub fn set_profiler_collection(device: &Device, on: bool) -> Result<()> {
+    if !device.is_cuda() {
+        return Ok(());
+    }
+    device
+        .as_cuda_device()?
+        .cuda_stream()
+        .context()
+        .bind_to_thread()
+        .map_err(|e| cuda_error("binding the CUDA context", e))?;
+    // SAFETY: the context is bound to this thread; both calls take no arguments.
+    unsafe {
+        if on {
+            sys::cuProfilerStart()
+        } else {
+            sys::cuProfilerStop()
+        }
+    }
+    .result()
+    .map_err(|e| cuda_error("switching the profiler's collection", e))
 }

@@ -23,7 +23,8 @@ use self::resnet::{
     compare_f32_losses, compare_graph_replay, compare_training, compare_whole_graph,
 };
 use self::single_ops::{
-    compare_blend, compare_graph_free_batch_norm, compare_multi_tensor, compare_op,
+    compare_blend, compare_conv_backward_add, compare_graph_free_batch_norm, compare_multi_tensor,
+    compare_op,
 };
 
 /// A convolution to check: name, input shape, weight shape, stride, padding.
@@ -99,6 +100,27 @@ pub fn run() -> Result<()> {
         checks.push(Check {
             name: name.into(),
             error,
+            tolerance: 1e-3,
+        });
+    }
+    // The input gradient added in place (a residual block's two gradients meeting).
+    for (name, x, w, stride_pad) in [
+        (
+            "conv2d_backward_add 3x3 @16",
+            [4, 64, 16, 16],
+            [64, 64, 3, 3],
+            (1, 1),
+        ),
+        (
+            "conv2d_backward_add 1x1/2 @8",
+            [4, 256, 8, 8],
+            [512, 256, 1, 1],
+            (2, 0),
+        ),
+    ] {
+        checks.push(Check {
+            name: name.into(),
+            error: compare_conv_backward_add(&gpu, x, w, stride_pad)?,
             tolerance: 1e-3,
         });
     }

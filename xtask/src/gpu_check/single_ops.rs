@@ -93,6 +93,36 @@ pub(super) fn compare_blend(gpu: &Device) -> Result<f64> {
     relative_error(&run(&Device::Cpu)?, &run(gpu)?)
 }
 
+/// `conv2d_backward_add` (the input gradient added in place, cuDNN's beta = 1) on the GPU
+/// against the CPU: the largest relative error of the tensor added into and of the weight
+/// gradient.
+pub(super) fn compare_conv_backward_add(
+    gpu: &Device,
+    x_dims: [usize; 4],
+    w_dims: [usize; 4],
+    (stride, padding): (usize, usize),
+) -> Result<f64> {
+    let x = Tensor::randn(0f32, 1.0, &x_dims, &Device::Cpu)?;
+    let w = Tensor::randn(0f32, 0.1, &w_dims, &Device::Cpu)?;
+    let dy_dims = ops::conv2d_forward(&x, &w, stride, padding)?
+        .dims()
+        .to_vec();
+    let dy = Tensor::randn(0f32, 1.0, dy_dims, &Device::Cpu)?;
+    let acc = Tensor::randn(0f32, 1.0, &x_dims, &Device::Cpu)?;
+    let run = |device: &Device| -> Result<(Tensor, Tensor)> {
+        let acc = acc.to_device(device)?.copy()?;
+        let (x, w, dy) = (
+            x.to_device(device)?,
+            w.to_device(device)?,
+            dy.to_device(device)?,
+        );
+        let dw = ops::conv2d_backward_add(&acc, &x, &w, &dy, stride, padding)?;
+        Ok((acc.to_device(&Device::Cpu)?, dw.to_device(&Device::Cpu)?))
+    };
+    let (cpu, on_gpu) = (run(&Device::Cpu)?, run(gpu)?);
+    Ok(relative_error(&cpu.0, &on_gpu.0)?.max(relative_error(&cpu.1, &on_gpu.1)?))
+}
+
 /// Sizes of the tensors the multi-tensor checks use: more than one launch's list (48), odd
 /// lengths (byte tails of the copy), a long one (blocks striding), a scalar.
 const MULTI_SIZES: [usize; 61] = {

@@ -64,4 +64,12 @@ impl Conv2d {
         let (dx, dw) = ops::conv2d_backward(x, w, dy, self.stride, self.padding, input_grad)?;
         Ok((dx, (w.id(), dw)))
     }
+
+    /// [`Conv2d::backward`] with the input gradient added into `acc` in place (see
+    /// [`ops::conv2d_backward_add`]); returns the weight's gradient.
+    pub fn backward_add(&self, x: &Tensor, dy: &Tensor, acc: &Tensor) -> Result<ParamGrad> {
+        let w = self.weight.as_tensor();
+        let dw = ops::conv2d_backward_add(acc, x, w, dy, self.stride, self.padding)?;
+        Ok((w.id(), dw))
+    }
 }

@@ -32,7 +32,7 @@ pub struct BucketTiming {
 /// A bucket's all-reduce: through the tensor collectives (completion seen by the host), or
 /// ordered on the device.
 enum Reduction {
-    Host(TensorWork),
+    Host(Box<TensorWork>),
     Device(Box<dyn DeviceJoin>),
 }
 
@@ -128,7 +128,9 @@ impl DistributedDataParallel {
         let data = grads.tensor().narrow(0, range.start, range.len())?;
         let work = match self.comm.device_collectives().filter(|_| self.on_device) {
             Some(device) => Reduction::Device(device.all_reduce_ordered(&data, ReduceOp::Avg)?),
-            None => Reduction::Host(self.comm.all_reduce_tensor_in_place(&data, ReduceOp::Avg)?),
+            None => Reduction::Host(Box::new(
+                self.comm.all_reduce_tensor_in_place(&data, ReduceOp::Avg)?,
+            )),
         };
         self.in_flight.push(InFlight {
             bucket,

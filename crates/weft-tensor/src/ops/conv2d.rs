@@ -56,6 +56,18 @@ pub fn conv2d_backward(
     Ok((dx, dw.expect("the weight gradient was asked for")))
 }
 
+/// The weight gradient of [`conv2d_forward`]`(x, w)` given a contiguous `dy`.
+pub(super) fn conv2d_backward_filter(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    let (_, dw) = conv_grads(x, w, dy, stride, padding, (false, true))?;
+    dw.ok_or_else(|| candle_core::Error::Msg("conv2d: no weight gradient".into()))
+}
+
 /// Input and weight gradients of a convolution, each only when `wanted`.
 fn conv_grads(
     x: &Tensor,
@@ -91,7 +103,7 @@ fn conv_grads(
 }
 
 /// Whether the tensors go to cuDNN: f32/f64 on a CUDA device, in a build with `cudnn`.
-fn uses_cudnn(tensors: &[&Tensor]) -> bool {
+pub(super) fn uses_cudnn(tensors: &[&Tensor]) -> bool {
     cfg!(feature = "cudnn")
         && tensors
             .iter()
@@ -99,7 +111,7 @@ fn uses_cudnn(tensors: &[&Tensor]) -> bool {
 }
 
 /// Validates the shapes of a convolution and derives its problem description.
-fn conv_problem(
+pub(super) fn conv_problem(
     x_dims: &[usize],
     w_dims: &[usize],
     stride: usize,
@@ -161,7 +173,7 @@ impl ConvProblem {
     }
 
     /// Checks that an output gradient has this problem's output shape.
-    fn check_output_grad(&self, dy_dims: &[usize], op: &str) -> Result<()> {
+    pub(super) fn check_output_grad(&self, dy_dims: &[usize], op: &str) -> Result<()> {
         if dy_dims != self.output_shape().dims() {
             bail!(
                 "{op}: output gradient has shape {dy_dims:?}, expected {:?}",

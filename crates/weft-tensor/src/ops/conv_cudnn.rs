@@ -1,9 +1,10 @@
 //! Convolution forward, backward-data and backward-filter through cuDNN (cudarc's `result`
 //! layer), for contiguous f32/f64 NCHW tensors on a CUDA device (feature `cudnn`). One cuDNN
 //! handle per thread and stream (handles are neither `Send` nor `Sync`); per pass and shape a
-//! [`Plan`] (descriptors and the algorithm: cuDNN's heuristic choice, or the fastest when timed
-//! with `WEFT_CUDNN_BENCHMARK=1`) is built on first use and cached, so each later call is one
-//! cuDNN launch with a workspace from the memory pool.
+//! [`Plan`] (descriptors and the algorithm, chosen as `cudnn_search` describes) is built on
+//! first use and cached, so each later call is one
+//! cuDNN launch with a workspace from the memory pool. A pass either writes a new tensor or adds
+//! its result into an existing one (cuDNN's beta = 1), as a residual block's input gradient does.
 //!
 //! f32 convolutions may use TF32 tensor cores, as PyTorch's (`torch.backends.cudnn.allow_tf32`
 //! is on by default); [`set_allow_tf32`] turns that off for full fp32 products.
@@ -18,11 +19,12 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::{bail, DType, Layout, Result, WithDType};
 use cudarc::cudnn::sys;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use super::conv_cpu::ConvProblem;
 pub(crate) use super::cudnn_plan::CudnnPass;
-use super::cudnn_plan::{Algo, Handle, Plan, SearchBuffers};
+use super::cudnn_plan::{Handle, Operands, Plan};
+use super::cudnn_search::{self, AlgoSearch};
 
 static ALLOW_TF32: AtomicBool = AtomicBool::new(true);
 
@@ -31,16 +33,7 @@ pub fn set_allow_tf32(allow: bool) {
     ALLOW_TF32.store(allow, Ordering::Relaxed);
 }
 
-/// Environment variable that turns benchmark mode on (`1`): each new convolution shape times
-/// every algorithm instead of taking cuDNN's heuristic choice, PyTorch's `cudnn.benchmark`.
-pub const CUDNN_BENCHMARK_VAR: &str = "WEFT_CUDNN_BENCHMARK";
-
-fn benchmark_mode() -> bool {
-    static MODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| std::env::var(CUDNN_BENCHMARK_VAR).is_ok_and(|v| v == "1"))
-}
-
-/// Workspace (bytes) offered to the timed algorithm search of a new plan (benchmark mode).
+/// Workspace (bytes) offered to cuDNN's own timed search of a new plan (`exhaustive` mode).
 const SEARCH_WORKSPACE: usize = 256 << 20;
 
 type PlanKey = (CudnnPass, DType, [usize; 9], bool);
@@ -83,6 +76,14 @@ fn view<'a, T: CudaDType>(
     Ok(slice.slice(layout.start_offset()..layout.start_offset() + layout.shape().elem_count()))
 }
 
+/// Where a pass puts its result.
+enum Output<'a> {
+    /// A new buffer of this many elements (beta = 0).
+    New(usize),
+    /// Added into this contiguous buffer (beta = 1).
+    AddTo(&'a mut CudaStorage, &'a Layout),
+}
+
 fn data_type(dtype: DType) -> Result<sys::cudnnDataType_t> {
     match dtype {
         DType::F32 => Ok(sys::cudnnDataType_t::CUDNN_DATA_FLOAT),
@@ -91,43 +92,55 @@ fn data_type(dtype: DType) -> Result<sys::cudnnDataType_t> {
     }
 }
 
-/// The cached plan of `key`, or a new one searched on `buffers`' tensors.
+/// The cached plan of `key`, or a new one whose algorithm is chosen for the first call's
+/// buffers `on` (an exhaustive search overwrites the operand the pass writes).
 fn plan(
     key: PlanKey,
     handle: &Handle,
     p: &ConvProblem,
     device: &CudaDevice,
-    buffers: impl FnOnce(*mut c_void, usize) -> SearchBuffers,
+    on: Operands,
 ) -> Result<Rc<Plan>> {
-    if let Some(plan) = PLANS.with(|plans| plans.borrow().get(&key).cloned()) {
+    if let Some(plan) = cached_plan(&key) {
         return Ok(plan);
     }
-    let search_len = if benchmark_mode() {
-        SEARCH_WORKSPACE
-    } else {
-        0
-    };
-    // SAFETY: scratch memory for the search only.
-    let workspace: CudaSlice<u8> = unsafe { device.alloc::<u8>(search_len.max(1))? };
+    let mode = AlgoSearch::from_env()?;
     let stream = device.cuda_stream();
-    let (at, _) = workspace.device_ptr(&stream);
-    // SAFETY: the handle is bound to this device's stream and the buffers hold the problem's
-    // tensors (see `run`).
+    // SAFETY: the handle is bound to this device's stream and `on` holds the problem's
+    // tensors (see `run`); the search's workspace is allocated for it.
     let plan = unsafe {
-        Plan::new(
-            handle.0,
-            key.0,
-            p,
-            data_type(key.1)?,
-            key.3,
-            benchmark_mode(),
-            &buffers(at as *mut c_void, search_len),
-        )
-    }
-    .map_err(wrap("algorithm search"))?;
+        let mut plan = Plan::describe(p, data_type(key.1)?, key.3).map_err(wrap("descriptors"))?;
+        let candidates = if mode == AlgoSearch::Exhaustive {
+            let workspace: CudaSlice<u8> = device.alloc::<u8>(SEARCH_WORKSPACE)?;
+            let (ws, _) = workspace.device_ptr(&stream);
+            let timed_on = (on, ws as *mut c_void, SEARCH_WORKSPACE);
+            plan.candidates(handle.0, key.0, Some(timed_on))
+        } else {
+            plan.candidates(handle.0, key.0, None)
+        }
+        .map_err(wrap("algorithm search"))?;
+        let shape = format!("{:?} {:?}", key.1, key.2);
+        cudnn_search::choose(&mut plan, handle.0, (key.0, &shape), mode, candidates)?;
+        plan
+    };
     let plan = Rc::new(plan);
     PLANS.with(|plans| plans.borrow_mut().insert(key, plan.clone()));
     Ok(plan)
+}
+
+fn cached_plan(key: &PlanKey) -> Option<Rc<Plan>> {
+    PLANS.with(|plans| plans.borrow().get(key).cloned())
+}
+
+/// The operands in the descriptors' roles from the two arguments and the output: `(x, w)`
+/// forward, `(dy, w)` backward-data, `(x, dy)` backward-filter.
+fn operands(pass: CudnnPass, a: *mut c_void, b: *mut c_void, out: *mut c_void) -> Operands {
+    let (x, w, y) = match pass {
+        CudnnPass::Forward => (a, b, out),
+        CudnnPass::BackwardData => (out, b, a),
+        CudnnPass::BackwardFilter => (a, out, b),
+    };
+    Operands { x, w, y }
 }
 
 fn run<T: CudaDType + DeviceRepr + WithDType>(
@@ -135,8 +148,8 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
     p: &ConvProblem,
     (a, la): (&CudaStorage, &Layout),
     (b, lb): (&CudaStorage, &Layout),
-    out_len: usize,
-) -> Result<CudaStorage> {
+    output: Output<'_>,
+) -> Result<Option<CudaStorage>> {
     let device = a.device.clone();
     let stream = device.cuda_stream();
     let cudnn = handle(&stream)?;
@@ -144,16 +157,26 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
         view::<T>(a, la, "first argument")?,
         view::<T>(b, lb, "second argument")?,
     );
-    // SAFETY: every element of the output is written by cuDNN (beta = 0).
-    let out: CudaSlice<T> = unsafe { device.alloc::<T>(out_len)? };
     let (a_at, _) = a.device_ptr(&stream);
     let (b_at, _) = b.device_ptr(&stream);
-    let (out_at, _) = out.device_ptr(&stream);
-    let (a_at, b_at, out_at) = (
-        a_at as *mut c_void,
-        b_at as *mut c_void,
-        out_at as *mut c_void,
-    );
+    let (a_at, b_at) = (a_at as *mut c_void, b_at as *mut c_void);
+    let (new, out_at, out_len, beta) = match output {
+        Output::New(len) => {
+            // SAFETY: every element of the output is written by cuDNN (beta = 0).
+            let out: CudaSlice<T> = unsafe { device.alloc::<T>(len)? };
+            let (at, _) = out.device_ptr(&stream);
+            (Some(out), at as *mut c_void, len, 0.0)
+        }
+        Output::AddTo(storage, layout) => {
+            if !layout.is_contiguous() {
+                bail!("cuDNN convolution: the tensor added into must be contiguous");
+            }
+            let range = layout.start_offset()..layout.start_offset() + layout.shape().elem_count();
+            let mut target = storage.as_cuda_slice_mut::<T>()?.slice_mut(range.clone());
+            let (at, _) = target.device_ptr_mut(&stream);
+            (None, at as *mut c_void, range.len(), 1.0)
+        }
+    };
     let g = &p.geom;
     let key = (
         pass,
@@ -163,85 +186,42 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
         ],
         ALLOW_TF32.load(Ordering::Relaxed),
     );
-    // (x, w, y) of the descriptors: `(x, w)` forward, `(dy, w)` backward-data, `(x, dy)`
-    // backward-filter, and the output.
-    let (x, w, y) = match pass {
-        CudnnPass::Forward => (a_at, b_at, out_at),
-        CudnnPass::BackwardData => (out_at, b_at, a_at),
-        CudnnPass::BackwardFilter => (a_at, out_at, b_at),
+    // cuDNN's own search writes its candidates' results: never into a tensor added into.
+    let searches = AlgoSearch::from_env()? == AlgoSearch::Exhaustive && cached_plan(&key).is_none();
+    let search_scratch = if beta != 0.0 && searches {
+        // SAFETY: scratch memory the search writes before reading.
+        Some(unsafe { device.alloc::<T>(out_len)? })
+    } else {
+        None
     };
-    let plan = plan(key, &cudnn, p, &device, |workspace, workspace_len| {
-        SearchBuffers {
-            x,
-            w,
-            y,
-            workspace,
-            workspace_len,
-        }
-    })?;
+    let search_out = match &search_scratch {
+        Some(scratch) => scratch.device_ptr(&stream).0 as *mut c_void,
+        None => out_at,
+    };
+    let plan = plan(
+        key,
+        &cudnn,
+        p,
+        &device,
+        operands(pass, a_at, b_at, search_out),
+    )?;
     // SAFETY: scratch memory for cuDNN only.
     let workspace: CudaSlice<u8> = unsafe { device.alloc::<u8>(plan.workspace.max(1))? };
     let (ws, _) = workspace.device_ptr(&stream);
-    let (one, zero) = (T::from_f64(1.0), T::from_f64(0.0));
-    let (alpha, beta) = (
-        (&raw const one).cast::<c_void>(),
-        (&raw const zero).cast::<c_void>(),
-    );
-    let ws = ws as *mut c_void;
-    // SAFETY: the pointers address the problem's tensors as the plan's descriptors describe
+    let (one, beta) = (T::from_f64(1.0), T::from_f64(beta));
+    let scalars = ((&raw const one).cast(), (&raw const beta).cast());
+    // SAFETY: the operands address the problem's tensors as the plan's descriptors describe
     // them (contiguous NCHW of T), and `plan.workspace` bytes of workspace.
     unsafe {
-        use cudarc::cudnn::result;
-        match plan.algo {
-            Algo::Forward(algo) => result::convolution_forward(
-                cudnn.0,
-                alpha,
-                plan.x,
-                x,
-                plan.w,
-                w,
-                plan.conv,
-                algo,
-                ws,
-                plan.workspace,
-                beta,
-                plan.y,
-                y,
-            ),
-            Algo::BackwardData(algo) => result::convolution_backward_data(
-                cudnn.0,
-                alpha,
-                plan.w,
-                w,
-                plan.y,
-                y,
-                plan.conv,
-                algo,
-                ws,
-                plan.workspace,
-                beta,
-                plan.x,
-                x,
-            ),
-            Algo::BackwardFilter(algo) => result::convolution_backward_filter(
-                cudnn.0,
-                alpha,
-                plan.x,
-                x,
-                plan.y,
-                y,
-                plan.conv,
-                algo,
-                ws,
-                plan.workspace,
-                beta,
-                plan.w,
-                w,
-            ),
-        }
+        plan.launch(
+            cudnn.0,
+            operands(pass, a_at, b_at, out_at),
+            ws as *mut c_void,
+            scalars,
+        )
     }
     .map_err(wrap("convolution"))?;
-    Ok(CudaStorage::wrap_cuda_slice(out, device))
+    Ok(new.map(|out| CudaStorage::wrap_cuda_slice(out, device)))
 }
 
 /// Runs `pass` of problem `p` on two CUDA arguments: `(x, w)` forward, `(dy, w)` backward-data,
@@ -253,9 +233,28 @@ pub(crate) fn cudnn_conv(
     b: (&CudaStorage, &Layout),
     out_len: usize,
 ) -> Result<CudaStorage> {
-    match a.0.dtype() {
-        DType::F32 => run::<f32>(pass, p, a, b, out_len),
-        DType::F64 => run::<f64>(pass, p, a, b, out_len),
+    let new = match a.0.dtype() {
+        DType::F32 => run::<f32>(pass, p, a, b, Output::New(out_len))?,
+        DType::F64 => run::<f64>(pass, p, a, b, Output::New(out_len))?,
         other => bail!("cuDNN convolution: dtype {other:?} is not supported (f32, f64)"),
-    }
+    };
+    new.ok_or_else(|| candle_core::Error::Msg("cuDNN convolution: no output buffer".into()))
+}
+
+/// Adds the input gradient of problem `p` from `dy` and `w` into `acc` (`acc += dx`, one
+/// cuDNN backward-data launch with beta = 1).
+pub(crate) fn cudnn_conv_backward_data_add(
+    p: &ConvProblem,
+    acc: (&mut CudaStorage, &Layout),
+    dy: (&CudaStorage, &Layout),
+    w: (&CudaStorage, &Layout),
+) -> Result<()> {
+    let pass = CudnnPass::BackwardData;
+    let output = Output::AddTo(acc.0, acc.1);
+    match dy.0.dtype() {
+        DType::F32 => run::<f32>(pass, p, dy, w, output)?,
+        DType::F64 => run::<f64>(pass, p, dy, w, output)?,
+        other => bail!("cuDNN convolution: dtype {other:?} is not supported (f32, f64)"),
+    };
+    Ok(())
 }

@@ -1,40 +1,14 @@
 //! A cuDNN convolution plan: the tensor, filter and convolution descriptors of one problem
-//! (owned, over cudarc's `result` layer) and the algorithm chosen for one pass, either the
-//! first that cuDNN's heuristics rank for the shape and that fits the workspace limit
-//! (`cudnnGetConvolution*Algorithm_v7`, PyTorch's default), or, in benchmark mode, the fastest
-//! when every candidate is timed on the first call's own buffers (`cudnnFind*AlgorithmEx`,
-//! PyTorch's `cudnn.benchmark`). Plans are built once per pass, dtype, shape and math mode,
-//! and reused by every later call, so a call costs one cuDNN launch and no descriptor set-up.
-//!
-//! Benchmark mode is off by default: a single timing per algorithm is at the mercy of whatever
-//! else the GPU does at that moment (under Nsight Compute it chose algorithms five times slower
-//! than the heuristics').
+//! (owned, over cudarc's `result` layer), the algorithm chosen for one pass (by
+//! `cudnn_search`) with its math type and workspace, and the launch of that pass. Plans are
+//! built once per pass, dtype, shape and math mode and reused by every later call, so a call
+//! costs one cuDNN launch and no descriptor set-up.
 
 use std::ffi::c_void;
 
 use cudarc::cudnn::{result, sys};
 
 use super::conv_cpu::ConvProblem;
-
-/// Largest workspace (bytes) an algorithm may need to be chosen, by default: the search
-/// tries larger ones too, but a training step allocates the workspace at every call, and peak
-/// memory is a goal as much as speed. `WEFT_CUDNN_WORKSPACE_MB` sets another limit.
-const WORKSPACE_LIMIT: usize = 64 << 20;
-/// Environment variable overriding [`WORKSPACE_LIMIT`], in MiB.
-pub const WORKSPACE_VAR: &str = "WEFT_CUDNN_WORKSPACE_MB";
-
-fn workspace_limit() -> usize {
-    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        std::env::var(WORKSPACE_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .map_or(WORKSPACE_LIMIT, |mb| mb << 20)
-    })
-}
-/// Among algorithms within this factor of the fastest allowed one, the one needing the least
-/// workspace is taken.
-const TIME_SLACK: f32 = 1.03;
 
 /// Which convolution a cuDNN call computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,28 +19,63 @@ pub(crate) enum CudnnPass {
 }
 
 /// The algorithm of a plan, as cuDNN numbers it for its pass.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Algo {
     Forward(sys::cudnnConvolutionFwdAlgo_t),
     BackwardData(sys::cudnnConvolutionBwdDataAlgo_t),
     BackwardFilter(sys::cudnnConvolutionBwdFilterAlgo_t),
 }
 
+impl Algo {
+    /// Whether the algorithm sums the products of the convolution itself (implicit, explicit
+    /// or direct GEMM), rather than multiplying in a transformed domain (FFT, Winograd), which
+    /// rounds differently: in f32, errors several times those of the direct sums.
+    pub fn sums_products(self) -> bool {
+        use sys::cudnnConvolutionBwdDataAlgo_t as D;
+        use sys::cudnnConvolutionBwdFilterAlgo_t as F;
+        use sys::cudnnConvolutionFwdAlgo_t as Y;
+        match self {
+            Algo::Forward(a) => matches!(
+                a,
+                Y::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
+                    | Y::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+                    | Y::CUDNN_CONVOLUTION_FWD_ALGO_GEMM
+                    | Y::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT
+            ),
+            Algo::BackwardData(a) => matches!(
+                a,
+                D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 | D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1
+            ),
+            Algo::BackwardFilter(a) => matches!(
+                a,
+                F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0
+                    | F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1
+                    | F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3
+            ),
+        }
+    }
+}
+
 pub(crate) type CudnnResult<T> = std::result::Result<T, result::CudnnError>;
 
 /// The descriptors of one convolution problem and the algorithm chosen for one pass.
 pub(crate) struct Plan {
-    pub x: sys::cudnnTensorDescriptor_t,
-    pub w: sys::cudnnFilterDescriptor_t,
-    pub y: sys::cudnnTensorDescriptor_t,
-    pub conv: sys::cudnnConvolutionDescriptor_t,
+    x: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+    /// f32 data with TF32 turned off: every algorithm runs with FMA math.
+    fma_only: bool,
+    /// f64 data, or `fma_only`: full-precision products asked for (no FFT or Winograd).
+    precise: bool,
     pub algo: Algo,
+    /// Workspace bytes the chosen algorithm needs.
     pub workspace: usize,
 }
 
 impl Drop for Plan {
     fn drop(&mut self) {
-        // SAFETY: each descriptor was created by `Plan::new` and is destroyed once, here.
+        // SAFETY: each descriptor was created by `Plan::describe` and is destroyed once, here.
         unsafe {
             let _ = result::destroy_tensor_descriptor(self.x);
             let _ = result::destroy_filter_descriptor(self.w);
@@ -76,73 +85,62 @@ impl Drop for Plan {
     }
 }
 
-/// Device buffers of the first call, on which the search times the algorithms: `(x, w, y)`
-/// for the forward, `(dx, w, dy)` for backward-data, `(x, dw, dy)` for backward-filter; the
-/// one the pass writes is overwritten by the search.
-pub(crate) struct SearchBuffers {
+/// Device buffers of the problem's tensors in the descriptors' roles: `(x, w, y)` for every
+/// pass (the forward writes `y`, backward-data `x`, backward-filter `w`).
+#[derive(Clone, Copy)]
+pub(crate) struct Operands {
     pub x: *mut c_void,
     pub w: *mut c_void,
     pub y: *mut c_void,
-    pub workspace: *mut c_void,
-    pub workspace_len: usize,
 }
 
-/// One algorithm's measured time and workspace, whatever its pass.
-struct Candidate<A> {
-    algo: A,
-    time: f32,
-    memory: usize,
-    math: sys::cudnnMathType_t,
+/// One algorithm cuDNN offers for a pass: its time (milliseconds, when measured; negative
+/// when only ranked), workspace and math type.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Candidate {
+    pub algo: Algo,
+    pub time: f32,
+    pub memory: usize,
+    pub math: sys::cudnnMathType_t,
 }
 
-/// The best-ranked candidate (cuDNN's heuristics list them best first) within
-/// [`WORKSPACE_LIMIT`], else the best-ranked one.
-fn first_fit<A: Copy>(candidates: Vec<Candidate<A>>) -> Option<Candidate<A>> {
-    let within = candidates
-        .iter()
-        .position(|c| c.memory <= workspace_limit());
-    candidates.into_iter().nth(within.unwrap_or(0))
-}
-
-/// The fastest candidate within [`WORKSPACE_LIMIT`], then the least memory within
-/// [`TIME_SLACK`] of it.
-fn choose<A: Copy>(candidates: Vec<Candidate<A>>) -> Option<Candidate<A>> {
-    let allowed: Vec<Candidate<A>> = candidates
-        .into_iter()
-        .filter(|c| c.memory <= workspace_limit() && c.time >= 0.0)
-        .collect();
-    let fastest = allowed.iter().map(|c| c.time).fold(f32::INFINITY, f32::min);
-    allowed
-        .into_iter()
-        .filter(|c| c.time <= fastest * TIME_SLACK)
-        .min_by_key(|c| c.memory)
+/// Converts cuDNN's per-pass perf structs into [`Candidate`]s, skipping failed entries.
+macro_rules! candidates {
+    ($results:expr, $count:expr, $variant:path) => {
+        $results[..$count as usize]
+            .iter()
+            .filter(|r| r.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
+            .map(|r| Candidate {
+                algo: $variant(r.algo),
+                time: r.time,
+                memory: r.memory,
+                math: r.mathType,
+            })
+            .collect::<Vec<_>>()
+    };
 }
 
 impl Plan {
-    /// Describes `p` (NCHW, `data_type`; TF32 tensor cores for f32 unless `tf32` is false)
-    /// and picks the algorithm of `pass` with `handle`: by heuristics, or with `benchmark` by
-    /// timing every candidate on `buffers`.
+    /// Describes `p` (NCHW, `data_type`; TF32 tensor cores allowed for f32 unless `tf32` is
+    /// false). The algorithm is a placeholder until [`Plan::select`].
     ///
     /// # Safety
-    /// `handle` is a live cuDNN handle bound to the stream the buffers are used on, and the
-    /// buffers hold the problem's tensors (and `workspace_len` bytes of workspace).
-    pub unsafe fn new(
-        handle: sys::cudnnHandle_t,
-        pass: CudnnPass,
+    /// cuDNN must be loadable (a CUDA device exists).
+    pub unsafe fn describe(
         p: &ConvProblem,
         data_type: sys::cudnnDataType_t,
         tf32: bool,
-        benchmark: bool,
-        buffers: &SearchBuffers,
     ) -> CudnnResult<Self> {
         let g = &p.geom;
         let i = |v: usize| v as i32;
         let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
-        let mut plan = Plan {
+        let plan = Plan {
             x: result::create_tensor_descriptor()?,
             w: result::create_filter_descriptor()?,
             y: result::create_tensor_descriptor()?,
             conv: result::create_convolution_descriptor()?,
+            fma_only: data_type == sys::cudnnDataType_t::CUDNN_DATA_FLOAT && !tf32,
+            precise: data_type == sys::cudnnDataType_t::CUDNN_DATA_DOUBLE || !tf32,
             algo: Algo::Forward(sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_GEMM),
             workspace: 0,
         };
@@ -175,21 +173,94 @@ impl Plan {
             sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
             data_type,
         )?;
-        let fma_only = data_type == sys::cudnnDataType_t::CUDNN_DATA_FLOAT && !tf32;
-        if fma_only {
+        if plan.fma_only {
             result::set_convolution_math_type(plan.conv, sys::cudnnMathType_t::CUDNN_FMA_MATH)?;
         }
-        let math = plan.search(handle, pass, benchmark, buffers)?;
-        if !fma_only {
-            result::set_convolution_math_type(plan.conv, math)?;
-        }
-        plan.workspace = plan.workspace.max(plan.workspace_size(handle)?);
         Ok(plan)
     }
 
-    /// The workspace the chosen algorithm needs with the descriptors as they are now.
-    unsafe fn workspace_size(&self, handle: sys::cudnnHandle_t) -> CudnnResult<usize> {
-        match self.algo {
+    /// The algorithms of `pass`: ranked by cuDNN's heuristics
+    /// (`cudnnGetConvolution*Algorithm_v7`, best first), or, given `timed_on`, each run by
+    /// cuDNN on those buffers and listed fastest first (`cudnnFind*AlgorithmEx`).
+    ///
+    /// # Safety
+    /// `handle` is live; `timed_on`'s buffers hold the problem's tensors and the workspace.
+    pub unsafe fn candidates(
+        &self,
+        handle: sys::cudnnHandle_t,
+        pass: CudnnPass,
+        timed_on: Option<(Operands, *mut c_void, usize)>,
+    ) -> CudnnResult<Vec<Candidate>> {
+        const MAX: usize = 16;
+        let (n, mut count) = (MAX as i32, 0);
+        Ok(match pass {
+            CudnnPass::Forward => {
+                let mut results = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX];
+                let out = results.as_mut_ptr();
+                match timed_on {
+                    Some((b, ws, ws_len)) => sys::cudnnFindConvolutionForwardAlgorithmEx(
+                        handle, self.x, b.x, self.w, b.w, self.conv, self.y, b.y, n, &mut count,
+                        out, ws, ws_len,
+                    )
+                    .result()?,
+                    None => result::get_convolution_forward_algorithm(
+                        handle, self.x, self.w, self.conv, self.y, n, &mut count, out,
+                    )?,
+                }
+                candidates!(results, count, Algo::Forward)
+            }
+            CudnnPass::BackwardData => {
+                let mut results =
+                    [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX];
+                let out = results.as_mut_ptr();
+                match timed_on {
+                    Some((b, ws, ws_len)) => sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
+                        handle, self.w, b.w, self.y, b.y, self.conv, self.x, b.x, n, &mut count,
+                        out, ws, ws_len,
+                    )
+                    .result()?,
+                    None => result::get_convolution_backward_data_algorithm(
+                        handle, self.w, self.y, self.conv, self.x, n, &mut count, out,
+                    )?,
+                }
+                candidates!(results, count, Algo::BackwardData)
+            }
+            CudnnPass::BackwardFilter => {
+                let mut results =
+                    [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX];
+                let out = results.as_mut_ptr();
+                match timed_on {
+                    Some((b, ws, ws_len)) => sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                        handle, self.x, b.x, self.y, b.y, self.conv, self.w, b.w, n, &mut count,
+                        out, ws, ws_len,
+                    )
+                    .result()?,
+                    None => result::get_convolution_backward_filter_algorithm(
+                        handle, self.x, self.y, self.conv, self.w, n, &mut count, out,
+                    )?,
+                }
+                candidates!(results, count, Algo::BackwardFilter)
+            }
+        })
+    }
+
+    /// Whether the plan computes full-precision products (f64, or f32 with TF32 off): only
+    /// algorithms that [`Algo::sums_products`] may then be chosen.
+    pub fn precise(&self) -> bool {
+        self.precise
+    }
+
+    /// Makes `c` the plan's algorithm: its math type (unless FMA only) and the workspace
+    /// it needs with these descriptors.
+    ///
+    /// # Safety
+    /// `handle` is live.
+    pub unsafe fn select(&mut self, handle: sys::cudnnHandle_t, c: &Candidate) -> CudnnResult<()> {
+        if !self.fma_only {
+            result::set_convolution_math_type(self.conv, c.math)?;
+        }
+        self.algo = c.algo;
+        self.workspace = match self.algo {
             Algo::Forward(a) => result::get_convolution_forward_workspace_size(
                 handle, self.x, self.w, self.conv, self.y, a,
             ),
@@ -199,134 +270,37 @@ impl Plan {
             Algo::BackwardFilter(a) => result::get_convolution_backward_filter_workspace_size(
                 handle, self.x, self.y, self.conv, self.w, a,
             ),
-        }
+        }?
+        .max(c.memory);
+        Ok(())
     }
 
-    /// Picks the algorithm of `pass` (timing the candidates with `benchmark`), keeps it;
-    /// returns its math type.
-    unsafe fn search(
-        &mut self,
+    /// Runs the plan's pass: `out = alpha * conv + beta * out`, `out` being the operand the
+    /// pass writes.
+    ///
+    /// # Safety
+    /// `handle` is live and bound to the stream the buffers are used on; `o` addresses the
+    /// problem's tensors as the descriptors describe them; `workspace` holds at least
+    /// `self.workspace` bytes; `alpha` and `beta` point to scalars of the compute type.
+    pub unsafe fn launch(
+        &self,
         handle: sys::cudnnHandle_t,
-        pass: CudnnPass,
-        benchmark: bool,
-        b: &SearchBuffers,
-    ) -> CudnnResult<sys::cudnnMathType_t> {
-        const MAX: usize = 16;
-        let mut count = 0;
-        macro_rules! pick {
-            ($results:expr) => {{
-                let candidates = $results[..count as usize]
-                    .iter()
-                    .filter(|r| r.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
-                    .map(|r| Candidate {
-                        algo: r.algo,
-                        time: r.time,
-                        memory: r.memory,
-                        math: r.mathType,
-                    })
-                    .collect::<Vec<_>>();
-                let chosen = if benchmark {
-                    choose(candidates)
-                } else {
-                    first_fit(candidates)
-                };
-                chosen.ok_or(result::CudnnError(
-                    sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED,
-                ))?
-            }};
+        o: Operands,
+        workspace: *mut c_void,
+        (alpha, beta): (*const c_void, *const c_void),
+    ) -> CudnnResult<()> {
+        let (ws, len) = (workspace, self.workspace);
+        match self.algo {
+            Algo::Forward(a) => result::convolution_forward(
+                handle, alpha, self.x, o.x, self.w, o.w, self.conv, a, ws, len, beta, self.y, o.y,
+            ),
+            Algo::BackwardData(a) => result::convolution_backward_data(
+                handle, alpha, self.w, o.w, self.y, o.y, self.conv, a, ws, len, beta, self.x, o.x,
+            ),
+            Algo::BackwardFilter(a) => result::convolution_backward_filter(
+                handle, alpha, self.x, o.x, self.y, o.y, self.conv, a, ws, len, beta, self.w, o.w,
+            ),
         }
-        let n = MAX as i32;
-        let (algo, memory, math) = match pass {
-            CudnnPass::Forward => {
-                let mut results = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX];
-                let out = results.as_mut_ptr();
-                if benchmark {
-                    sys::cudnnFindConvolutionForwardAlgorithmEx(
-                        handle,
-                        self.x,
-                        b.x,
-                        self.w,
-                        b.w,
-                        self.conv,
-                        self.y,
-                        b.y,
-                        n,
-                        &mut count,
-                        out,
-                        b.workspace,
-                        b.workspace_len,
-                    )
-                    .result()?;
-                } else {
-                    result::get_convolution_forward_algorithm(
-                        handle, self.x, self.w, self.conv, self.y, n, &mut count, out,
-                    )?;
-                }
-                let c = pick!(results);
-                (Algo::Forward(c.algo), c.memory, c.math)
-            }
-            CudnnPass::BackwardData => {
-                let mut results =
-                    [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX];
-                let out = results.as_mut_ptr();
-                if benchmark {
-                    sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                        handle,
-                        self.w,
-                        b.w,
-                        self.y,
-                        b.y,
-                        self.conv,
-                        self.x,
-                        b.x,
-                        n,
-                        &mut count,
-                        out,
-                        b.workspace,
-                        b.workspace_len,
-                    )
-                    .result()?;
-                } else {
-                    result::get_convolution_backward_data_algorithm(
-                        handle, self.w, self.y, self.conv, self.x, n, &mut count, out,
-                    )?;
-                }
-                let c = pick!(results);
-                (Algo::BackwardData(c.algo), c.memory, c.math)
-            }
-            CudnnPass::BackwardFilter => {
-                let mut results =
-                    [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX];
-                let out = results.as_mut_ptr();
-                if benchmark {
-                    sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                        handle,
-                        self.x,
-                        b.x,
-                        self.y,
-                        b.y,
-                        self.conv,
-                        self.w,
-                        b.w,
-                        n,
-                        &mut count,
-                        out,
-                        b.workspace,
-                        b.workspace_len,
-                    )
-                    .result()?;
-                } else {
-                    result::get_convolution_backward_filter_algorithm(
-                        handle, self.x, self.y, self.conv, self.w, n, &mut count, out,
-                    )?;
-                }
-                let c = pick!(results);
-                (Algo::BackwardFilter(c.algo), c.memory, c.math)
-            }
-        };
-        self.algo = algo;
-        self.workspace = memory;
-        Ok(math)
     }
 }
 
@@ -349,44 +323,5 @@ impl Drop for Handle {
         unsafe {
             let _ = result::destroy_handle(self.0);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn c(algo: u32, time: f32, memory: usize) -> Candidate<u32> {
-        Candidate {
-            algo,
-            time,
-            memory,
-            math: sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
-        }
-    }
-
-    #[test]
-    fn the_fastest_within_the_limit_then_the_leanest_close_to_it() {
-        let picked = choose(vec![
-            c(0, 1.00, WORKSPACE_LIMIT + 1),
-            c(1, 1.10, 4 << 20),
-            c(2, 1.12, 1 << 20),
-            c(3, 1.30, 0),
-        ])
-        .unwrap();
-        assert_eq!(picked.algo, 2);
-        assert!(choose::<u32>(vec![c(0, 1.0, usize::MAX)]).is_none());
-    }
-
-    #[test]
-    fn heuristics_take_the_best_ranked_that_fits() {
-        let ranked = vec![
-            c(5, -1.0, WORKSPACE_LIMIT + 1),
-            c(3, -1.0, 0),
-            c(4, -1.0, 0),
-        ];
-        assert_eq!(first_fit(ranked).unwrap().algo, 3);
-        let none_fits = vec![c(5, -1.0, usize::MAX), c(6, -1.0, usize::MAX)];
-        assert_eq!(first_fit(none_fits).unwrap().algo, 5);
     }
 }

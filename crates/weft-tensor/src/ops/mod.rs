@@ -13,8 +13,9 @@
 //!   one CUDA launch per 48 tensors.
 //!
 //! Each op also comes as a graph-free forward and its backward (`conv2d_forward` /
-//! `conv2d_backward`, …) for blocks that differentiate themselves
-//! ([`crate::ExplicitBackward`]), where [`has_kernels`] says they apply.
+//! `conv2d_backward`, or [`conv2d_backward_add`] adding the input gradient in place, …) for
+//! blocks that differentiate themselves ([`crate::ExplicitBackward`]), where [`has_kernels`]
+//! says they apply.
 //!
 //! The CPU kernels handle f32 and f64. With the `cuda` feature, batch norm, ReLU and max-pool
 //! on CUDA f32/f64 tensors run the kernels of `kernels/` ([`set_cuda_kernels`] turns them off);
@@ -28,6 +29,7 @@ mod batch_norm_cpu;
 mod batch_norm_cuda;
 mod batch_norm_op;
 mod conv2d;
+mod conv_add;
 mod conv_cpu;
 #[cfg(feature = "cudnn")]
 mod conv_cudnn;
@@ -35,6 +37,8 @@ mod conv_cudnn;
 mod cuda_launch;
 #[cfg(feature = "cudnn")]
 mod cudnn_plan;
+#[cfg(feature = "cudnn")]
+mod cudnn_search;
 mod im2col;
 mod matmul;
 mod max_pool;
@@ -56,8 +60,13 @@ pub use batch_norm::{
     BatchNormGrads, BatchNormOutput,
 };
 pub use conv2d::{conv2d, conv2d_backward, conv2d_forward};
+pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]
-pub use conv_cudnn::{set_allow_tf32, CUDNN_BENCHMARK_VAR};
+pub use conv_cudnn::set_allow_tf32;
+#[cfg(feature = "cudnn")]
+pub use cudnn_search::{
+    ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
+};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
 pub use multi_tensor::{copy_tensors, sgd_tensors, SgdStep};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};

@@ -1,9 +1,9 @@
 //! The ResNet blocks' own backward passes ([`ExplicitBackward`]): a graph-free forward through
 //! weft's kernels that keeps, per convolution + batch norm, the convolution's input, the batch
 //! norm's input and statistics (and its output where a ReLU mask needs it), and the backward
-//! written out from them (ReLU
-//! masks from the outputs, batch-norm and convolution gradients, one addition where the
-//! shortcut meets the branch). Used in local training mode on tensors weft's kernels take;
+//! written out from them (ReLU masks from the outputs, batch-norm and convolution gradients;
+//! where the shortcut meets the branch, the first convolution's input gradient is added in
+//! place into the shortcut's). Used in local training mode on tensors weft's kernels take;
 //! otherwise (evaluation, SyncBatchNorm, other dtypes) the tape records Candle's graph.
 
 use candle_core::Tensor;
@@ -60,22 +60,54 @@ impl ConvBnSaved {
         })
     }
 
-    /// Gradients of the convolution's input (if `input_grad`) and, into `grads`, of the
-    /// parameters, from the gradient of the batch norm's output (of its ReLU if it had one).
+    /// Gradients of the parameters (into `grads`) and of the convolution's input (as `input`
+    /// says: returned when [`InputGrad::New`]), from the gradient of the batch norm's output
+    /// (of its ReLU if it had one).
     fn backward(
         &self,
         (conv, bn): (&Conv2d, &BatchNorm2d),
         dy: &Tensor,
-        input_grad: bool,
+        input: InputGrad<'_>,
         grads: &mut Vec<ParamGrad>,
     ) -> Result<Option<Tensor>> {
         let relu_output = self.relu_output.as_ref();
         let (dz, bn_grads) = bn.backward(&self.z, &self.table, relu_output, dy, true)?;
         let dz = dz.expect("the batch norm's input gradient was asked for");
-        let (dx, conv_grad) = conv.backward(&self.input, &dz, input_grad)?;
         grads.extend(bn_grads);
-        grads.push(conv_grad);
+        let dx = match input {
+            InputGrad::AddTo(acc) => {
+                grads.push(conv.backward_add(&self.input, &dz, acc)?);
+                None
+            }
+            InputGrad::New | InputGrad::Skip => {
+                let (dx, conv_grad) =
+                    conv.backward(&self.input, &dz, matches!(input, InputGrad::New))?;
+                grads.push(conv_grad);
+                dx
+            }
+        };
         Ok(dx)
+    }
+}
+
+/// What a convolution's backward does with its input gradient.
+#[derive(Clone, Copy)]
+enum InputGrad<'a> {
+    /// Not computed: nothing needs it.
+    Skip,
+    /// Returned as a new tensor.
+    New,
+    /// Added in place into this tensor, where a residual block's two input gradients meet.
+    AddTo(&'a Tensor),
+}
+
+impl InputGrad<'_> {
+    fn wanted(wanted: bool) -> Self {
+        if wanted {
+            Self::New
+        } else {
+            Self::Skip
+        }
     }
 }
 
@@ -117,7 +149,12 @@ impl ExplicitBackward for Stem {
             _ => dy.clone(),
         };
         let mut params = Vec::with_capacity(3);
-        let input = conv_bn.backward((&self.conv1, &self.bn1), &dy, input_grad, &mut params)?;
+        let input = conv_bn.backward(
+            (&self.conv1, &self.bn1),
+            &dy,
+            InputGrad::wanted(input_grad),
+            &mut params,
+        )?;
         Ok(ExplicitGrads { input, params })
     }
 }
@@ -165,21 +202,26 @@ impl ExplicitBackward for Residual {
         let mut params = Vec::with_capacity(3 * (branch.len() + 1));
         let shortcut_grad = match (&self.downsample, &down) {
             (Some((conv, bn)), Some(kept)) => {
-                kept.backward((conv, bn), &g, input_grad, &mut params)?
+                kept.backward((conv, bn), &g, InputGrad::wanted(input_grad), &mut params)?
             }
             _ => input_grad.then(|| g.clone()),
         };
+        // The branch's first convolution adds its input gradient into the shortcut's (without
+        // a downsample that is `g` itself, which nothing reads after the branch's last layer).
         let mut grad = g;
         for (i, ((conv, bn), kept)) in self.branch.iter().zip(&branch).enumerate().rev() {
-            let wanted = i > 0 || input_grad;
-            if let Some(dx) = kept.backward((conv, bn), &grad, wanted, &mut params)? {
+            let input = match (i, &shortcut_grad) {
+                (0, Some(acc)) => InputGrad::AddTo(acc),
+                (0, None) => InputGrad::Skip,
+                _ => InputGrad::New,
+            };
+            if let Some(dx) = kept.backward((conv, bn), &grad, input, &mut params)? {
                 grad = dx;
             }
         }
-        let input = match shortcut_grad {
-            Some(s) => Some((grad + s)?),
-            None => None,
-        };
-        Ok(ExplicitGrads { input, params })
+        Ok(ExplicitGrads {
+            input: shortcut_grad,
+            params,
+        })
     }
 }

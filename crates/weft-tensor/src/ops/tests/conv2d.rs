@@ -1,7 +1,7 @@
 //! `conv2d` against Candle's convolution, its autograd, and finite differences.
 
 use super::support::{assert_close, autograd, finite_differences, seeded, values, weighted_sum};
-use crate::ops::conv2d;
+use crate::ops::{conv2d, conv2d_backward, conv2d_backward_add, conv2d_forward};
 use candle_core::{DType, Result, Tensor, Var};
 
 /// (x shape, w shape, stride, padding) cases: ResNet's kinds of convolutions, a
@@ -132,4 +132,44 @@ fn bad_shapes_are_errors() {
         conv2d(&x.flatten_all().unwrap(), &seeded(&[2, 3, 3, 3], 54), 1, 1).is_err(),
         "rank"
     );
+}
+
+#[test]
+fn backward_add_adds_the_input_gradient_into_the_tensor_and_its_clones() -> Result<()> {
+    for case in [0, 1, 3, 6, 11] {
+        let (x, w, stride, padding) = inputs(case);
+        for dtype in [DType::F64, DType::F32] {
+            let (x, w) = (x.to_dtype(dtype)?, w.to_dtype(dtype)?);
+            let y = conv2d_forward(&x, &w, stride, padding)?;
+            let dy = seeded(y.dims(), 90 + case as u64).to_dtype(dtype)?;
+            let (dx, dw) = conv2d_backward(&x, &w, &dy, stride, padding, true)?;
+            let acc = seeded(x.dims(), 70 + case as u64).to_dtype(dtype)?;
+            let expected: Vec<f64> = values(&acc)
+                .iter()
+                .zip(values(&dx.expect("dx")))
+                .map(|(a, d)| a + d)
+                .collect();
+            let alias = acc.clone();
+            let dw_add = conv2d_backward_add(&acc, &x, &w, &dy, stride, padding)?;
+            let what = format!("case {case} {dtype:?}");
+            // The same input-gradient kernel, then one addition: equal up to that rounding.
+            assert_close(&values(&acc), &expected, 1e-6, &what);
+            assert_close(&values(&alias), &expected, 1e-6, &format!("{what}, clone"));
+            assert_close(&values(&dw_add), &values(&dw), 1e-6, &format!("{what}, dw"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn backward_add_refuses_a_tensor_of_another_shape_or_layout() -> Result<()> {
+    let (x, w, stride, padding) = inputs(0);
+    let dy = seeded(conv2d_forward(&x, &w, stride, padding)?.dims(), 60);
+    let wrong_shape = seeded(&[2, 3, 6, 5], 61);
+    assert!(conv2d_backward_add(&wrong_shape, &x, &w, &dy, stride, padding).is_err());
+    let transposed = seeded(&[2, 3, 6, 6], 62).transpose(2, 3)?;
+    assert!(conv2d_backward_add(&transposed, &x, &w, &dy, stride, padding).is_err());
+    let wrong_dtype = seeded(&[2, 3, 6, 6], 63).to_dtype(DType::F32)?;
+    assert!(conv2d_backward_add(&wrong_dtype, &x, &w, &dy, stride, padding).is_err());
+    Ok(())
 }
