@@ -136,5 +136,23 @@ fn print_comparison(json: &Path, ours: &str, theirs: &str) -> Result<()> {
         "(anchor: {theirs}; bw x = weft busbw / anchor busbw; lat x = anchor time / weft time; measurements in {})",
         json.display()
     );
+    print_against_memcpy(weft);
     Ok(())
+}
+
+/// Each operation's bus bandwidth at 64 MiB as a share of the memcpy ceiling (shm only: the
+/// ceiling is measured beside the CPU backend).
+fn print_against_memcpy(weft: &BTreeMap<Key, (f64, f64)>) {
+    const AT: usize = 64 << 20;
+    let Some((_, ceiling)) = weft.get(&("memcpy".to_string(), AT)) else {
+        return;
+    };
+    for ((op, bytes), (_, busbw)) in weft {
+        if *bytes == AT && op != "memcpy" {
+            println!(
+                "{op} at 64 MiB: bus bandwidth {busbw:.2} GB/s = {:.0}% of the memcpy ceiling ({ceiling:.2} GB/s)",
+                100.0 * busbw / ceiling
+            );
+        }
+    }
 }
