@@ -6,8 +6,10 @@
 //! matrix (from `im2col`) then stays in the core's L2 cache while its GEMM consumes it, and
 //! small feature maps still give GEMMs wide enough to run near peak. Images (or groups of
 //! images) run in parallel with rayon, each GEMM single-threaded, with per-thread scratch
-//! buffers reused across calls.
+//! buffers reused across calls. Taps that only ever meet padding are cropped away first
+//! (`conv_crop`).
 
+use super::conv_crop::Crop;
 use super::im2col::{col2im, im2col, ConvGeometry};
 use super::matmul::{gemm, Operand};
 use super::scratch::Scratch;
@@ -144,6 +146,9 @@ fn tile_output_rows<'a, T: Float>(
 
 /// Forward convolution: `y[n] = W (c_out x col_rows) * cols(x[n])`, NCHW output.
 pub(crate) fn conv_forward<T: Float>(x: &[T], w: &[T], p: &ConvProblem) -> Vec<T> {
+    if let Some(crop) = Crop::of(p) {
+        return conv_forward(x, &crop.weight(w), &crop.problem);
+    }
     let (c_out, rows, all_pixels) = (p.c_out, p.geom.col_rows(), p.geom.out_pixels());
     let mut y = vec![T::ZERO; p.batch * p.out_image_len()];
     let parallelism = p.gemm_parallelism();
@@ -177,6 +182,9 @@ pub(crate) fn conv_forward<T: Float>(x: &[T], w: &[T], p: &ConvProblem) -> Vec<T
 
 /// Input gradient: `dx[n] = col2im(W^T * dy[n])`.
 pub(crate) fn conv_backward_data<T: Float>(dy: &[T], w: &[T], p: &ConvProblem) -> Vec<T> {
+    if let Some(crop) = Crop::of(p) {
+        return conv_backward_data(dy, &crop.weight(w), &crop.problem);
+    }
     let g = &p.geom;
     let (c_out, rows, image_len) = (p.c_out, g.col_rows(), g.image_len());
     let mut dx = vec![T::ZERO; p.batch * image_len];
@@ -209,6 +217,9 @@ pub(crate) fn conv_backward_data<T: Float>(dy: &[T], w: &[T], p: &ConvProblem) -
 
 /// Weight gradient: `dW = sum_n dy[n] * cols(x[n])^T`, one accumulator per rayon task.
 pub(crate) fn conv_backward_filter<T: Float>(x: &[T], dy: &[T], p: &ConvProblem) -> Vec<T> {
+    if let Some(crop) = Crop::of(p) {
+        return crop.full_weight_grad(&conv_backward_filter(x, dy, &crop.problem));
+    }
     let (c_out, rows) = (p.c_out, p.geom.col_rows());
     let parallelism = p.gemm_parallelism();
     let max_width = p.max_tile_width();

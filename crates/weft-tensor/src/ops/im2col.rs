@@ -46,7 +46,7 @@ impl ConvGeometry {
 
 /// The output indices `o` in `0..out_len` whose input index `o * stride + offset - padding`
 /// falls inside `0..in_len`, as a half-open range.
-fn valid_outputs(
+pub(crate) fn valid_outputs(
     out_len: usize,
     in_len: usize,
     offset: usize,

@@ -31,6 +31,7 @@ mod batch_norm_op;
 mod conv2d;
 mod conv_add;
 mod conv_cpu;
+mod conv_crop;
 #[cfg(feature = "cudnn")]
 mod conv_cudnn;
 #[cfg(feature = "cuda")]

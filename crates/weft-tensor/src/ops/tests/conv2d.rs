@@ -6,8 +6,9 @@ use candle_core::{DType, Result, Tensor, Var};
 
 /// (x shape, w shape, stride, padding) cases: ResNet's kinds of convolutions, a
 /// rectangular kernel, batches large enough to put several images in one GEMM, and
-/// images wide enough to be split into bands of output rows, and (last) a non-square
-/// input.
+/// images wide enough to be split into bands of output rows, a non-square input, and
+/// (last) maps so small that some taps meet only padding (cropped kernels: 3×3 over 1×1,
+/// 3×3 with stride 2 over 2×2).
 const CASES: &[([usize; 4], [usize; 4], usize, usize)] = &[
     ([2, 3, 6, 6], [4, 3, 3, 3], 1, 1),
     ([2, 3, 7, 7], [4, 3, 3, 3], 2, 1),
@@ -21,6 +22,8 @@ const CASES: &[([usize; 4], [usize; 4], usize, usize)] = &[
     ([1, 2, 40, 40], [3, 2, 3, 3], 2, 1),
     ([2, 3, 20, 20], [2, 3, 1, 1], 1, 0),
     ([2, 3, 7, 6], [4, 3, 3, 3], 2, 1),
+    ([3, 4, 1, 1], [5, 4, 3, 3], 1, 1),
+    ([3, 4, 2, 2], [5, 4, 3, 3], 2, 1),
 ];
 
 fn inputs(case: usize) -> (Tensor, Tensor, usize, usize) {
@@ -66,7 +69,7 @@ fn forward_accepts_non_contiguous_input() -> Result<()> {
 
 #[test]
 fn gradients_match_finite_differences() -> Result<()> {
-    for case in [0, 1, 3, 5, 6, 11] {
+    for case in [0, 1, 3, 5, 6, 11, 12, 13] {
         let (x, w, stride, padding) = inputs(case);
         let f = |t: &[Tensor]| conv2d(&t[0], &t[1], stride, padding);
         let grads = autograd(&f, &[x.clone(), w.clone()])?;
