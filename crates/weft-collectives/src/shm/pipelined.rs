@@ -2,10 +2,13 @@
 //! that round `i + 1` fills one slot while peers still read round `i` from the other.
 //!
 //! In shared memory every slot is one hop from every rank, so the reduce-scatter step does
-//! not relay partial sums around a ring: each rank reads its share of the chunk from all
-//! slots at once and reduces it in rank order with one rounding (bit-identical on all
-//! ranks), then all ranks copy every share out. Per round each rank writes the chunk once,
-//! reads it once and reduces `1/n` of it: the ring's traffic without its `n - 1` relays.
+//! not relay partial sums around a ring: each rank reduces its share of the chunk from all
+//! sources at once, in rank order with one rounding (bit-identical on all ranks), and the
+//! others copy that share out. In the all-reduce each rank copies only its peers' shares into
+//! its slot, reads its own share straight from its buffer and writes the result back there:
+//! per round it copies `(n - 1)/n` of the chunk in and as much out. Copying the whole chunk in
+//! and every share out instead measured 5.8 against 7.4 GB/s at 64 MiB on 2 ranks of a 2-core
+//! machine (BENCHMARKS.md, 2026-11-25).
 
 use crate::buffer::Buffer;
 use crate::error::Result;
@@ -25,11 +28,14 @@ impl ShmEngine {
         desc: &OpDesc,
         root: Option<usize>,
     ) -> Result<()> {
-        let (op, elem) = (desc.name(), desc.dtype.size_in_bytes());
+        let (op, elem, n) = (desc.name(), desc.dtype.size_in_bytes(), self.world_size);
         let reduce = desc.reduce.expect("reductions carry a reduce op");
         let chunk = self.slot_elems(desc);
         let rounds = desc.count.div_ceil(chunk).max(1);
         let receives = root.is_none_or(|root| root == self.rank);
+        // Whether peers read this rank's reduced share: all of them in an all-reduce, the root
+        // in a reduce to another rank.
+        let shares_result = root != Some(self.rank);
         for round in 0..rounds {
             let start = round * chunk;
             let count = chunk.min(desc.count - start);
@@ -38,47 +44,57 @@ impl ShmEngine {
                 self.publish(slot, desc);
             }
             let mine = self.region.slot(self.rank, slot);
-            // SAFETY: the claimed slot is ours; `data` holds `desc.count` elements.
-            unsafe { copy_bytes(data.as_ptr().add(start * elem), mine, count * elem) };
+            let chunk_at = data.as_mut_ptr().wrapping_add(start * elem);
+            // The peers' shares of this chunk go to the slot; this rank's own stays in `data`.
+            for rank in (0..n).filter(|&r| r != self.rank) {
+                let part = share(count, n, rank);
+                // SAFETY: the claimed slot is ours; `data` holds `desc.count` elements.
+                unsafe {
+                    let at = part.start * elem;
+                    copy_bytes(chunk_at.add(at), mine.add(at), part.len() * elem);
+                }
+            }
             self.arrive();
             self.wait_all(op)?;
             if round == 0 {
                 self.check_peers_match(slot, desc)?;
             }
-            let part = share(count, self.world_size, self.rank);
-            let sources: Vec<*const u8> = (0..self.world_size)
-                // SAFETY: each slot holds `count` elements of this round.
-                .map(
-                    |rank| unsafe { self.region.slot(rank, slot).add(part.start * elem) }
-                        as *const u8,
-                )
+            let part = share(count, n, self.rank);
+            let (at, bytes) = (part.start * elem, part.len() * elem);
+            let sources: Vec<*const u8> = (0..n)
+                .map(|rank| {
+                    if rank == self.rank {
+                        chunk_at.wrapping_add(at) as *const u8
+                    } else {
+                        self.region.slot(rank, slot).wrapping_add(at) as *const u8
+                    }
+                })
                 .collect();
-            // SAFETY: only this rank touches its share of any slot in this step; the result
-            // goes to its own slot, exactly over its own source.
+            // The result goes over this rank's own source in `data` where it receives (then to
+            // the slot for the peers that read it), else to the slot only.
+            // SAFETY: each peer's slot holds this share of the round until it arrives again,
+            // and only this rank writes this share of its slot and of `data`.
             unsafe {
-                reduce_into(
-                    desc.dtype,
-                    reduce,
-                    &sources,
-                    mine.add(part.start * elem),
-                    part.len(),
-                )
-            };
+                if receives {
+                    reduce_into(desc.dtype, reduce, &sources, chunk_at.add(at), part.len());
+                    if shares_result {
+                        copy_bytes(chunk_at.add(at), mine.add(at), bytes);
+                    }
+                } else {
+                    reduce_into(desc.dtype, reduce, &sources, mine.add(at), part.len());
+                }
+            }
             self.arrive();
             if receives {
                 self.wait_all(op)?;
-                for rank in 0..self.world_size {
-                    let part = share(count, self.world_size, rank);
-                    let offset = part.start * elem;
-                    // SAFETY: rank `rank` finished reducing its share and will not write it
-                    // again until we arrive past this round.
+                for rank in (0..n).filter(|&r| r != self.rank) {
+                    let part = share(count, n, rank);
+                    let at = part.start * elem;
+                    // SAFETY: rank `rank` finished reducing its share into its slot and will
+                    // not write it again until we arrive past this round.
                     unsafe {
-                        let src = self.region.slot(rank, slot).add(offset);
-                        copy_bytes(
-                            src,
-                            data.as_mut_ptr().add(start * elem + offset),
-                            part.len() * elem,
-                        );
+                        let src = self.region.slot(rank, slot).add(at);
+                        copy_bytes(src, chunk_at.add(at), part.len() * elem);
                     }
                 }
             }
