@@ -7,10 +7,11 @@ use anyhow::Result;
 use candle_core::{DType, Device};
 use weft_collectives::{Communicator, ShmCommunicator};
 use weft_data::{DataLoader, Dataset, DistributedSampler, LoaderConfig, Pipeline, SyntheticShapes};
-use weft_models::{loss, resnet, ResNetConfig};
-use weft_optim::{Optimizer, Sgd, SgdConfig};
-use weft_parallel::{DdpConfig, DistributedDataParallel, GradientSync};
-use weft_tensor::{tape, Checkpointing, FlatBuffer, FlatLayout, Mode};
+use weft_models::loss::Classification;
+use weft_models::{resnet, ResNetConfig};
+use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
+use weft_parallel::{DdpConfig, DistributedDataParallel, Trainer};
+use weft_tensor::Checkpointing;
 
 const WORLD: usize = 2;
 const BATCH_PER_RANK: usize = 32;
@@ -23,15 +24,21 @@ fn train_rank(comm: Arc<dyn Communicator>) -> Result<()> {
         DType::F32,
         &Device::Cpu,
     )?;
-    let layout = FlatLayout::parameters(model.store());
-    let params = FlatBuffer::from_store(model.store(), layout.clone(), DType::F32)?;
-    let grads = FlatBuffer::zeros(layout, DType::F32, &Device::Cpu)?;
-    let mut ddp = DistributedDataParallel::new(model.store(), &grads, comm, DdpConfig::default())?;
-    let mut sgd = Sgd::new(SgdConfig {
+    let sgd = Sgd::new(SgdConfig {
         lr: 0.05,
         momentum: 0.9,
         ..SgdConfig::default()
     })?;
+    let trainer = Trainer::new(
+        model,
+        Box::new(Classification),
+        ModelOptimizer::F32(Box::new(sgd)),
+        Checkpointing::None,
+    )?;
+    // Broadcasts rank 0's parameters, plans the gradient buckets over the flat buffer.
+    let ddp =
+        DistributedDataParallel::new(trainer.model(), trainer.grads(), comm, DdpConfig::default())?;
+    let mut trainer = trainer.with_strategy(Box::new(ddp));
 
     let data = Arc::new(SyntheticShapes::train(WORLD * BATCH_PER_RANK * STEPS, 0));
     let sampler = DistributedSampler::new(data.len(), WORLD, rank)?;
@@ -48,32 +55,16 @@ fn train_rank(comm: Arc<dyn Communicator>) -> Result<()> {
     )?;
     for (step, batch) in loader.enumerate() {
         let (images, labels) = batch?.to_tensors(&Device::Cpu)?;
-        ddp.before_forward(model.store())?;
-        let tape = tape::forward(&model, &images, Mode::TRAIN, &Checkpointing::None)?;
-        let batch_loss = loss::cross_entropy(tape.output(), &labels)?;
-        let loss_value: f32 = batch_loss.to_scalar()?;
-        tape.backward(&batch_loss, &model, |ready| -> weft_parallel::Result<()> {
-            let ids: Vec<_> = ready.grads.iter().map(|(id, _)| *id).collect();
-            for (id, grad) in ready.grads {
-                let slot = grads
-                    .layout()
-                    .slot_of(id)
-                    .expect("every parameter has a slot");
-                grads.write(slot, &grad.expect("every parameter is used"))?;
-            }
-            ddp.block_ready(&ids, &grads)
-        })?;
-        ddp.finish(&grads)?;
-        let mut result = Ok(());
-        params.update_with(
-            &grads,
-            0..grads.layout().len(),
-            |p: &mut [f32], g: &[f32]| result = sgd.step(p, g),
-        )?;
-        result?;
-        params.copy_to_store(model.store())?;
+        // Forward, backward with each bucket all-reduced as soon as its gradients are final,
+        // then the SGD update.
+        let outcome = trainer.step(&images, &labels, 0.05)?;
         if rank == 0 && step % 10 == 0 {
-            println!("step {step}: loss on rank 0's batch {loss_value:.4}");
+            println!(
+                "step {step}: loss on rank 0's batch {:.4}, {} of {} correct",
+                outcome.loss,
+                outcome.metric("correct"),
+                outcome.samples
+            );
         }
     }
     Ok(())

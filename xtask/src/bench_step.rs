@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
 use clap::Args;
+use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
-use weft_optim::{Sgd, SgdConfig, TensorSgd};
+use weft_optim::{ModelOptimizer, Sgd, SgdConfig, TensorSgd};
+use weft_parallel::{StepTimings, Trainer};
 use weft_tensor::Checkpointing;
-use weft_train::step::{FlatOptimizer, StepTimings, Trainer};
 
 use crate::python;
 
@@ -168,12 +169,17 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
     };
     // As the trainer does: slice SGD on the CPU, tensor SGD on a GPU.
     let optimizer = if device.is_cpu() {
-        FlatOptimizer::F32(Box::new(Sgd::new(config)?))
+        ModelOptimizer::F32(Box::new(Sgd::new(config)?))
     } else {
-        FlatOptimizer::Tensor(TensorSgd::new(config)?)
+        ModelOptimizer::Tensor(TensorSgd::new(config)?)
     };
-    let mut trainer =
-        Trainer::new(model, optimizer, Checkpointing::None)?.with_synchronized_timings();
+    let mut trainer = Trainer::new(
+        model,
+        Box::new(Classification),
+        optimizer,
+        Checkpointing::None,
+    )?
+    .with_synchronized_timings();
     if args.cuda_graph {
         trainer = trainer.with_cuda_graph();
     }

@@ -1,7 +1,8 @@
-//! Classification loss and metrics: mean cross-entropy over a batch and the count of correct
-//! top-1 predictions.
+//! Classification loss and metrics: mean cross-entropy over a batch, the count of correct
+//! top-1 predictions, and [`Classification`], the two as a training step's objective.
 
 use candle_core::{Tensor, D};
+use weft_tensor::{LossOutput, Objective};
 
 /// Mean cross-entropy of `logits` (`N x classes`) against integer `labels` (`N`, u32).
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> candle_core::Result<Tensor> {
@@ -16,4 +17,24 @@ pub fn correct_predictions(logits: &Tensor, labels: &Tensor) -> candle_core::Res
         .to_dtype(candle_core::DType::U32)?
         .sum_all()?
         .to_scalar::<u32>()? as usize)
+}
+
+/// Image classification: mean cross-entropy of the logits against u32 labels, reporting the
+/// number of correct top-1 predictions as `correct`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Classification;
+
+impl Objective for Classification {
+    fn loss(&self, logits: &Tensor, labels: &Tensor) -> weft_tensor::Result<LossOutput> {
+        let loss = cross_entropy(logits, labels)?;
+        let predicted = logits.detach().argmax(D::Minus1)?;
+        let hits = predicted
+            .eq(&labels.to_dtype(predicted.dtype())?)?
+            .to_dtype(candle_core::DType::U32)?
+            .sum_all()?;
+        Ok(LossOutput {
+            loss,
+            metrics: vec![("correct", hits)],
+        })
+    }
 }

@@ -7,13 +7,15 @@
 //! the flat buffer (with [`ParamGroups::restricted_to`] for per-range hyperparameters), and a
 //! mixed-precision layer can own fp32 master weights and hand them to [`Optimizer::step`].
 //! Large buffers are updated in parallel chunks on scoped threads; results do not depend on
-//! the chunking.
+//! the chunking. [`ModelOptimizer`] runs them over a model's flat buffers on the parameters'
+//! device, over the range of the buffers a rank owns.
 
 mod adamw;
 mod adamw_kernel;
 mod chunked;
 mod error;
 mod groups;
+mod model_optimizer;
 mod optimizer;
 mod real;
 mod schedule;
@@ -26,6 +28,7 @@ mod validate;
 pub use adamw::{AdamW, AdamWConfig};
 pub use error::OptimError;
 pub use groups::{ParamGroup, ParamGroups};
+pub use model_optimizer::ModelOptimizer;
 pub use optimizer::Optimizer;
 pub use real::Real;
 pub use schedule::{Constant, CosineAnnealing, LinearWarmup, LrSchedule, MultiStepLr, StepLr};

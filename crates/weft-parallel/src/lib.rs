@@ -1,7 +1,12 @@
-//! weft-parallel: parallel training strategies over weft-tensor block models and
-//! weft-collectives communicators. Models stay free of parallelism; a strategy wraps the
-//! gradient path of a training step.
+//! weft-parallel: the training step and the parallel strategies it runs under, over
+//! weft-tensor block models, weft-collectives communicators and weft-optim optimizers. Models
+//! stay free of parallelism; a strategy is called by the step at fixed points of forward,
+//! backward and the update.
 //!
+//! - [`strategy`]: the [`Strategy`] trait, the seam every way of parallelising plugs into.
+//! - [`step`]: [`Trainer`], one training step of any block model for any objective under any
+//!   strategy, with micro-batches and CUDA-graph replay.
+//! - [`single`]: [`SingleProcess`], the strategy of one rank.
 //! - [`ddp`]: data parallelism — [`ddp::NaiveDataParallel`] (all-reduce every gradient after
 //!   backward, the reference) beside [`ddp::DistributedDataParallel`] (gradients grouped into
 //!   buckets in reverse order, each bucket all-reduced asynchronously the moment backward has
@@ -10,8 +15,15 @@
 
 pub mod ddp;
 pub mod error;
+mod ready;
+pub mod single;
+pub mod step;
+pub mod strategy;
 pub mod sync_bn;
 
-pub use ddp::{DdpConfig, DistributedDataParallel, GradientSync, NaiveDataParallel};
+pub use ddp::{DdpConfig, DistributedDataParallel, NaiveDataParallel};
 pub use error::{ParallelError, Result};
+pub use single::SingleProcess;
+pub use step::{EvalOutcome, StepOutcome, StepTimings, Trainer};
+pub use strategy::{ReadyGrads, Strategy};
 pub use sync_bn::{convert_sync_batch_norm, AllReduceSum};

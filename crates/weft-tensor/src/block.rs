@@ -10,7 +10,7 @@ use std::ops::Range;
 use candle_core::{Tensor, TensorId};
 
 use crate::cross_rank::CrossRankSlot;
-use crate::error::Result;
+use crate::error::{Result, TensorError};
 use crate::params::{EntryId, EntryKind, ParamStore};
 
 /// How a forward pass runs.
@@ -21,6 +21,12 @@ pub struct Mode {
     /// Whether BatchNorm may update its running statistics. False while a checkpointed block is
     /// recomputed during backward, so the statistics are updated exactly once per step.
     pub update_running_stats: bool,
+}
+
+impl Default for Mode {
+    fn default() -> Self {
+        Mode::TRAIN
+    }
 }
 
 impl Mode {
@@ -52,6 +58,13 @@ pub trait Block: Send + Sync {
 
     /// The store entries (parameters and buffers) this block owns, a contiguous id range.
     fn entries(&self) -> Range<EntryId>;
+
+    /// Parameters owned by another block that this block uses too (tied weights, e.g. a
+    /// language model's head reusing the token embedding). Their gradient contributions are
+    /// summed by the tape and reported once, at the earliest block that uses them.
+    fn shared_parameters(&self) -> Vec<EntryId> {
+        Vec::new()
+    }
 
     /// The block's own backward pass, if it has one (see [`ExplicitBackward`]); the block-wise
     /// tape uses it instead of Candle's autograd.
@@ -96,15 +109,55 @@ pub struct BlockModel {
     store: ParamStore,
     blocks: Vec<Box<dyn Block>>,
     batch_stats: CrossRankSlot,
+    /// Per block: the parameters it uses (its own, then the shared ones).
+    uses: Vec<Vec<EntryId>>,
+    /// Per block: the parameters whose gradients are final after its backward (those whose
+    /// earliest user it is), in store order.
+    reports: Vec<Vec<EntryId>>,
 }
 
 impl BlockModel {
-    pub fn new(store: ParamStore, blocks: Vec<Box<dyn Block>>) -> Self {
-        Self {
+    /// The model of `blocks` over `store`; fails, naming the block, when a block shares an
+    /// entry that is not a parameter of the store or one it owns itself.
+    pub fn new(store: ParamStore, blocks: Vec<Box<dyn Block>>) -> Result<Self> {
+        let is_parameter =
+            |id: EntryId| id < store.len() && store.entries()[id].kind == EntryKind::Parameter;
+        let mut uses = Vec::with_capacity(blocks.len());
+        for block in &blocks {
+            let owned: Vec<EntryId> = block.entries().filter(|&id| is_parameter(id)).collect();
+            let mut used = owned.clone();
+            for id in block.shared_parameters() {
+                if !is_parameter(id) || block.entries().contains(&id) || used.contains(&id) {
+                    return Err(TensorError::Block {
+                        block: block.name().into(),
+                        message: format!(
+                            "shares entry {id}, which is not another block's parameter"
+                        ),
+                    });
+                }
+                used.push(id);
+            }
+            uses.push(used);
+        }
+        let mut first_user = vec![usize::MAX; store.len()];
+        for (i, used) in uses.iter().enumerate() {
+            for &id in used {
+                first_user[id] = first_user[id].min(i);
+            }
+        }
+        let mut reports = vec![Vec::new(); blocks.len()];
+        for (id, &block) in first_user.iter().enumerate() {
+            if block != usize::MAX {
+                reports[block].push(id);
+            }
+        }
+        Ok(Self {
             store,
             blocks,
             batch_stats: CrossRankSlot::default(),
-        }
+            uses,
+            reports,
+        })
     }
 
     /// Declares the slot the model's batch-normalisation layers read (see [`CrossRankSlot`]).
@@ -126,12 +179,15 @@ impl BlockModel {
         &self.blocks
     }
 
-    /// Ids of block `index`'s trainable parameters.
-    pub fn block_parameter_ids(&self, index: usize) -> Vec<EntryId> {
-        self.blocks[index]
-            .entries()
-            .filter(|&id| self.store.entries()[id].kind == EntryKind::Parameter)
-            .collect()
+    /// Ids of the trainable parameters block `index` uses: its own, then shared ones.
+    pub fn parameters_used_by(&self, index: usize) -> &[EntryId] {
+        &self.uses[index]
+    }
+
+    /// Ids of the parameters whose gradients are final once block `index`'s backward has run
+    /// (the block-wise backward reports them with that block), in store order.
+    pub fn gradients_final_after(&self, index: usize) -> &[EntryId] {
+        &self.reports[index]
     }
 
     /// Runs all blocks as one graph (inference, or a whole-graph `backward()` as a reference).

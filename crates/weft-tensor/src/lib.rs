@@ -5,7 +5,10 @@
 //! - [`flat`]: parameters or gradients of one dtype in one contiguous buffer, the unit that
 //!   optimizers step over and that data-parallel layers bucket and shard.
 //! - [`block`] and [`tape`]: models as sequences of blocks, a block-wise backward that reports
-//!   each block's gradients the moment they are final, and per-block activation checkpointing.
+//!   gradients the moment they are final (tied weights once, summed), hooks before each
+//!   block's forward and backward, backward from a loss or a given output gradient, and
+//!   per-block activation checkpointing.
+//! - [`objective`]: what a training step minimises (a loss and its metrics), task-agnostic.
 //! - [`vjp`]: back-propagation from a given output gradient.
 //! - [`cross_rank`]: the hook through which SyncBatchNorm reaches the other ranks.
 //! - `cuda_runtime` (feature `cuda`): the memory pool and stream settings of a GPU for
@@ -19,6 +22,7 @@ pub mod cross_rank;
 pub mod cuda_runtime;
 pub mod error;
 pub mod flat;
+pub mod objective;
 pub mod ops;
 pub mod params;
 pub mod state_dict;
@@ -30,6 +34,7 @@ pub use block::{Block, BlockModel, ExplicitBackward, ExplicitGrads, Mode, ParamG
 pub use cross_rank::{CrossRankSlot, CrossRankSum};
 pub use error::{Result, TensorError};
 pub use flat::{FlatBuffer, FlatLayout, Slot};
+pub use objective::{LossOutput, Objective};
 pub use params::{Entry, EntryId, EntryKind, ParamStore, Scope};
-pub use tape::{BlockGrads, Checkpointing, Tape};
+pub use tape::{BackwardHooks, BlockGrads, Checkpointing, Seed, Tape, TapeOptions};
 pub use timeline::Timeline;

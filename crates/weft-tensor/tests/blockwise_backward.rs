@@ -65,7 +65,7 @@ fn model(dtype: DType, widths: &[usize]) -> BlockModel {
             entries,
         }));
     }
-    BlockModel::new(store, blocks)
+    BlockModel::new(store, blocks).unwrap()
 }
 
 fn loss_of(output: &Tensor) -> Tensor {

@@ -92,6 +92,14 @@ pub struct TrainArgs {
     /// DDP bucket size in MiB
     #[arg(long, default_value_t = 25.0)]
     pub bucket_cap_mb: f64,
+    /// A parameter that receives no gradient in a step is reduced as zero instead of ending
+    /// the run (PyTorch DDP's find_unused_parameters)
+    #[arg(long, default_value_t = false)]
+    pub find_unused_parameters: bool,
+    /// Split each rank's batch into M micro-batches whose gradients accumulate before one
+    /// optimizer step (only the last one communicates); the step runs eagerly (no CUDA graph)
+    #[arg(long, default_value_t = 1)]
+    pub micro_batches: usize,
     /// Initialise from a safetensors file with torchvision parameter names
     #[arg(long)]
     pub init_from: Option<PathBuf>,
@@ -146,6 +154,18 @@ impl TrainArgs {
         if !self.batch_size.is_multiple_of(self.ranks()) {
             bail!(
                 "--batch-size {} is not divisible by the {} ranks (--nproc)",
+                self.batch_size,
+                self.ranks()
+            );
+        }
+        if self.micro_batches == 0 {
+            bail!("--micro-batches must be at least 1");
+        }
+        let per_rank = self.batch_size / self.ranks();
+        if !per_rank.is_multiple_of(self.micro_batches) {
+            bail!(
+                "--micro-batches {} does not divide the per-rank batch of {per_rank} (--batch-size {} over {} ranks)",
+                self.micro_batches,
                 self.batch_size,
                 self.ranks()
             );

@@ -7,11 +7,11 @@ use weft_optim::{
 };
 
 use crate::args::{OptimizerKind, TrainArgs};
-use crate::step::FlatOptimizer;
+use weft_optim::ModelOptimizer;
 
 /// The optimizer named by `--optimizer`, with `--lr`, `--momentum`, `--weight-decay`, for
 /// parameters on `device`: SGD on a GPU runs as tensor operations there.
-pub fn build_optimizer(args: &TrainArgs, device: &Device) -> Result<FlatOptimizer> {
+pub fn build_optimizer(args: &TrainArgs, device: &Device) -> Result<ModelOptimizer> {
     Ok(match args.optimizer {
         OptimizerKind::Sgd => {
             let config = SgdConfig {
@@ -21,12 +21,12 @@ pub fn build_optimizer(args: &TrainArgs, device: &Device) -> Result<FlatOptimize
                 ..SgdConfig::default()
             };
             if device.is_cpu() {
-                FlatOptimizer::F32(Box::new(Sgd::new(config)?))
+                ModelOptimizer::F32(Box::new(Sgd::new(config)?))
             } else {
-                FlatOptimizer::Tensor(TensorSgd::new(config)?)
+                ModelOptimizer::Tensor(TensorSgd::new(config)?)
             }
         }
-        OptimizerKind::Adamw => FlatOptimizer::F32(Box::new(AdamW::new(AdamWConfig {
+        OptimizerKind::Adamw => ModelOptimizer::F32(Box::new(AdamW::new(AdamWConfig {
             lr: args.lr,
             weight_decay: args.weight_decay,
             ..AdamWConfig::default()

@@ -11,17 +11,18 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use serde::Serialize;
 use weft_data::{DataLoader, Dataset, DistributedSampler, LoaderConfig, Pipeline};
+use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
-use weft_parallel::{DdpConfig, DistributedDataParallel};
+use weft_parallel::{DdpConfig, StepOutcome, Trainer};
 use weft_tensor::{timeline, Checkpointing, Timeline};
 
 use crate::args::TrainArgs;
 use crate::data::{self, DataSets};
 use crate::distributed::RankContext;
 use crate::optim_setup::{build_optimizer, build_schedule};
+use crate::parallelize::{self, ResNetParallelism};
 use crate::progress::Progress;
 use crate::run_dir::{EpochMetrics, RunDir, StepMetrics};
-use crate::step::{StepOutcome, Trainer};
 
 /// What a finished run reached.
 #[derive(Debug, Clone, Serialize)]
@@ -78,31 +79,25 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         Checkpointing::None
     };
     let timeline = Arc::new(Timeline::new(ctx.rank));
-    let mut trainer = Trainer::new(model, build_optimizer(args, &device)?, checkpointing)?
-        .with_timeline(timeline.clone());
-    if let Some(comm) = &ctx.comm {
-        if args.sync_bn {
-            weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
-        }
-        let ddp_config = DdpConfig {
+    let trainer = Trainer::new(
+        model,
+        Box::new(Classification),
+        build_optimizer(args, &device)?,
+        checkpointing,
+    )?
+    .with_timeline(timeline.clone());
+    let plan = ResNetParallelism {
+        sync_bn: args.sync_bn,
+        ddp: DdpConfig {
             bucket_cap_mb: args.bucket_cap_mb,
             broadcast_buffers: args.broadcast_buffers,
+            find_unused_parameters: args.find_unused_parameters,
             ..DdpConfig::default()
-        };
-        let ddp = DistributedDataParallel::new(
-            trainer.model().store(),
-            trainer.grads(),
-            comm.clone(),
-            ddp_config,
-        )?
-        .with_timeline(timeline.clone());
-        trainer = trainer.with_sync(Box::new(ddp));
-    }
-
-    // SyncBatchNorm waits on the host for its statistics: not capturable.
-    if args.cuda_graph && !args.sync_bn {
-        trainer = trainer.with_cuda_graph();
-    }
+        },
+        cuda_graph: args.cuda_graph && args.micro_batches == 1,
+        timeline: Some(timeline.clone()),
+    };
+    let mut trainer = parallelize::resnet(trainer, ctx.comm.as_ref(), &plan)?;
     let mut run = open_run_dir(args, &ctx)?;
     if ctx.is_main() {
         println!(
@@ -149,7 +144,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             let lr = schedule.lr_at(step);
             let t = Instant::now();
             let spans_before = timeline.len();
-            let outcome = trainer.step(&images, &labels, lr)?;
+            let outcome = trainer.step_micro_batches(&images, &labels, args.micro_batches, lr)?;
             let seconds = t.elapsed().as_secs_f64();
             let mut global = [
                 outcome.loss * outcome.samples as f64,
@@ -229,7 +224,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
 
 fn accumulate(totals: &mut [f64; 3], outcome: &StepOutcome) {
     totals[0] += outcome.loss * outcome.samples as f64;
-    totals[1] += outcome.correct as f64;
+    totals[1] += outcome.metric("correct");
     totals[2] += outcome.samples as f64;
 }
 
@@ -315,10 +310,14 @@ fn validate(
         false,
     )? {
         let (images, labels) = batch?.to_tensors(device)?;
-        let (loss, hits) = trainer.evaluate(&images, &labels)?;
-        sums[0] += loss;
-        sums[1] += hits as f64;
-        sums[2] += labels.elem_count() as f64;
+        let eval = trainer.evaluate(&images, &labels)?;
+        sums[0] += eval.loss_sum;
+        sums[1] += eval
+            .metrics
+            .iter()
+            .find(|(n, _)| *n == "correct")
+            .map_or(0.0, |m| m.1);
+        sums[2] += eval.samples as f64;
     }
     ctx.sum(&mut sums)?;
     Ok((sums[0] / sums[2].max(1.0), sums[1] / sums[2].max(1.0)))

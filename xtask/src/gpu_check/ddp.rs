@@ -11,11 +11,13 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use weft_collectives::{init_for_device, Communicator, LaunchEnv, ReduceOp, TensorCollectives};
+use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
-use weft_optim::{SgdConfig, TensorSgd};
-use weft_parallel::{DdpConfig, DistributedDataParallel};
+use weft_optim::{ModelOptimizer, SgdConfig, TensorSgd};
+use weft_parallel::ddp::BucketPlan;
+use weft_parallel::{DdpConfig, Trainer};
 use weft_tensor::{Checkpointing, Mode};
-use weft_train::step::{FlatOptimizer, Trainer};
+use weft_train::parallelize::{self, ResNetParallelism};
 
 /// Images per rank and steps.
 const PER_RANK: usize = 2;
@@ -46,7 +48,14 @@ fn trainer(seed: u64, device: &Device, mode: Mode) -> Result<Trainer> {
         weight_decay: 1e-4,
         ..SgdConfig::default()
     })?;
-    Ok(Trainer::new(model, FlatOptimizer::Tensor(sgd), Checkpointing::None)?.with_mode(mode))
+    let optimizer = ModelOptimizer::Tensor(sgd);
+    let trainer = Trainer::new(
+        model,
+        Box::new(Classification),
+        optimizer,
+        Checkpointing::None,
+    )?;
+    Ok(trainer.with_mode(mode))
 }
 
 /// Every parameter, flattened and concatenated, on `device`.
@@ -93,22 +102,22 @@ fn scenario(
     let (rank, world) = (comm.rank(), comm.world_size());
     let mode = if sync_bn { Mode::TRAIN } else { Mode::EVAL };
     // Another initialisation on every other rank: DDP must overwrite it with rank 0's.
-    let mut ddp = trainer(1 + rank as u64, device, mode)?;
-    if sync_bn {
-        weft_parallel::convert_sync_batch_norm(ddp.model(), comm.clone());
-    }
-    let config = DdpConfig {
-        bucket_cap_mb: 0.5,
-        first_bucket_cap_mb: 0.1,
-        broadcast_buffers: true,
+    let ddp = trainer(1 + rank as u64, device, mode)?;
+    let plan = ResNetParallelism {
+        sync_bn,
+        ddp: DdpConfig {
+            bucket_cap_mb: 0.5,
+            first_bucket_cap_mb: 0.1,
+            ..DdpConfig::default()
+        },
+        cuda_graph: graph,
+        timeline: None,
     };
-    let sync =
-        DistributedDataParallel::new(ddp.model().store(), ddp.grads(), comm.clone(), config)?;
-    let buckets = sync.plan().buckets().len();
-    ddp = ddp.with_sync(Box::new(sync));
-    if graph {
-        ddp = ddp.with_cuda_graph();
-    }
+    let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
+    let buckets = BucketPlan::new(ddp.grads().layout(), 8, mib(0.1), mib(0.5))
+        .buckets()
+        .len();
+    let mut ddp = parallelize::resnet(ddp, Some(comm), &plan)?;
     let mut replayed = 0;
     for step in 0..steps {
         let (x, y) = batch(PER_RANK * world, step, device)?;

@@ -3,10 +3,12 @@
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
+use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
+use weft_optim::ModelOptimizer;
 use weft_optim::{Sgd, SgdConfig, TensorSgd};
+use weft_parallel::Trainer;
 use weft_tensor::Checkpointing;
-use weft_train::step::{FlatOptimizer, Trainer};
 
 use super::single_ops::relative_error;
 
@@ -29,11 +31,16 @@ pub(super) fn compare_training(gpu: &Device) -> Result<(f64, f64, f64)> {
             ..SgdConfig::default()
         };
         let optimizer = if device.is_cpu() {
-            FlatOptimizer::F64(Box::new(Sgd::<f64>::new(config)?))
+            ModelOptimizer::F64(Box::new(Sgd::<f64>::new(config)?))
         } else {
-            FlatOptimizer::Tensor(TensorSgd::new(config)?)
+            ModelOptimizer::Tensor(TensorSgd::new(config)?)
         };
-        let mut trainer = Trainer::new(model, optimizer, Checkpointing::None)?;
+        let mut trainer = Trainer::new(
+            model,
+            Box::new(Classification),
+            optimizer,
+            Checkpointing::None,
+        )?;
         let (x, y) = (
             images.to_dtype(DType::F64)?.to_device(device)?,
             labels.to_device(device)?,
@@ -127,11 +134,16 @@ pub(super) fn compare_f32_losses(gpu: &Device) -> Result<F32Losses> {
             ..SgdConfig::default()
         };
         let optimizer = match (device.is_cpu(), dtype) {
-            (true, DType::F64) => FlatOptimizer::F64(Box::new(Sgd::<f64>::new(sgd)?)),
-            (true, _) => FlatOptimizer::F32(Box::new(Sgd::<f32>::new(sgd)?)),
-            (false, _) => FlatOptimizer::Tensor(TensorSgd::new(sgd)?),
+            (true, DType::F64) => ModelOptimizer::F64(Box::new(Sgd::<f64>::new(sgd)?)),
+            (true, _) => ModelOptimizer::F32(Box::new(Sgd::<f32>::new(sgd)?)),
+            (false, _) => ModelOptimizer::Tensor(TensorSgd::new(sgd)?),
         };
-        let mut trainer = Trainer::new(model, optimizer, Checkpointing::None)?;
+        let mut trainer = Trainer::new(
+            model,
+            Box::new(Classification),
+            optimizer,
+            Checkpointing::None,
+        )?;
         let (x, y) = (
             images.to_dtype(dtype)?.to_device(device)?,
             labels.to_device(device)?,
@@ -179,7 +191,12 @@ pub(super) fn compare_graph_replay(gpu: &Device) -> Result<f64> {
             weight_decay: 1e-4,
             ..SgdConfig::default()
         })?;
-        let mut trainer = Trainer::new(model, FlatOptimizer::Tensor(sgd), Checkpointing::None)?;
+        let mut trainer = Trainer::new(
+            model,
+            Box::new(Classification),
+            ModelOptimizer::Tensor(sgd),
+            Checkpointing::None,
+        )?;
         if graph {
             trainer = trainer.with_cuda_graph();
         }

@@ -52,7 +52,7 @@ pub fn resnet(config: &ResNetConfig, dtype: DType, device: &Device) -> Result<Bl
         in_ch,
         config.num_classes,
     )?));
-    Ok(BlockModel::new(store, blocks).with_batch_stats_slot(sync))
+    Ok(BlockModel::new(store, blocks)?.with_batch_stats_slot(sync))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! On a device whose collectives the backend runs natively (NCCL on GPUs) every operation is
 //! *ordered on the device*: queued on a communication stream after the gradients' kernels, and
 //! joined by the compute stream before the optimizer, without the host waiting for anything
-//! mid-step ([`GradientSync::wait_for_device`] waits at the end, watched for dead peers and
+//! mid-step ([`Strategy::wait_for_device`] waits at the end, watched for dead peers and
 //! timeouts). So the host keeps issuing backward while buckets are reduced, and a whole step
 //! can be captured in a CUDA graph.
 
@@ -16,10 +16,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use weft_collectives::{Communicator, DeviceJoin, ReduceOp, TensorCollectives, TensorWork};
-use weft_tensor::{EntryId, FlatBuffer, ParamStore, Timeline};
+use weft_tensor::{BlockModel, EntryId, FlatBuffer, Timeline};
 
-use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig, GradientSync};
+use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig};
 use crate::error::{ParallelError, Result};
+use crate::ready::ReadyCheck;
+use crate::strategy::{ReadyGrads, Strategy};
 
 /// When one bucket's all-reduce was launched and when it was seen complete.
 #[derive(Debug, Clone, Copy)]
@@ -50,14 +52,12 @@ pub struct DistributedDataParallel {
     plan: BucketPlan,
     /// Gradients still missing per bucket in the current backward.
     missing: Vec<usize>,
-    /// Which entries' gradients the current backward has reported.
-    reported: Vec<bool>,
+    /// Which parameters' gradients the current backward has reported.
+    check: ReadyCheck,
     in_flight: Vec<InFlight>,
     timings: Vec<BucketTiming>,
     require_sync: bool,
     timeline: Option<Arc<Timeline>>,
-    /// Entry names by id, for error messages.
-    names: Vec<String>,
     /// Whether the communicator runs the gradients' device natively: operations are then
     /// ordered on the device, and every step ends with a watched fence.
     on_device: bool,
@@ -67,7 +67,7 @@ impl DistributedDataParallel {
     /// Checks that every rank has the same model, broadcasts rank 0's parameters and buffers,
     /// and plans the buckets over `grads`' layout.
     pub fn new(
-        store: &ParamStore,
+        model: &BlockModel,
         grads: &FlatBuffer,
         comm: Arc<dyn Communicator>,
         config: DdpConfig,
@@ -78,6 +78,7 @@ impl DistributedDataParallel {
                 config.bucket_cap_mb, config.first_bucket_cap_mb
             )));
         }
+        let store = model.store();
         check_same_model(store, comm.as_ref())?;
         let on_device = comm
             .device_collectives()
@@ -94,15 +95,14 @@ impl DistributedDataParallel {
         let missing = plan.buckets().iter().map(|b| b.entries.len()).collect();
         Ok(Self {
             comm,
+            check: ReadyCheck::new(store, config.find_unused_parameters),
             config,
             plan,
             missing,
-            reported: vec![false; store.len()],
             in_flight: Vec::new(),
             timings: Vec::new(),
             require_sync: true,
             timeline: None,
-            names: store.entries().iter().map(|e| e.name.clone()).collect(),
             on_device,
         })
     }
@@ -153,24 +153,29 @@ impl DistributedDataParallel {
     }
 }
 
-impl GradientSync for DistributedDataParallel {
-    fn before_forward(&mut self, store: &ParamStore) -> Result<()> {
+impl Strategy for DistributedDataParallel {
+    fn name(&self) -> &'static str {
+        "ddp"
+    }
+
+    fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
         if self.config.broadcast_buffers {
+            let store = model.store();
             broadcast_entries(store, &store.buffer_ids(), self.comm.as_ref(), 0)?;
         }
         Ok(())
     }
 
-    fn block_ready(&mut self, params: &[EntryId], grads: &FlatBuffer) -> Result<()> {
+    fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {
         self.poll();
+        let entries = self.check.report(ready)?;
         if !self.require_sync {
             return Ok(());
         }
-        for &entry in params {
+        for entry in entries {
             let Some(bucket) = self.plan.bucket_of(entry) else {
                 continue;
             };
-            self.reported[entry] = true;
             self.missing[bucket] -= 1;
             if self.missing[bucket] == 0 {
                 self.launch(bucket, grads)?;
@@ -179,19 +184,13 @@ impl GradientSync for DistributedDataParallel {
         Ok(())
     }
 
-    fn finish(&mut self, _grads: &FlatBuffer) -> Result<()> {
+    fn finish_backward(&mut self, _grads: &FlatBuffer) -> Result<()> {
         if !self.require_sync {
             return Ok(());
         }
-        let not_ready: Vec<EntryId> = self
-            .missing
-            .iter()
-            .enumerate()
-            .filter(|(_, &m)| m > 0)
-            .flat_map(|(b, _)| self.plan.buckets()[b].entries.iter().copied())
-            .filter(|&e| !self.reported[e])
-            .collect();
-        self.reported.fill(false);
+        // Every launched bucket is waited for before a missing gradient is reported, so no
+        // operation is left in flight.
+        let not_ready = self.check.finish();
         self.poll();
         self.timings.clear();
         for f in std::mem::take(&mut self.in_flight) {
@@ -227,15 +226,11 @@ impl GradientSync for DistributedDataParallel {
             .iter()
             .map(|b| b.entries.len())
             .collect();
-        if !not_ready.is_empty() {
-            return Err(ParallelError::GradientsNotReady {
-                names: not_ready.iter().map(|&e| self.names[e].clone()).collect(),
-            });
-        }
-        Ok(())
+        not_ready
     }
 
     fn set_require_sync(&mut self, sync: bool) {
+        self.check.reset();
         self.require_sync = sync;
     }
 

@@ -5,41 +5,53 @@
 use std::sync::Arc;
 
 use weft_collectives::{Communicator, ReduceOp, TensorCollectives};
-use weft_tensor::{EntryId, FlatBuffer, ParamStore};
+use weft_tensor::{BlockModel, EntryId, FlatBuffer};
 
-use super::{broadcast_entries, check_same_model, GradientSync};
+use super::{broadcast_entries, check_same_model};
 use crate::error::Result;
+use crate::ready::ReadyCheck;
+use crate::strategy::{ReadyGrads, Strategy};
 
 /// All-reduce every gradient after backward.
 pub struct NaiveDataParallel {
     comm: Arc<dyn Communicator>,
+    check: ReadyCheck,
     require_sync: bool,
 }
 
 impl NaiveDataParallel {
     /// Checks that every rank has the same model, then broadcasts rank 0's parameters and
-    /// buffers so every replica starts identical.
-    pub fn new(store: &ParamStore, comm: Arc<dyn Communicator>) -> Result<Self> {
+    /// buffers so every replica starts identical. Unused parameters are reduced as zero when
+    /// `find_unused_parameters`, an error otherwise.
+    pub fn new(
+        model: &BlockModel,
+        comm: Arc<dyn Communicator>,
+        find_unused_parameters: bool,
+    ) -> Result<Self> {
+        let store = model.store();
         check_same_model(store, comm.as_ref())?;
         let all: Vec<EntryId> = (0..store.len()).collect();
         broadcast_entries(store, &all, comm.as_ref(), 0)?;
         Ok(Self {
             comm,
+            check: ReadyCheck::new(store, find_unused_parameters),
             require_sync: true,
         })
     }
 }
 
-impl GradientSync for NaiveDataParallel {
-    fn before_forward(&mut self, _store: &ParamStore) -> Result<()> {
+impl Strategy for NaiveDataParallel {
+    fn name(&self) -> &'static str {
+        "naive-ddp"
+    }
+
+    fn block_ready(&mut self, ready: &ReadyGrads, _grads: &FlatBuffer) -> Result<()> {
+        self.check.report(ready)?;
         Ok(())
     }
 
-    fn block_ready(&mut self, _params: &[EntryId], _grads: &FlatBuffer) -> Result<()> {
-        Ok(())
-    }
-
-    fn finish(&mut self, grads: &FlatBuffer) -> Result<()> {
+    fn finish_backward(&mut self, grads: &FlatBuffer) -> Result<()> {
+        self.check.finish()?;
         if !self.require_sync {
             return Ok(());
         }
@@ -52,6 +64,7 @@ impl GradientSync for NaiveDataParallel {
     }
 
     fn set_require_sync(&mut self, sync: bool) {
+        self.check.reset();
         self.require_sync = sync;
     }
 }

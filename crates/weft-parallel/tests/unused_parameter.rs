@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
 use weft_collectives::ShmCommunicator;
+use weft_models::loss::Classification;
+use weft_optim::ModelOptimizer;
 use weft_optim::{Sgd, SgdConfig};
+use weft_parallel::Trainer;
 use weft_parallel::{DdpConfig, DistributedDataParallel};
 use weft_tensor::{Block, BlockModel, Checkpointing, EntryId, Mode, ParamStore};
-use weft_train::step::{FlatOptimizer, Trainer};
 
 /// `x W^T`, with a registered `unused` parameter that never enters the computation.
 struct Linear {
@@ -44,7 +46,7 @@ fn trainer() -> Trainer {
         .parameter("unused", Tensor::ones(2, DType::F32, &dev).unwrap())
         .unwrap();
     let entries = 0..scope.store_len();
-    let model = BlockModel::new(store, vec![Box::new(Linear { weight, entries })]);
+    let model = BlockModel::new(store, vec![Box::new(Linear { weight, entries })]).unwrap();
     let sgd = Sgd::new(SgdConfig {
         lr: 0.1,
         ..SgdConfig::default()
@@ -52,7 +54,8 @@ fn trainer() -> Trainer {
     .unwrap();
     Trainer::new(
         model,
-        FlatOptimizer::F32(Box::new(sgd)),
+        Box::new(Classification),
+        ModelOptimizer::F32(Box::new(sgd)),
         Checkpointing::None,
     )
     .unwrap()
@@ -80,13 +83,13 @@ fn unused_parameter_is_named_on_every_rank_of_a_ddp_job() {
                 scope.spawn(move || {
                     let plain = trainer();
                     let ddp = DistributedDataParallel::new(
-                        plain.model().store(),
+                        plain.model(),
                         plain.grads(),
                         Arc::new(comm),
                         DdpConfig::default(),
                     )
                     .unwrap();
-                    step_error(&mut plain.with_sync(Box::new(ddp)))
+                    step_error(&mut plain.with_strategy(Box::new(ddp)))
                 })
             })
             .collect();

@@ -4,40 +4,22 @@
 //! loops being the only difference.
 
 use candle_core::{DType, Device, Tensor};
-use weft_models::resnet::{BlockKind, ResNetConfig, StemKind};
+use weft_models::loss::Classification;
+use weft_optim::ModelOptimizer;
 use weft_optim::{Sgd, SgdConfig, TensorSgd};
+use weft_parallel::Trainer;
 use weft_tensor::Checkpointing;
-use weft_train::step::{FlatOptimizer, Trainer};
+use weft_testing::{flat_params, tiny_resnet};
 
-fn trainer(optimizer: FlatOptimizer) -> Trainer {
-    let config = ResNetConfig {
-        block: BlockKind::Basic,
-        layers: vec![1, 1],
-        stem_width: 4,
-        widths: vec![4, 8],
-        stem: StemKind::Cifar,
-        num_classes: 3,
-        zero_init_residual: false,
-        seed: 7,
-    };
-    let model = weft_models::resnet(&config, DType::F64, &Device::Cpu).unwrap();
-    Trainer::new(model, optimizer, Checkpointing::None).unwrap()
-}
-
-fn flat_params(t: &Trainer) -> Vec<f64> {
-    let store = t.model().store();
-    store
-        .parameter_ids()
-        .into_iter()
-        .flat_map(|id| {
-            store.entries()[id]
-                .tensor()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-        })
-        .collect()
+fn trainer(optimizer: ModelOptimizer) -> Trainer {
+    let model = tiny_resnet(7, 3, DType::F64);
+    Trainer::new(
+        model,
+        Box::new(Classification),
+        optimizer,
+        Checkpointing::None,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -49,10 +31,10 @@ fn tensor_sgd_trains_like_slice_sgd() {
         nesterov: true,
         ..SgdConfig::default()
     };
-    let mut slice = trainer(FlatOptimizer::F64(Box::new(
+    let mut slice = trainer(ModelOptimizer::F64(Box::new(
         Sgd::<f64>::new(config.clone()).unwrap(),
     )));
-    let mut tensor = trainer(FlatOptimizer::Tensor(TensorSgd::new(config).unwrap()));
+    let mut tensor = trainer(ModelOptimizer::Tensor(TensorSgd::new(config).unwrap()));
     for step in 0..4 {
         let x = Tensor::randn(0f64, 1.0, (4, 3, 6, 6), &Device::Cpu).unwrap();
         let y = Tensor::from_vec(
@@ -69,7 +51,10 @@ fn tensor_sgd_trains_like_slice_sgd() {
             "step {step}: loss {a} vs {b}"
         );
     }
-    let (a, b) = (flat_params(&slice), flat_params(&tensor));
+    let (a, b) = (
+        flat_params(slice.model().store()),
+        flat_params(tensor.model().store()),
+    );
     let scale = a.iter().fold(0f64, |m, v| m.max(v.abs()));
     let worst = a
         .iter()

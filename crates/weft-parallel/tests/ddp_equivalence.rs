@@ -9,30 +9,19 @@ use std::thread;
 
 use candle_core::{DType, Device, Tensor};
 use weft_collectives::{Communicator, ShmCommunicator};
-use weft_models::resnet::{BlockKind, ResNetConfig, StemKind};
+use weft_models::loss::Classification;
+use weft_optim::ModelOptimizer;
 use weft_optim::{Sgd, SgdConfig};
-use weft_parallel::{DdpConfig, DistributedDataParallel, GradientSync, NaiveDataParallel};
+use weft_parallel::Trainer;
+use weft_parallel::{DdpConfig, DistributedDataParallel, NaiveDataParallel, Strategy};
 use weft_tensor::{Checkpointing, Mode, Timeline};
-use weft_train::step::{FlatOptimizer, Trainer};
+use weft_testing::{flat_params, tiny_resnet};
 
 const B: usize = 2;
 const STEPS: usize = 3;
 
-fn config(seed: u64, classes: usize) -> ResNetConfig {
-    ResNetConfig {
-        block: BlockKind::Basic,
-        layers: vec![1, 1],
-        stem_width: 4,
-        widths: vec![4, 8],
-        stem: StemKind::Cifar,
-        num_classes: classes,
-        zero_init_residual: false,
-        seed,
-    }
-}
-
 fn trainer(seed: u64) -> Trainer {
-    let model = weft_models::resnet(&config(seed, 3), DType::F64, &Device::Cpu).unwrap();
+    let model = tiny_resnet(seed, 3, DType::F64);
     let sgd = Sgd::<f64>::new(SgdConfig {
         lr: 0.1,
         momentum: 0.9,
@@ -42,7 +31,8 @@ fn trainer(seed: u64) -> Trainer {
     .unwrap();
     Trainer::new(
         model,
-        FlatOptimizer::F64(Box::new(sgd)),
+        Box::new(Classification),
+        ModelOptimizer::F64(Box::new(sgd)),
         Checkpointing::None,
     )
     .unwrap()
@@ -61,30 +51,12 @@ fn batches(n: usize) -> Vec<(Tensor, Tensor)> {
 }
 
 fn params(t: &Trainer) -> Vec<f64> {
-    let store = t.model().store();
-    store
-        .parameter_ids()
-        .into_iter()
-        .flat_map(|id| {
-            store.entries()[id]
-                .tensor()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-        })
-        .collect()
+    flat_params(t.model().store())
 }
 
+/// f64 runs that differ only in the order of sums.
 fn assert_close(a: &[f64], b: &[f64], what: &str) {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(
-            (x - y).abs() <= 1e-10 * scale,
-            "{what}: parameter element {i}: {x} vs {y}"
-        );
-    }
+    weft_testing::assert_close(a, b, 1e-10, what);
 }
 
 /// Each rank trains on its rows `r*per_rank..(r+1)*per_rank` of every batch, in `micro` micro-batches.
@@ -95,7 +67,7 @@ fn run_ranks<S>(
     make_sync: S,
 ) -> Vec<Vec<f64>>
 where
-    S: Fn(&Trainer, Arc<dyn Communicator>) -> Box<dyn GradientSync + Send> + Sync,
+    S: Fn(&Trainer, Arc<dyn Communicator>) -> Box<dyn Strategy> + Sync,
 {
     let comms = ShmCommunicator::new_thread_group(world).unwrap();
     thread::scope(|scope| {
@@ -108,7 +80,7 @@ where
                     let comm: Arc<dyn Communicator> = Arc::new(comm);
                     let plain = trainer(0);
                     let sync = make_sync(&plain, comm);
-                    let mut t = plain.with_sync(sync);
+                    let mut t = plain.with_strategy(sync);
                     let per_rank = data[0].1.elem_count() / world;
                     for (x, y) in data {
                         let mine = |t: &Tensor, start, len| t.narrow(0, start, len).unwrap();
@@ -137,14 +109,9 @@ fn single_process(data: &[(Tensor, Tensor)]) -> Vec<f64> {
     params(&t)
 }
 
-fn ddp(
-    config: DdpConfig,
-) -> impl Fn(&Trainer, Arc<dyn Communicator>) -> Box<dyn GradientSync + Send> + Sync {
+fn ddp(config: DdpConfig) -> impl Fn(&Trainer, Arc<dyn Communicator>) -> Box<dyn Strategy> + Sync {
     move |t, comm| {
-        Box::new(
-            DistributedDataParallel::new(t.model().store(), t.grads(), comm, config.clone())
-                .unwrap(),
-        )
+        Box::new(DistributedDataParallel::new(t.model(), t.grads(), comm, config.clone()).unwrap())
     }
 }
 
@@ -159,7 +126,7 @@ fn bucketed_and_naive_ddp_match_one_process_on_the_global_batch() {
         let data = batches(world * B);
         let reference = single_process(&data);
         let naive = run_ranks(world, &data, 1, |t, comm| {
-            Box::new(NaiveDataParallel::new(t.model().store(), comm).unwrap())
+            Box::new(NaiveDataParallel::new(t.model(), comm, false).unwrap())
         });
         let bucketed = run_ranks(world, &data, 1, ddp(DdpConfig::default()));
         let many_buckets = run_ranks(world, &data, 1, ddp(tiny_buckets.clone()));
@@ -193,7 +160,7 @@ fn small_caps_give_many_buckets() {
         first_bucket_cap_mb: 0.0002,
         ..DdpConfig::default()
     };
-    let ddp = DistributedDataParallel::new(t.model().store(), t.grads(), comm, config).unwrap();
+    let ddp = DistributedDataParallel::new(t.model(), t.grads(), comm, config).unwrap();
     assert!(
         ddp.plan().buckets().len() >= 5,
         "{} buckets",
@@ -224,7 +191,7 @@ fn construction_broadcasts_rank_zero_parameters_over_different_inits() {
                     let t = trainer(100 + rank as u64);
                     let before = params(&t);
                     DistributedDataParallel::new(
-                        t.model().store(),
+                        t.model(),
                         t.grads(),
                         Arc::new(comm),
                         DdpConfig::default(),
@@ -261,9 +228,8 @@ fn a_rank_with_another_model_is_named() {
             .map(|(rank, comm)| {
                 scope.spawn(move || {
                     let classes = if rank == 1 { 4 } else { 3 };
-                    let model =
-                        weft_models::resnet(&config(0, classes), DType::F64, &Device::Cpu).unwrap();
-                    NaiveDataParallel::new(model.store(), Arc::new(comm))
+                    let model = tiny_resnet(0, classes, DType::F64);
+                    NaiveDataParallel::new(&model, Arc::new(comm), false)
                         .err()
                         .map(|e| e.to_string())
                         .unwrap_or_default()
@@ -288,10 +254,10 @@ fn first_bucket_all_reduce_starts_before_backward_finishes() {
                 let timeline = Arc::new(Timeline::new(rank));
                 let plain = trainer(0);
                 let config = DdpConfig { bucket_cap_mb: 0.001, first_bucket_cap_mb: 0.001, ..DdpConfig::default() };
-                let ddp = DistributedDataParallel::new(plain.model().store(), plain.grads(), Arc::new(comm), config)
+                let ddp = DistributedDataParallel::new(plain.model(), plain.grads(), Arc::new(comm), config)
                     .unwrap()
                     .with_timeline(timeline.clone());
-                let mut t = plain.with_sync(Box::new(ddp)).with_timeline(timeline.clone());
+                let mut t = plain.with_strategy(Box::new(ddp)).with_timeline(timeline.clone());
                 let (x, y) = &data[0];
                 t.step(&x.narrow(0, rank * B, B).unwrap(), &y.narrow(0, rank * B, B).unwrap(), 0.1).unwrap();
                 let spans = timeline.spans();
@@ -327,13 +293,13 @@ fn sync_batch_norm_in_training_mode_matches_one_process() {
                     let plain = train_mode(trainer(0));
                     weft_parallel::convert_sync_batch_norm(plain.model(), comm.clone());
                     let ddp = DistributedDataParallel::new(
-                        plain.model().store(),
+                        plain.model(),
                         plain.grads(),
                         comm,
                         DdpConfig::default(),
                     )
                     .unwrap();
-                    let mut t = plain.with_sync(Box::new(ddp));
+                    let mut t = plain.with_strategy(Box::new(ddp));
                     for (x, y) in data {
                         t.step(
                             &x.narrow(0, rank * B, B).unwrap(),
@@ -371,14 +337,18 @@ fn buffers_are_broadcast_before_forward_unless_turned_off() {
                             ..DdpConfig::default()
                         };
                         let store = t.model().store();
-                        let mut ddp =
-                            DistributedDataParallel::new(store, t.grads(), Arc::new(comm), config)
-                                .unwrap();
+                        let mut ddp = DistributedDataParallel::new(
+                            t.model(),
+                            t.grads(),
+                            Arc::new(comm),
+                            config,
+                        )
+                        .unwrap();
                         let mean = store.get("bn1.running_mean").unwrap();
                         let mine = Tensor::full(rank as f64 + 1.0, mean.var.shape(), &Device::Cpu)
                             .unwrap();
                         mean.var.set(&mine).unwrap();
-                        ddp.before_forward(store).unwrap();
+                        ddp.before_forward(t.model()).unwrap();
                         mean.tensor().to_vec1::<f64>().unwrap()
                     })
                 })

@@ -1,4 +1,4 @@
-//! A training step replayed from a CUDA graph ([`crate::step::Trainer::with_cuda_graph`]), on
+//! A training step replayed from a CUDA graph ([`super::Trainer::with_cuda_graph`]), on
 //! one GPU or on each GPU of a data-parallel job whose collectives are ordered on the device
 //! (NCCL inside the graph).
 //!
@@ -11,7 +11,6 @@
 //! keep working. Anything the capture cannot take (a host copy, a batch of another shape) makes
 //! the trainer run eagerly instead, saying so once.
 
-use anyhow::{anyhow, Result};
 use candle_core::cuda_backend::cudarc::driver::sys::{
     CUgraphInstantiate_flags, CUstreamCaptureMode,
 };
@@ -19,30 +18,37 @@ use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::{Device, Tensor};
 use weft_tensor::ops::copy_tensors;
 
-use crate::step::{outcome, BatchResult, StepOutcome, StepTimings, Trainer};
+use super::outcome::{outcome, BatchResult, StepOutcome, StepTimings};
+use super::Trainer;
+use crate::error::{ParallelError, Result};
+
+fn cuda_error(what: &str, e: impl std::fmt::Debug) -> ParallelError {
+    ParallelError::CudaGraph(format!("{what}: {e:?}"))
+}
 
 /// Eager steps before the capture.
 pub const WARMUP: usize = 2;
 
 /// The static buffers a captured step reads and writes.
 struct Buffers {
-    images: Tensor,
-    labels: Tensor,
+    inputs: Tensor,
+    targets: Tensor,
     loss: Tensor,
-    hits: Tensor,
+    /// The objective's metrics, shaped like a warm-up step's.
+    metrics: Vec<(&'static str, Tensor)>,
 }
 
 impl Buffers {
-    fn fits(&self, images: &Tensor, labels: &Tensor) -> bool {
-        images.shape() == self.images.shape()
-            && labels.shape() == self.labels.shape()
-            && images.dtype() == self.images.dtype()
-            && labels.dtype() == self.labels.dtype()
+    fn fits(&self, inputs: &Tensor, targets: &Tensor) -> bool {
+        inputs.shape() == self.inputs.shape()
+            && targets.shape() == self.targets.shape()
+            && inputs.dtype() == self.inputs.dtype()
+            && targets.dtype() == self.targets.dtype()
     }
 
     /// The batch's values, in the static input buffers (device-to-device copies).
-    fn load(&self, images: &Tensor, labels: &Tensor) -> Result<()> {
-        copy_tensors(&[(images, &self.images), (labels, &self.labels)])?;
+    fn load(&self, inputs: &Tensor, targets: &Tensor) -> Result<()> {
+        copy_tensors(&[(inputs, &self.inputs), (targets, &self.targets)])?;
         Ok(())
     }
 }
@@ -76,50 +82,54 @@ impl StepGraph {
     pub fn step(
         &mut self,
         trainer: &mut Trainer,
-        images: &Tensor,
-        labels: &Tensor,
+        inputs: &Tensor,
+        targets: &Tensor,
         lr: f64,
     ) -> Result<StepOutcome> {
         if self.buffers.is_none() {
             self.buffers = Some(Buffers {
-                images: images.copy()?,
-                labels: labels.copy()?,
-                loss: Tensor::zeros((), candle_core::DType::F32, images.device())?,
-                hits: Tensor::zeros((), candle_core::DType::U32, images.device())?,
+                inputs: inputs.copy()?,
+                targets: targets.copy()?,
+                loss: Tensor::zeros((), candle_core::DType::F32, inputs.device())?,
+                metrics: Vec::new(),
             });
         }
-        let buffers = self.buffers.as_ref().expect("made above");
-        if matches!(self.state, State::Off) || !buffers.fits(images, labels) {
-            return trainer.step_accumulated(&[(images.clone(), labels.clone())], lr);
+        let buffers = self.buffers.as_mut().expect("made above");
+        if matches!(self.state, State::Off) || !buffers.fits(inputs, targets) {
+            return trainer.step_accumulated(&[(inputs.clone(), targets.clone())], lr);
         }
-        let cuda = images.device().as_cuda_device()?.clone();
-        trainer.optimizer_mut().set_lr(lr)?;
-        buffers.load(images, labels)?;
-        let batch = [(buffers.images.clone(), buffers.labels.clone())];
+        let cuda = inputs.device().as_cuda_device()?.clone();
+        trainer.set_lr(lr)?;
+        buffers.load(inputs, targets)?;
+        let batch = [(buffers.inputs.clone(), buffers.targets.clone())];
         match &self.state {
             State::WarmingUp(done) if *done < WARMUP => {
                 let _cache = cuda.enable_cuda_graph_htod_cache();
                 let (results, timings) = trainer.run(&batch)?;
                 trainer.wait_for_device()?;
                 self.state = State::WarmingUp(done + 1);
+                // Static buffers for the metrics, outside the graph's memory pool.
+                buffers.metrics = results[0]
+                    .metrics
+                    .iter()
+                    .map(|(name, value)| Ok((*name, value.zeros_like()?)))
+                    .collect::<Result<_>>()?;
                 outcome(&results, timings)
             }
             State::WarmingUp(_) => {
                 let _cache = cuda.enable_cuda_graph_htod_cache();
-                match capture(trainer, &batch, buffers, images.device()) {
+                match capture(trainer, &batch, buffers, inputs.device()) {
                     Ok(graph) => {
-                        graph
-                            .launch()
-                            .map_err(|e| anyhow!("CUDA graph launch: {e:?}"))?;
+                        graph.launch().map_err(|e| cuda_error("graph launch", e))?;
                         trainer.wait_for_device()?;
                         // The warm-up steps' freed memory, cached by the pool, is not needed
                         // any more: the graph allocates from its own.
-                        weft_tensor::cuda_runtime::release_cached_memory(images.device())?;
+                        weft_tensor::cuda_runtime::release_cached_memory(inputs.device())?;
                         self.state = State::Ready(graph);
-                        read(buffers, labels)
+                        read(buffers, trainer, targets)
                     }
                     Err(reason) => {
-                        eprintln!("weft: the training step runs without a CUDA graph ({reason:#})");
+                        eprintln!("weft: the training step runs without a CUDA graph ({reason})");
                         self.state = State::Off;
                         let (results, timings) = trainer.run(&batch)?;
                         trainer.wait_for_device()?;
@@ -128,35 +138,42 @@ impl StepGraph {
                 }
             }
             State::Ready(graph) => {
-                graph
-                    .launch()
-                    .map_err(|e| anyhow!("CUDA graph launch: {e:?}"))?;
+                graph.launch().map_err(|e| cuda_error("graph launch", e))?;
                 trainer.wait_for_device()?;
-                read(buffers, labels)
+                read(buffers, trainer, targets)
             }
             State::Off => unreachable!("handled above"),
         }
     }
 }
 
-/// Captures one step on the static buffers, its loss and hit count copied into theirs.
+/// Captures one step on the static buffers, its loss and metrics copied into theirs.
 fn capture(
     trainer: &mut Trainer,
     batch: &[(Tensor, Tensor)],
-    buffers: &Buffers,
+    buffers: &mut Buffers,
     device: &Device,
 ) -> Result<CudaGraph> {
     let stream = device.as_cuda_device()?.cuda_stream();
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(|e| anyhow!("begin capture: {e:?}"))?;
+        .map_err(|e| cuda_error("begin capture", e))?;
     // Waiting for the device is not allowed while capturing.
     let synchronized = std::mem::replace(&mut trainer.synchronized_timings, false);
     let body = (|| -> Result<()> {
         let (results, _) = trainer.run(batch)?;
         let result: &BatchResult = &results[0];
         let loss = result.loss.to_dtype(candle_core::DType::F32)?;
-        copy_tensors(&[(&loss, &buffers.loss), (&result.hits, &buffers.hits)])?;
+        copy_tensors(&[(&loss, &buffers.loss)])?;
+        if result.metrics.len() != buffers.metrics.len() {
+            return Err(ParallelError::CudaGraph(
+                "the objective reported other metrics than in the warm-up steps".into(),
+            ));
+        }
+        for ((name, value), (_, kept)) in result.metrics.iter().zip(&buffers.metrics) {
+            copy_tensors(&[(value, kept)])
+                .map_err(|e| ParallelError::CudaGraph(format!("metric `{name}`: {e}")))?;
+        }
         Ok(())
     })();
     trainer.synchronized_timings = synchronized;
@@ -166,18 +183,18 @@ fn capture(
     // capture's; clear them so that later eager work does not report them.
     let recorded = stream.context().check_err();
     body?;
-    recorded.map_err(|e| anyhow!("while capturing: {e:?}"))?;
+    recorded.map_err(|e| cuda_error("while capturing", e))?;
     graph
-        .map_err(|e| anyhow!("end capture: {e:?}"))?
-        .ok_or_else(|| anyhow!("the capture recorded no work"))
+        .map_err(|e| cuda_error("end capture", e))?
+        .ok_or_else(|| ParallelError::CudaGraph("the capture recorded no work".into()))
 }
 
-/// The outcome of a replayed step: its loss and hit count, read from the static buffers.
-fn read(buffers: &Buffers, labels: &Tensor) -> Result<StepOutcome> {
+/// The outcome of a replayed step: its loss and metrics, read from the static buffers.
+fn read(buffers: &Buffers, trainer: &Trainer, targets: &Tensor) -> Result<StepOutcome> {
     let result = BatchResult {
         loss: buffers.loss.clone(),
-        hits: buffers.hits.clone(),
-        samples: labels.elem_count(),
+        metrics: buffers.metrics.clone(),
+        samples: trainer.objective.samples(targets),
     };
     let mut out = outcome(&[result], StepTimings::default())?;
     out.graphed = true;

@@ -1,0 +1,396 @@
+//! One optimizer step of a block model under any [`Strategy`], for any [`Objective`]:
+//! block-wise forward (the strategy called before each block), the objective's loss,
+//! block-wise backward writing gradients into the flat gradient buffer the moment they are
+//! final (and telling the strategy, which may start communicating them), then the optimizer
+//! over the range of the flat buffers the strategy gives this rank, and the strategy's
+//! after-step. A batch can be split into micro-batches whose gradients accumulate before one
+//! update. The loss and metrics stay on the device until the update has been issued, so the
+//! step itself never waits for the device; on a GPU a whole step can be captured once and
+//! replayed as a CUDA graph ([`Trainer::with_cuda_graph`]).
+
+#[cfg(feature = "cuda")]
+mod cuda_graph;
+mod outcome;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use weft_optim::ModelOptimizer;
+use weft_tensor::tape::{self, BackwardHooks, Seed, TapeOptions};
+use weft_tensor::{
+    BlockGrads, BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Objective, Slot, Timeline,
+};
+
+pub use outcome::{StepOutcome, StepTimings};
+
+use crate::error::{ParallelError, Result};
+use crate::single::SingleProcess;
+use crate::strategy::{ReadyGrads, Strategy};
+use outcome::{outcome, BatchResult};
+
+/// A model with its objective, flat gradients, optimizer (with a flat master copy of the
+/// parameters where it needs one) and strategy.
+pub struct Trainer {
+    model: BlockModel,
+    objective: Box<dyn Objective>,
+    params: Option<FlatBuffer>,
+    grads: FlatBuffer,
+    optimizer: ModelOptimizer,
+    options: TapeOptions,
+    strategy: Box<dyn Strategy>,
+    pub(crate) synchronized_timings: bool,
+    #[cfg(feature = "cuda")]
+    graph: Option<cuda_graph::StepGraph>,
+}
+
+/// The totals of evaluating one batch.
+#[derive(Debug, Clone)]
+pub struct EvalOutcome {
+    /// The loss summed over the batch's samples.
+    pub loss_sum: f64,
+    pub samples: usize,
+    /// The objective's metrics summed over the batch.
+    pub metrics: Vec<(&'static str, f64)>,
+}
+
+impl Trainer {
+    /// Lays out `model`'s parameters in flat buffers (gradients; a master copy of the
+    /// parameters in the model's dtype where `optimizer` needs one). The strategy is
+    /// [`SingleProcess`] until [`Self::with_strategy`].
+    pub fn new(
+        model: BlockModel,
+        objective: Box<dyn Objective>,
+        optimizer: ModelOptimizer,
+        checkpointing: Checkpointing,
+    ) -> Result<Self> {
+        let layout = FlatLayout::parameters(model.store());
+        let dtype = model.store().dtype();
+        if let Some(needed) = optimizer.dtype().filter(|&d| d != dtype) {
+            return Err(ParallelError::Config(format!(
+                "the optimizer works on {needed:?} but the model is {dtype:?}"
+            )));
+        }
+        let params = if optimizer.needs_master_copy() {
+            Some(FlatBuffer::from_store(
+                model.store(),
+                layout.clone(),
+                dtype,
+            )?)
+        } else {
+            None
+        };
+        let grads = FlatBuffer::zeros(layout, dtype, model.store().device())?;
+        let strategy = Box::new(SingleProcess::new(&model, false));
+        Ok(Self {
+            model,
+            objective,
+            params,
+            grads,
+            optimizer,
+            options: TapeOptions {
+                checkpointing,
+                ..TapeOptions::default()
+            },
+            strategy,
+            synchronized_timings: false,
+            #[cfg(feature = "cuda")]
+            graph: None,
+        })
+    }
+
+    /// On a GPU, captures a step into a CUDA graph after a few eager warm-up steps and replays
+    /// it for every later batch of the same shape: one launch per step instead of a thousand.
+    /// Only under a strategy whose operations can be captured ([`Strategy::capturable`]:
+    /// one process, or data parallelism over NCCL, ordered on the device). If capturing fails
+    /// the trainer says why once and stays eager. Without the `cuda` feature, or on other
+    /// devices, nothing changes. Call it after [`Self::with_strategy`].
+    ///
+    /// ```no_run
+    /// # fn demo(trainer: weft_parallel::Trainer, batches: Vec<(candle_core::Tensor, candle_core::Tensor)>)
+    /// # -> weft_parallel::Result<()> {
+    /// let mut trainer = trainer.with_cuda_graph();
+    /// for (inputs, targets) in &batches {
+    ///     // Two eager steps, then one capture, then one graph launch per step.
+    ///     let outcome = trainer.step(inputs, targets, 0.1)?;
+    ///     println!("loss {:.4} (replayed: {})", outcome.loss, outcome.graphed);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    pub fn with_cuda_graph(mut self) -> Self {
+        #[cfg(feature = "cuda")]
+        if self.model.store().device().is_cuda() && self.strategy.capturable() {
+            self.graph = Some(cuda_graph::StepGraph::default());
+        }
+        self
+    }
+
+    /// Spreads the step over ranks with `strategy` (built for this trainer's model and
+    /// gradient buffer).
+    pub fn with_strategy(mut self, strategy: Box<dyn Strategy>) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Trains in `mode` (e.g. BatchNorm with running statistics for exact-equivalence tests).
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.options.mode = mode;
+        self
+    }
+
+    /// Records forward, backward and optimizer spans on `timeline`.
+    pub fn with_timeline(mut self, timeline: Arc<Timeline>) -> Self {
+        self.options.timeline = Some(timeline);
+        self
+    }
+
+    /// Waits for the device at the end of each phase (forward, backward, optimizer) before
+    /// reading the clock, so that [`StepTimings`] measure the device's work, not the host's
+    /// issuing of it. For benchmarks: it removes the overlap of host and device.
+    pub fn with_synchronized_timings(mut self) -> Self {
+        self.synchronized_timings = true;
+        self
+    }
+
+    /// Time since `start`, after the device has finished its queued work when timings are
+    /// synchronized.
+    fn lap(&self, start: Instant) -> Result<Duration> {
+        if self.synchronized_timings {
+            self.model.store().device().synchronize()?;
+        }
+        Ok(start.elapsed())
+    }
+
+    pub fn model(&self) -> &BlockModel {
+        &self.model
+    }
+
+    pub fn strategy(&self) -> &dyn Strategy {
+        self.strategy.as_ref()
+    }
+
+    pub fn optimizer(&self) -> &ModelOptimizer {
+        &self.optimizer
+    }
+
+    /// The flat gradient buffer (its layout is the parameters' layout).
+    pub fn grads(&self) -> &FlatBuffer {
+        &self.grads
+    }
+
+    /// Trains on one batch (`inputs` and `targets` as the objective takes them) with
+    /// learning rate `lr`.
+    pub fn step(&mut self, inputs: &Tensor, targets: &Tensor, lr: f64) -> Result<StepOutcome> {
+        #[cfg(feature = "cuda")]
+        if let Some(mut graph) = self.graph.take() {
+            let result = graph.step(self, inputs, targets, lr);
+            self.graph = Some(graph);
+            return result;
+        }
+        self.step_accumulated(&[(inputs.clone(), targets.clone())], lr)
+    }
+
+    /// One step on a batch split along its first dimension into `micro_batches` equal
+    /// micro-batches whose gradients accumulate before the update.
+    pub fn step_micro_batches(
+        &mut self,
+        inputs: &Tensor,
+        targets: &Tensor,
+        micro_batches: usize,
+        lr: f64,
+    ) -> Result<StepOutcome> {
+        if micro_batches <= 1 {
+            return self.step(inputs, targets, lr);
+        }
+        let rows = inputs.dim(0)?;
+        if !rows.is_multiple_of(micro_batches) || targets.dim(0)? != rows {
+            return Err(ParallelError::Config(format!(
+                "a batch of {rows} samples cannot be split into {micro_batches} micro-batches"
+            )));
+        }
+        let per = rows / micro_batches;
+        let parts = (0..micro_batches)
+            .map(|m| {
+                Ok((
+                    inputs.narrow(0, m * per, per)?,
+                    targets.narrow(0, m * per, per)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.step_accumulated(&parts, lr)
+    }
+
+    /// One optimizer step over several micro-batches whose gradients are accumulated: only the
+    /// last micro-batch's backward communicates (`no_sync` for the others). Each micro-batch's
+    /// loss is weighted by its share of the samples, so the result equals one step on their
+    /// concatenation.
+    pub fn step_accumulated(
+        &mut self,
+        micro_batches: &[(Tensor, Tensor)],
+        lr: f64,
+    ) -> Result<StepOutcome> {
+        self.set_lr(lr)?;
+        let (results, timings) = self.run(micro_batches)?;
+        self.wait_for_device()?;
+        outcome(&results, timings)
+    }
+
+    pub(crate) fn set_lr(&mut self, lr: f64) -> Result<()> {
+        Ok(self.optimizer.set_lr(lr)?)
+    }
+
+    /// Waits for the strategy's device-ordered work (watched: a dead peer is an error,
+    /// not a hang), before the step's results are read.
+    pub(crate) fn wait_for_device(&mut self) -> Result<()> {
+        self.strategy.wait_for_device()
+    }
+
+    /// Forward, backward, gradient sync and optimizer update of one step, issued to the device
+    /// without waiting for it (unless timings are synchronised); the learning rate is set.
+    pub(crate) fn run(
+        &mut self,
+        micro_batches: &[(Tensor, Tensor)],
+    ) -> Result<(Vec<BatchResult>, StepTimings)> {
+        let mut timings = StepTimings::default();
+        let total: usize = micro_batches
+            .iter()
+            .map(|(_, t)| self.objective.samples(t))
+            .sum();
+        let mut results = Vec::with_capacity(micro_batches.len());
+        for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
+            self.strategy.set_require_sync(i + 1 == micro_batches.len());
+            let weight = self.objective.samples(targets) as f64 / total.max(1) as f64;
+            results.push(self.forward_backward(inputs, targets, weight, i > 0, &mut timings)?);
+        }
+        let start = Instant::now();
+        self.strategy.finish_backward(&self.grads)?;
+        timings.sync = start.elapsed();
+
+        let start = Instant::now();
+        let range = self.strategy.optimizer_range(self.grads.layout().len());
+        self.optimizer
+            .step(self.params.as_ref(), &self.grads, self.model.store(), range)?;
+        self.strategy.after_step(&self.model)?;
+        timings.optimizer = self.lap(start)?;
+        if let Some(t) = &self.options.timeline {
+            t.record("optimizer", "optimizer", "compute", start, Instant::now());
+        }
+        Ok((results, timings))
+    }
+
+    /// Forward and backward of one micro-batch whose loss is scaled by `weight`; gradients are
+    /// written (or, when `accumulate`, added) into the flat gradient buffer. Returns the
+    /// unscaled mean loss and the metrics, on the device.
+    fn forward_backward(
+        &mut self,
+        inputs: &Tensor,
+        targets: &Tensor,
+        weight: f64,
+        accumulate: bool,
+        timings: &mut StepTimings,
+    ) -> Result<BatchResult> {
+        let start = Instant::now();
+        self.strategy.before_forward(&self.model)?;
+        let (model, strategy) = (&self.model, &mut self.strategy);
+        let tape = tape::forward_with(model, inputs, &self.options, |block| {
+            strategy.before_block_forward(model, block)
+        })?;
+        let output = self.objective.loss(tape.output(), targets)?;
+        let scaled = if weight != 1.0 {
+            output.loss.affine(weight, 0.0)?
+        } else {
+            output.loss.clone()
+        };
+        timings.forward += self.lap(start)?;
+
+        let start = Instant::now();
+        let mut hooks = GradientWriter {
+            model: &self.model,
+            grads: &self.grads,
+            strategy: self.strategy.as_mut(),
+            accumulate,
+        };
+        tape.backward_with(Seed::Loss(&scaled), &self.model, &mut hooks)?;
+        timings.backward += self.lap(start)?;
+        Ok(BatchResult {
+            loss: output.loss.detach(),
+            metrics: output.metrics,
+            samples: self.objective.samples(targets),
+        })
+    }
+
+    /// The loss and metrics of one batch in evaluation mode, through the blocks' graph-free
+    /// inference path (no autograd graph is kept).
+    pub fn evaluate(&self, inputs: &Tensor, targets: &Tensor) -> Result<EvalOutcome> {
+        let output = tape::infer(&self.model, inputs, Mode::EVAL)?;
+        let result = self.objective.loss(&output, targets)?;
+        let samples = self.objective.samples(targets);
+        let batch = BatchResult {
+            loss: result.loss.detach(),
+            metrics: result.metrics,
+            samples,
+        };
+        let read = outcome(&[batch], StepTimings::default())?;
+        Ok(EvalOutcome {
+            loss_sum: read.loss * samples as f64,
+            samples,
+            metrics: read.metrics,
+        })
+    }
+}
+
+/// The backward hooks of a step: gradients written into the flat buffer, the strategy told.
+struct GradientWriter<'a> {
+    model: &'a BlockModel,
+    grads: &'a FlatBuffer,
+    strategy: &'a mut dyn Strategy,
+    accumulate: bool,
+}
+
+impl BackwardHooks<ParallelError> for GradientWriter<'_> {
+    fn before_block(&mut self, block: usize) -> Result<()> {
+        self.strategy.before_block_backward(self.model, block)
+    }
+
+    fn block_ready(&mut self, ready: BlockGrads) -> Result<()> {
+        let mut report = ReadyGrads {
+            block: ready.block,
+            ..ReadyGrads::default()
+        };
+        let mut written: Vec<(&Slot, Tensor)> = Vec::new();
+        for (id, grad) in ready.grads {
+            let slot = self.grads.layout().slot_of(id).ok_or_else(|| {
+                ParallelError::Config(format!(
+                    "`{}` has a gradient but no place in the flat buffer",
+                    self.model.store().entries()[id].name
+                ))
+            })?;
+            match grad {
+                Some(grad) if self.accumulate => {
+                    self.grads.accumulate(slot, &grad)?;
+                    report.params.push(id);
+                }
+                Some(grad) => {
+                    written.push((slot, grad));
+                    report.params.push(id);
+                }
+                None => {
+                    if !self.accumulate {
+                        let zeros = Tensor::zeros(
+                            slot.numel(),
+                            self.grads.dtype(),
+                            self.grads.tensor().device(),
+                        )?;
+                        written.push((slot, zeros));
+                    }
+                    report.unused.push(id);
+                }
+            }
+        }
+        let values: Vec<(&Slot, &Tensor)> = written.iter().map(|(s, g)| (*s, g)).collect();
+        self.grads.write_many(&values)?;
+        self.strategy.block_ready(&report, self.grads)
+    }
+}

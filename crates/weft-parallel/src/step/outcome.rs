@@ -1,0 +1,85 @@
+//! What one training step measured: its phases' times, and its loss and metrics, read from
+//! the device only once the step has been issued.
+
+use std::time::Duration;
+
+use candle_core::{DType, Tensor};
+
+use crate::error::Result;
+
+/// Where the time of one step went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepTimings {
+    pub forward: Duration,
+    pub backward: Duration,
+    /// Waiting for gradient communication after backward.
+    pub sync: Duration,
+    pub optimizer: Duration,
+}
+
+impl StepTimings {
+    pub fn total(&self) -> Duration {
+        self.forward + self.backward + self.sync + self.optimizer
+    }
+}
+
+/// What one step measured (this rank's part of the batch).
+#[derive(Debug, Clone)]
+pub struct StepOutcome {
+    /// Mean loss over this rank's samples, before the update.
+    pub loss: f64,
+    /// Samples (as the objective counts them) the loss averages over.
+    pub samples: usize,
+    /// The objective's metrics summed over this rank's samples, e.g. `correct`.
+    pub metrics: Vec<(&'static str, f64)>,
+    /// The phases' times; all zero for a step replayed from a CUDA graph (one launch).
+    pub timings: StepTimings,
+    /// Whether the step was replayed from a CUDA graph.
+    pub graphed: bool,
+}
+
+impl StepOutcome {
+    /// The summed metric called `name` (0 if the objective reports no such metric).
+    pub fn metric(&self, name: &str) -> f64 {
+        self.metrics
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0.0, |(_, v)| *v)
+    }
+}
+
+/// One micro-batch's mean loss and metric sums, still on the device.
+pub(crate) struct BatchResult {
+    pub loss: Tensor,
+    pub metrics: Vec<(&'static str, Tensor)>,
+    pub samples: usize,
+}
+
+/// Reads a scalar of any dtype as f64 (waits for the device).
+fn scalar(t: &Tensor) -> Result<f64> {
+    Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+}
+
+/// The outcome of the micro-batches `results` of one step, read from the device.
+pub(crate) fn outcome(results: &[BatchResult], timings: StepTimings) -> Result<StepOutcome> {
+    let (mut loss_sum, mut samples) = (0.0, 0);
+    let mut metrics: Vec<(&'static str, f64)> = Vec::new();
+    for r in results {
+        loss_sum += scalar(&r.loss)? * r.samples as f64;
+        samples += r.samples;
+        for (name, value) in &r.metrics {
+            let value = scalar(value)?;
+            match metrics.iter_mut().find(|(n, _)| n == name) {
+                Some((_, sum)) => *sum += value,
+                None => metrics.push((name, value)),
+            }
+        }
+    }
+    Ok(StepOutcome {
+        loss: loss_sum / samples.max(1) as f64,
+        samples,
+        metrics,
+        timings,
+        graphed: false,
+    })
+}

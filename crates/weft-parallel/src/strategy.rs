@@ -1,0 +1,91 @@
+//! The [`Strategy`] trait: how a training step is spread over ranks. The step (see
+//! [`crate::step`]) calls it at fixed points of the block-wise tape, and every way of
+//! parallelising weft knows plugs in here:
+//!
+//! | point | single process | DDP | ZeRO-1/2/3 (to come) | pipeline (to come) |
+//! |---|---|---|---|---|
+//! | `before_forward` | — | broadcast buffers | — | — |
+//! | `before_block_forward/backward` | — | — | stage 3: gather the block's parameters | — |
+//! | `block_ready` | check | launch a bucket's all-reduce | stage 2: reduce-scatter | — |
+//! | `finish_backward` | — | wait for the buckets | wait | — |
+//! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | this stage's blocks |
+//! | `after_step` | — | — | all-gather the updated shards | — |
+//!
+//! Gradients live in one flat buffer laid out like the parameters ([`weft_tensor::FlatBuffer`]);
+//! the step writes each block's final gradients into it before calling `block_ready`.
+
+use std::ops::Range;
+
+use weft_tensor::{BlockModel, EntryId, FlatBuffer};
+
+use crate::error::Result;
+
+/// The parameters whose gradients became final after one block's backward.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadyGrads {
+    /// Index of the block whose backward made them final.
+    pub block: usize,
+    /// Parameters with a gradient, already written (or added) into the flat gradient buffer.
+    pub params: Vec<EntryId>,
+    /// Parameters that took no part in this step's loss: their gradient in the flat buffer is
+    /// zero (left unchanged when accumulating micro-batches). A strategy either accepts them
+    /// (PyTorch's `find_unused_parameters`) or fails naming them.
+    pub unused: Vec<EntryId>,
+}
+
+/// How one training step is spread over ranks: called by the step at fixed points of
+/// forward, backward and the optimizer update.
+pub trait Strategy: Send {
+    /// A short name for logs (`single`, `ddp`, …).
+    fn name(&self) -> &'static str;
+
+    /// Before each micro-batch's forward pass.
+    fn before_forward(&mut self, _model: &BlockModel) -> Result<()> {
+        Ok(())
+    }
+
+    /// Before block `block`'s forward.
+    fn before_block_forward(&mut self, _model: &BlockModel, _block: usize) -> Result<()> {
+        Ok(())
+    }
+
+    /// Before block `block`'s backward.
+    fn before_block_backward(&mut self, _model: &BlockModel, _block: usize) -> Result<()> {
+        Ok(())
+    }
+
+    /// Called when backward has made the gradients of `ready` final in `grads`.
+    fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()>;
+
+    /// Called after the last micro-batch's backward; on return, the gradients of the range
+    /// [`Strategy::optimizer_range`] names are reduced over the ranks that share them.
+    fn finish_backward(&mut self, grads: &FlatBuffer) -> Result<()>;
+
+    /// Whether the next backward communicates (false for all but the last micro-batch of a
+    /// step: PyTorch's `no_sync`).
+    fn set_require_sync(&mut self, sync: bool);
+
+    /// The elements of the flat buffers (of `len` elements) this rank's optimizer steps.
+    fn optimizer_range(&self, len: usize) -> Range<usize> {
+        0..len
+    }
+
+    /// After this rank's optimizer has stepped its range (the updated parameters are in the
+    /// model's store): makes every rank's parameters whole again where they are sharded.
+    fn after_step(&mut self, _model: &BlockModel) -> Result<()> {
+        Ok(())
+    }
+
+    /// Waits until the device has finished the step's communication (for strategies whose
+    /// operations are ordered on the device only), failing on a dead peer or a timeout rather
+    /// than blocking forever; called before the step's results are read.
+    fn wait_for_device(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether a step under this strategy can be captured in a CUDA graph (its operations
+    /// never wait on the host).
+    fn capturable(&self) -> bool {
+        false
+    }
+}

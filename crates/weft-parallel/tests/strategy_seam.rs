@@ -1,0 +1,292 @@
+//! The step's seam: the order in which the step calls its strategy; DDP's
+//! `find_unused_parameters` and its refusal of a gradient reported twice; tied weights
+//! trained under DDP like one process; micro-batches equal to the whole batch; evaluation
+//! through the graph-free path. All in f64 on thread ranks: the runs compared differ only in
+//! the order of floating-point sums, so they agree to 1e-12 relative.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use candle_core::{DType, Device, Tensor};
+use weft_collectives::{Communicator, ShmCommunicator};
+use weft_models::loss::Classification;
+use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
+use weft_parallel::{
+    DdpConfig, DistributedDataParallel, ReadyGrads, SingleProcess, Strategy, Trainer,
+};
+use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, Mode};
+use weft_testing::{assert_close, flat_params, tied_model, tiny_resnet};
+
+const TOL: f64 = 1e-12;
+
+fn trainer(model: BlockModel, momentum: f64) -> Trainer {
+    let sgd = Sgd::<f64>::new(SgdConfig {
+        lr: 0.1,
+        momentum,
+        ..SgdConfig::default()
+    })
+    .unwrap();
+    Trainer::new(
+        model,
+        Box::new(Classification),
+        ModelOptimizer::F64(Box::new(sgd)),
+        Checkpointing::None,
+    )
+    .unwrap()
+}
+
+/// Inputs of 4 features and labels of 4 classes, `n` samples, deterministic per `step`.
+fn tied_batch(n: usize, step: usize) -> (Tensor, Tensor) {
+    let x: Vec<f64> = (0..n * 4)
+        .map(|i| ((i * 37 + step * 11) % 17) as f64 / 8.0 - 1.0)
+        .collect();
+    let y: Vec<u32> = (0..n).map(|i| ((i + step) % 4) as u32).collect();
+    (
+        Tensor::from_vec(x, (n, 4), &Device::Cpu).unwrap(),
+        Tensor::from_vec(y, n, &Device::Cpu).unwrap(),
+    )
+}
+
+fn rows(t: &Tensor, rank: usize, per_rank: usize) -> Tensor {
+    t.narrow(0, rank * per_rank, per_rank).unwrap()
+}
+
+/// Runs `body` on `world` thread ranks and returns what each returned.
+fn on_ranks<T: Send>(
+    world: usize,
+    body: impl Fn(usize, Arc<dyn Communicator>) -> T + Sync,
+) -> Vec<T> {
+    let comms = ShmCommunicator::new_thread_group(world).unwrap();
+    thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let body = &body;
+                scope.spawn(move || body(rank, Arc::new(comm)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// A strategy recording every call into a shared log, around a single-process strategy.
+struct Recording {
+    inner: SingleProcess,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Recording {
+    fn note(&self, what: String) {
+        self.log.lock().unwrap().push(what);
+    }
+}
+
+impl Strategy for Recording {
+    fn name(&self) -> &'static str {
+        "recording"
+    }
+    fn before_forward(&mut self, _model: &BlockModel) -> weft_parallel::Result<()> {
+        self.note("forward".into());
+        Ok(())
+    }
+    fn before_block_forward(
+        &mut self,
+        _model: &BlockModel,
+        block: usize,
+    ) -> weft_parallel::Result<()> {
+        self.note(format!("F{block}"));
+        Ok(())
+    }
+    fn before_block_backward(
+        &mut self,
+        _model: &BlockModel,
+        block: usize,
+    ) -> weft_parallel::Result<()> {
+        self.note(format!("B{block}"));
+        Ok(())
+    }
+    fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> weft_parallel::Result<()> {
+        self.note(format!("ready{}{:?}", ready.block, ready.params));
+        self.inner.block_ready(ready, grads)
+    }
+    fn finish_backward(&mut self, grads: &FlatBuffer) -> weft_parallel::Result<()> {
+        self.note("finish".into());
+        self.inner.finish_backward(grads)
+    }
+    fn set_require_sync(&mut self, sync: bool) {
+        self.note(format!("sync {sync}"));
+        self.inner.set_require_sync(sync)
+    }
+    fn optimizer_range(&self, len: usize) -> Range<usize> {
+        self.note("range".into());
+        0..len
+    }
+    fn after_step(&mut self, _model: &BlockModel) -> weft_parallel::Result<()> {
+        self.note("after step".into());
+        Ok(())
+    }
+}
+
+#[test]
+fn the_step_calls_its_strategy_at_every_point_in_order() {
+    let model = tied_model(0, DType::F64, false);
+    let inner = SingleProcess::new(&model, false);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let strategy = Recording {
+        inner,
+        log: log.clone(),
+    };
+    let mut t = trainer(model, 0.0).with_strategy(Box::new(strategy));
+    let (x, y) = tied_batch(4, 0);
+    t.step_micro_batches(&x, &y, 2, 0.1).unwrap();
+    let micro = |sync: bool| {
+        [
+            format!("sync {sync}"),
+            "forward".into(),
+            "F0".into(),
+            "F1".into(),
+            "F2".into(),
+            "B2".into(),
+            "ready2[]".into(),
+            "B1".into(),
+            "ready1[1]".into(),
+            "B0".into(),
+            "ready0[0]".into(),
+        ]
+    };
+    let mut expected: Vec<String> = micro(false).into_iter().chain(micro(true)).collect();
+    expected.extend(["finish", "range", "after step"].map(String::from));
+    assert_eq!(*log.lock().unwrap(), expected);
+}
+
+#[test]
+fn a_gradient_reported_twice_is_an_error_naming_it() {
+    let model = tied_model(0, DType::F64, false);
+    let t = trainer(tied_model(0, DType::F64, false), 0.0);
+    let ready = ReadyGrads {
+        block: 1,
+        params: vec![1],
+        unused: vec![],
+    };
+    let mut single = SingleProcess::new(&model, false);
+    single.block_ready(&ready, t.grads()).unwrap();
+    let err = single
+        .block_ready(&ready, t.grads())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`middle.weight`") && err.contains("twice"),
+        "{err}"
+    );
+    let errors = on_ranks(2, |_, comm| {
+        let t = trainer(tied_model(0, DType::F64, false), 0.0);
+        let mut ddp =
+            DistributedDataParallel::new(t.model(), t.grads(), comm, DdpConfig::default()).unwrap();
+        ddp.block_ready(&ready, t.grads()).unwrap();
+        ddp.block_ready(&ready, t.grads()).unwrap_err().to_string()
+    });
+    for err in errors {
+        assert!(
+            err.contains("`middle.weight`") && err.contains("twice"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn ddp_with_find_unused_parameters_trains_like_one_process() {
+    // `middle.unused` never enters the loss: reduced as zero, so (SGD, no decay) it keeps its
+    // value, and every other parameter trains exactly as in one process on the global batch.
+    let per_rank = 2;
+    let steps = 3;
+    let single = trainer(tied_model(0, DType::F64, true), 0.9);
+    let accepting = SingleProcess::new(single.model(), true);
+    let mut single = single.with_strategy(Box::new(accepting));
+    let before = flat_params(single.model().store());
+    for step in 0..steps {
+        let (x, y) = tied_batch(2 * per_rank, step);
+        single.step(&x, &y, 0.1).unwrap();
+    }
+    let reference = flat_params(single.model().store());
+    let unused = single.model().store().get("middle.unused").unwrap();
+    assert_eq!(unused.tensor().dims(), [1, 3]);
+    let results = on_ranks(2, |rank, comm| {
+        let t = trainer(tied_model(0, DType::F64, true), 0.9);
+        let config = DdpConfig {
+            find_unused_parameters: true,
+            bucket_cap_mb: 0.0001,
+            first_bucket_cap_mb: 0.0001,
+            ..DdpConfig::default()
+        };
+        let ddp = DistributedDataParallel::new(t.model(), t.grads(), comm, config).unwrap();
+        let mut t = t.with_strategy(Box::new(ddp));
+        for step in 0..steps {
+            let (x, y) = tied_batch(2 * per_rank, step);
+            t.step(&rows(&x, rank, per_rank), &rows(&y, rank, per_rank), 0.1)
+                .unwrap();
+        }
+        flat_params(t.model().store())
+    });
+    for (rank, params) in results.iter().enumerate() {
+        assert_close(params, &reference, TOL, &format!("rank {rank}"));
+    }
+    // The unused parameter is the last 3 elements of the flat parameters.
+    let n = before.len();
+    assert_eq!(reference[n - 3..], before[n - 3..]);
+    assert_ne!(reference[..n - 3], before[..n - 3]);
+}
+
+#[test]
+fn tied_weights_train_under_ddp_like_one_process() {
+    let per_rank = 3;
+    let mut single = trainer(tied_model(1, DType::F64, false), 0.9);
+    for step in 0..3 {
+        let (x, y) = tied_batch(2 * per_rank, step);
+        single.step(&x, &y, 0.1).unwrap();
+    }
+    let reference = flat_params(single.model().store());
+    let results = on_ranks(2, |rank, comm| {
+        let t = trainer(tied_model(1, DType::F64, false), 0.9);
+        let ddp =
+            DistributedDataParallel::new(t.model(), t.grads(), comm, DdpConfig::default()).unwrap();
+        let mut t = t.with_strategy(Box::new(ddp));
+        for step in 0..3 {
+            let (x, y) = tied_batch(2 * per_rank, step);
+            t.step(&rows(&x, rank, per_rank), &rows(&y, rank, per_rank), 0.1)
+                .unwrap();
+        }
+        flat_params(t.model().store())
+    });
+    for (rank, params) in results.iter().enumerate() {
+        assert_close(params, &reference, TOL, &format!("tied, rank {rank}"));
+    }
+}
+
+#[test]
+fn micro_batches_equal_the_whole_batch_and_evaluation_matches_the_step_loss() {
+    let x = Tensor::randn(0f64, 1.0, (4, 3, 6, 6), &Device::Cpu).unwrap();
+    let y = Tensor::new(&[0u32, 1, 2, 1], &Device::Cpu).unwrap();
+    // Evaluation-mode BatchNorm: splitting the batch does not change the statistics.
+    let mut whole = trainer(tiny_resnet(3, 3, DType::F64), 0.9).with_mode(Mode::EVAL);
+    let mut split = trainer(tiny_resnet(3, 3, DType::F64), 0.9).with_mode(Mode::EVAL);
+    let eval = whole.evaluate(&x, &y).unwrap();
+    let first = whole.step(&x, &y, 0.1).unwrap();
+    assert!((eval.loss_sum / 4.0 - first.loss).abs() <= TOL * first.loss);
+    assert_eq!(eval.samples, 4);
+    split.step_micro_batches(&x, &y, 2, 0.1).unwrap();
+    whole.step(&x, &y, 0.1).unwrap();
+    split.step_micro_batches(&x, &y, 4, 0.1).unwrap();
+    assert_close(
+        &flat_params(split.model().store()),
+        &flat_params(whole.model().store()),
+        TOL,
+        "micro-batches",
+    );
+    let err = split
+        .step_micro_batches(&x, &y, 3, 0.1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("3 micro-batches"), "{err}");
+}

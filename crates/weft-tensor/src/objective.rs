@@ -1,0 +1,28 @@
+//! What a training step minimises: an [`Objective`] turns the model's output and a batch's
+//! targets into a mean loss and the metrics it reports (correct predictions for
+//! classification; next-token cross-entropy reports none). The step knows nothing of the task.
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+
+/// A batch's loss and metrics.
+pub struct LossOutput {
+    /// Mean loss over the batch's samples: a scalar attached to the output's graph.
+    pub loss: Tensor,
+    /// Metrics summed over the batch's samples (e.g. `("correct", hits)`), detached scalars
+    /// left on the device until the step's results are read.
+    pub metrics: Vec<(&'static str, Tensor)>,
+}
+
+/// A loss function of the model output and the batch's targets.
+pub trait Objective: Send + Sync {
+    /// The batch's mean loss and summed metrics.
+    fn loss(&self, output: &Tensor, targets: &Tensor) -> Result<LossOutput>;
+
+    /// How many samples the mean loss averages over (rows of labels; tokens of a language
+    /// model's targets): the weight of a micro-batch when losses are combined.
+    fn samples(&self, targets: &Tensor) -> usize {
+        targets.elem_count()
+    }
+}
