@@ -4,16 +4,14 @@
 // of a row walk its elements with a grid-stride loop. Launched by
 // crates/weft-tensor/src/ops/multi_tensor_cuda.rs:
 //   multi_copy            dst[t][0..len) = src[t][0..len)   (bytes; 16-, 4- or 1-byte words)
-//   multi_sgd_{f32,f64}   torch.optim.SGD on parameter tensors in place, their gradients and
-//                         momentum buffers at offsets of two flat buffers; the learning rate is
-//                         read from device memory, so a captured CUDA graph follows a schedule
+// (The optimizers' multi-tensor updates are in crates/weft-optim/kernels/optimizers.cu.)
 
 #define MAX_TENSORS 48
 
 struct TensorList {
-    unsigned long long a[MAX_TENSORS];       // multi_copy: destination; multi_sgd: parameter
-    unsigned long long b[MAX_TENSORS];       // multi_copy: source; multi_sgd: offset in the flat buffers
-    unsigned long long len[MAX_TENSORS];     // multi_copy: bytes; multi_sgd: elements
+    unsigned long long a[MAX_TENSORS];       // destination
+    unsigned long long b[MAX_TENSORS];       // source
+    unsigned long long len[MAX_TENSORS];     // bytes
     unsigned int count;
 };
 
@@ -46,37 +44,3 @@ extern "C" __global__ void multi_copy(TensorList list) {
     }
     for (long long i = done + first_index(); i < bytes; i += stride()) dst[i] = src[i];
 }
-
-// One SGD step, as torch.optim.SGD (and weft_optim::Sgd):
-//   g = ±grad + weight_decay·p
-//   momentum ≠ 0: buf = first_step ? g : momentum·buf + (1 − dampening)·g
-//                 g = nesterov ? g + momentum·buf : buf
-//   p = p − lr·g            (lr = lr_scale · *lr_value)
-#define MULTI_SGD(T, SUFFIX)                                                                   \
-    extern "C" __global__ void multi_sgd_##SUFFIX(TensorList list, const T* grads,             \
-                                                  T* momentum_buffer, const T* lr_value,       \
-                                                  T lr_scale, T weight_decay, T momentum,      \
-                                                  T dampening, int nesterov, int maximize,     \
-                                                  int first_step) {                            \
-        unsigned int t = blockIdx.y;                                                           \
-        if (t >= list.count) return;                                                           \
-        const T lr = lr_scale * lr_value[0];                                                   \
-        T* p = (T*)list.a[t];                                                                  \
-        const T* grad = grads + list.b[t];                                                     \
-        T* buf = momentum_buffer + list.b[t];                                                  \
-        long long n = (long long)list.len[t];                                                  \
-        for (long long i = first_index(); i < n; i += stride()) {                              \
-            T param = p[i];                                                                    \
-            T g = maximize ? -grad[i] : grad[i];                                               \
-            if (weight_decay != (T)0) g = g + weight_decay * param;                            \
-            if (momentum != (T)0) {                                                            \
-                T b = first_step ? g : momentum * buf[i] + ((T)1 - dampening) * g;             \
-                buf[i] = b;                                                                    \
-                g = nesterov ? g + momentum * b : b;                                           \
-            }                                                                                  \
-            p[i] = param - lr * g;                                                             \
-        }                                                                                      \
-    }
-
-MULTI_SGD(float, f32)
-MULTI_SGD(double, f64)

@@ -12,9 +12,10 @@ use candle_core::{DType, Tensor};
 use clap::Args;
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
-use weft_optim::{ModelOptimizer, Sgd, SgdConfig, TensorSgd};
+use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::{StepTimings, Trainer};
 use weft_tensor::Checkpointing;
+use weft_train::args::OptimizerKind;
 
 use crate::python;
 
@@ -55,6 +56,10 @@ pub struct BenchStepArgs {
     /// default on one GPU); `false` times the eagerly issued step
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     cuda_graph: bool,
+    /// SGD (momentum 0.9, weight decay 1e-4) or AdamW (lr 1e-3, weight decay 1e-2; PyTorch's
+    /// fused AdamW on a GPU)
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
+    optimizer: OptimizerKind,
 }
 
 /// Whose kernels CUDA tensors take for batch norm, ReLU and max-pool.
@@ -161,18 +166,21 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
         config = config.with_cifar_stem();
     }
     let model = resnet(&config, DType::F32, &device)?;
-    let config = SgdConfig {
-        lr: 0.1,
-        momentum: 0.9,
-        weight_decay: 1e-4,
-        ..SgdConfig::default()
+    // As the trainer does: the CPU rule over a master copy on the CPU, the CUDA kernels on a
+    // GPU. The anchor uses the same hyperparameters.
+    let config = match args.optimizer {
+        OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
+            lr: 0.1,
+            momentum: 0.9,
+            weight_decay: 1e-4,
+            ..SgdConfig::default()
+        }),
+        OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig {
+            lr: 1e-3,
+            ..AdamWConfig::default()
+        }),
     };
-    // As the trainer does: slice SGD on the CPU, tensor SGD on a GPU.
-    let optimizer = if device.is_cpu() {
-        ModelOptimizer::F32(Box::new(Sgd::new(config)?))
-    } else {
-        ModelOptimizer::Tensor(TensorSgd::new(config)?)
-    };
+    let optimizer = ModelOptimizer::new(config, ParamGroups::default(), &device, DType::F32)?;
     let mut trainer = Trainer::new(
         model,
         Box::new(Classification),
@@ -268,7 +276,14 @@ fn measure_torch(args: &BenchStepArgs, threads: usize) -> Result<Measured> {
         .args(["--steps", &args.steps.to_string()])
         .args(["--warmup", &args.warmup.to_string()])
         .args(["--threads", &threads.to_string()])
-        .args(["--device", &args.device]);
+        .args(["--device", &args.device])
+        .args([
+            "--optimizer",
+            match args.optimizer {
+                OptimizerKind::Sgd => "sgd",
+                OptimizerKind::Adamw => "adamw",
+            },
+        ]);
     if args.cifar_stem {
         cmd.arg("--cifar-stem");
     }

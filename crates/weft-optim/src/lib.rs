@@ -13,6 +13,8 @@
 mod adamw;
 mod adamw_kernel;
 mod chunked;
+#[cfg(feature = "cuda")]
+mod device;
 mod error;
 mod groups;
 mod model_optimizer;
@@ -22,17 +24,17 @@ mod schedule;
 mod schedule_name;
 mod sgd;
 mod state;
-mod tensor_sgd;
 mod validate;
 
 pub use adamw::{AdamW, AdamWConfig};
+#[cfg(feature = "cuda")]
+pub use device::{DeviceOptimizer, DeviceRule};
 pub use error::OptimError;
 pub use groups::{ParamGroup, ParamGroups};
-pub use model_optimizer::ModelOptimizer;
+pub use model_optimizer::{ModelOptimizer, OptimizerConfig};
 pub use optimizer::Optimizer;
 pub use real::Real;
 pub use schedule::{Constant, CosineAnnealing, LinearWarmup, LrSchedule, MultiStepLr, StepLr};
 pub use schedule_name::{schedule_from_name, ScheduleParams, SCHEDULE_NAMES};
 pub use sgd::{Sgd, SgdConfig};
 pub use state::OptimizerState;
-pub use tensor_sgd::TensorSgd;

@@ -1,19 +1,19 @@
 //! [`ModelOptimizer`]: an optimizer over a model's flat buffers, on the parameters' device.
-//! Either a slice optimizer ([`crate::Optimizer`], PyTorch's rule as one vectorised loop)
-//! stepping a flat master copy of the parameters in place inside its storage, then writing
-//! the values back into the model; or the tensor SGD updating the model's parameter tensors
-//! in place on their own device (one fused kernel launch per 48 parameters on a GPU).
+//! On the CPU a slice optimizer ([`crate::Optimizer`], PyTorch's rule as one vectorised loop)
+//! steps a flat master copy of the parameters in place inside its storage, and the values are
+//! written back into the model; on a GPU (feature `cuda`) [`crate::DeviceOptimizer`] updates
+//! the model's parameter tensors in place with the same rule as multi-tensor CUDA kernels.
 //!
 //! A step covers a range of the flat buffers: the whole of them for one process or DDP, this
 //! rank's shard under ZeRO (see weft-parallel's `Strategy::optimizer_range`).
 
 use std::ops::Range;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device};
 use weft_tensor::flat::HostElement;
 use weft_tensor::{FlatBuffer, ParamStore};
 
-use crate::{OptimError, Optimizer, Real, TensorSgd};
+use crate::{AdamW, AdamWConfig, OptimError, Optimizer, ParamGroups, Real, Sgd, SgdConfig};
 
 const NAME: &str = "model optimizer";
 
@@ -24,55 +24,116 @@ fn tensor_error(e: impl std::fmt::Display) -> OptimError {
     }
 }
 
+/// Which optimizer, with its hyperparameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OptimizerConfig {
+    Sgd(SgdConfig),
+    AdamW(AdamWConfig),
+}
+
 /// An optimizer over flat buffers of the model's dtype.
 pub enum ModelOptimizer {
     /// A slice optimizer over an f32 flat master copy.
     F32(Box<dyn Optimizer<f32> + Send>),
     /// A slice optimizer over an f64 flat master copy.
     F64(Box<dyn Optimizer<f64> + Send>),
-    /// SGD on the parameters' device, updating the model's parameter tensors in place (no
-    /// master copy).
-    Tensor(TensorSgd),
+    /// The rule on the parameters' CUDA device, in place (no master copy).
+    #[cfg(feature = "cuda")]
+    Device(crate::DeviceOptimizer),
 }
 
 impl ModelOptimizer {
-    /// The dtype the optimizer needs, `None` when it takes any (tensor operations).
+    /// The optimizer `config` for parameters of `dtype` on `device`, with `groups`: the CPU
+    /// rule over a master copy on the CPU, the CUDA kernels on a GPU.
+    pub fn new(
+        config: OptimizerConfig,
+        groups: ParamGroups,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self, OptimError> {
+        if device.is_cuda() {
+            return Self::on_cuda(config, groups);
+        }
+        Ok(match (config, dtype) {
+            (OptimizerConfig::Sgd(c), DType::F32) => {
+                Self::F32(Box::new(Sgd::<f32>::new(c)?.with_param_groups(groups)))
+            }
+            (OptimizerConfig::Sgd(c), DType::F64) => {
+                Self::F64(Box::new(Sgd::<f64>::new(c)?.with_param_groups(groups)))
+            }
+            (OptimizerConfig::AdamW(c), DType::F32) => {
+                Self::F32(Box::new(AdamW::<f32>::new(c)?.with_param_groups(groups)))
+            }
+            (OptimizerConfig::AdamW(c), DType::F64) => {
+                Self::F64(Box::new(AdamW::<f64>::new(c)?.with_param_groups(groups)))
+            }
+            (_, other) => {
+                return Err(tensor_error(format!(
+                    "parameters of dtype {other:?} on the CPU are not supported (f32, f64)"
+                )))
+            }
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn on_cuda(config: OptimizerConfig, groups: ParamGroups) -> Result<Self, OptimError> {
+        let rule = match config {
+            OptimizerConfig::Sgd(c) => crate::DeviceRule::Sgd(c),
+            OptimizerConfig::AdamW(c) => crate::DeviceRule::AdamW(c),
+        };
+        Ok(Self::Device(
+            crate::DeviceOptimizer::new(rule)?.with_param_groups(groups),
+        ))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn on_cuda(_: OptimizerConfig, _: ParamGroups) -> Result<Self, OptimError> {
+        Err(tensor_error(
+            "parameters on a CUDA device need weft-optim's `cuda` feature",
+        ))
+    }
+
+    /// The dtype the optimizer needs, `None` when it takes the parameters' own.
     pub fn dtype(&self) -> Option<DType> {
         match self {
             ModelOptimizer::F32(_) => Some(DType::F32),
             ModelOptimizer::F64(_) => Some(DType::F64),
-            ModelOptimizer::Tensor(_) => None,
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(_) => None,
         }
     }
 
     /// Whether the optimizer steps a flat master copy of the parameters.
     pub fn needs_master_copy(&self) -> bool {
-        !matches!(self, ModelOptimizer::Tensor(_))
+        self.dtype().is_some()
     }
 
-    /// Sets the learning rate of the next step (for the tensor SGD on a GPU this writes the
-    /// device copy of the rate, so call it outside a captured CUDA graph).
+    /// Sets the learning rate of the next step (on a GPU this writes the device copy of the
+    /// rate, so call it outside a captured CUDA graph).
     pub fn set_lr(&mut self, lr: f64) -> Result<(), OptimError> {
         match self {
             ModelOptimizer::F32(opt) => opt.set_lr(lr),
             ModelOptimizer::F64(opt) => opt.set_lr(lr),
-            ModelOptimizer::Tensor(opt) => opt.set_lr(lr),
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(opt) => opt.set_lr(lr),
         }
     }
 
-    /// Number of steps taken.
-    pub fn step_count(&self) -> u64 {
+    /// Number of steps taken (on a GPU, read from the device: replays of a captured step
+    /// included).
+    pub fn step_count(&self) -> Result<u64, OptimError> {
         match self {
-            ModelOptimizer::F32(opt) => opt.step_count(),
-            ModelOptimizer::F64(opt) => opt.step_count(),
-            ModelOptimizer::Tensor(opt) => opt.step_count(),
+            ModelOptimizer::F32(opt) => Ok(opt.step_count()),
+            ModelOptimizer::F64(opt) => Ok(opt.step_count()),
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(opt) => opt.step_count(),
         }
     }
 
     /// Steps the parameters of `store` in `range` of the flat buffers with `grads`: through
-    /// the flat master copy `params` (then written back into the store), or in place. The
-    /// optimizer's state covers `range`, which must stay the same from step to step; the
-    /// tensor SGD needs it to fall on parameter boundaries.
+    /// the flat master copy `params` (then written back into the store), or in place on the
+    /// device. The optimizer's state covers `range`, which must stay the same from step to
+    /// step.
     pub fn step(
         &mut self,
         params: Option<&FlatBuffer>,
@@ -89,29 +150,8 @@ impl ModelOptimizer {
         match self {
             ModelOptimizer::F32(opt) => step_master(opt.as_mut(), master()?, grads, store, range),
             ModelOptimizer::F64(opt) => step_master(opt.as_mut(), master()?, grads, store, range),
-            ModelOptimizer::Tensor(opt) => {
-                let mut tensors: Vec<&Tensor> = Vec::new();
-                let mut offsets = Vec::new();
-                for slot in grads.layout().slots() {
-                    let slot_range = slot.range();
-                    if slot_range.end <= range.start || slot_range.start >= range.end {
-                        continue;
-                    }
-                    if slot_range.start < range.start || slot_range.end > range.end {
-                        return Err(tensor_error(format!(
-                            "the range {range:?} cuts parameter `{}` ({slot_range:?})",
-                            slot.name
-                        )));
-                    }
-                    tensors.push(store.entries()[slot.entry].tensor());
-                    offsets.push(slot.offset - range.start);
-                }
-                let grads = grads
-                    .tensor()
-                    .narrow(0, range.start, range.len())
-                    .map_err(tensor_error)?;
-                opt.step_tensors(&tensors, &offsets, &grads)
-            }
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(opt) => opt.step(grads, store, range),
         }
     }
 }

@@ -1,39 +1,38 @@
 //! Building the optimizer and learning-rate schedule from the trainer's flags.
 
 use anyhow::Result;
-use candle_core::Device;
+use candle_core::{DType, Device};
 use weft_optim::{
-    schedule_from_name, AdamW, AdamWConfig, LrSchedule, ScheduleParams, Sgd, SgdConfig, TensorSgd,
+    schedule_from_name, AdamWConfig, LrSchedule, ModelOptimizer, OptimizerConfig, ParamGroups,
+    ScheduleParams, SgdConfig,
 };
 
 use crate::args::{OptimizerKind, TrainArgs};
-use weft_optim::ModelOptimizer;
 
 /// The optimizer named by `--optimizer`, with `--lr`, `--momentum`, `--weight-decay`, for
-/// parameters on `device`: SGD on a GPU runs as tensor operations there.
-pub fn build_optimizer(args: &TrainArgs, device: &Device) -> Result<ModelOptimizer> {
-    Ok(match args.optimizer {
-        OptimizerKind::Sgd => {
-            let config = SgdConfig {
-                lr: args.lr,
-                momentum: args.momentum,
-                weight_decay: args.weight_decay,
-                ..SgdConfig::default()
-            };
-            if device.is_cpu() {
-                ModelOptimizer::F32(Box::new(Sgd::new(config)?))
-            } else {
-                ModelOptimizer::Tensor(TensorSgd::new(config)?)
-            }
-        }
-        OptimizerKind::Adamw => ModelOptimizer::F32(Box::new(AdamW::new(AdamWConfig {
+/// parameters of `dtype` on `device`: the CPU rule over a flat master copy on the CPU, the
+/// multi-tensor CUDA kernels (the same rule, in place) on a GPU.
+pub fn build_optimizer(args: &TrainArgs, device: &Device, dtype: DType) -> Result<ModelOptimizer> {
+    let config = match args.optimizer {
+        OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
+            lr: args.lr,
+            momentum: args.momentum,
+            weight_decay: args.weight_decay,
+            ..SgdConfig::default()
+        }),
+        OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig {
             lr: args.lr,
             weight_decay: args.weight_decay,
             ..AdamWConfig::default()
-        })?)),
-    })
+        }),
+    };
+    Ok(ModelOptimizer::new(
+        config,
+        ParamGroups::default(),
+        device,
+        dtype,
+    )?)
 }
-
 /// The schedule named by `--lr-schedule` over `total_steps`, with `--warmup-steps` of linear warm-up.
 pub fn build_schedule(args: &TrainArgs, total_steps: usize) -> Result<Box<dyn LrSchedule>> {
     let params = ScheduleParams {

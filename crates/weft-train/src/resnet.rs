@@ -82,7 +82,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     let trainer = Trainer::new(
         model,
         Box::new(Classification),
-        build_optimizer(args, &device)?,
+        build_optimizer(args, &device, DType::F32)?,
         checkpointing,
     )?
     .with_timeline(timeline.clone());

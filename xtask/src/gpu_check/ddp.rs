@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use weft_collectives::{init_for_device, Communicator, LaunchEnv, ReduceOp, TensorCollectives};
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
-use weft_optim::{ModelOptimizer, SgdConfig, TensorSgd};
+use weft_optim::{ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::ddp::BucketPlan;
 use weft_parallel::{DdpConfig, Trainer};
 use weft_tensor::{Checkpointing, Mode};
@@ -42,13 +42,13 @@ fn trainer(seed: u64, device: &Device, mode: Mode) -> Result<Trainer> {
         DType::F64,
         device,
     )?;
-    let sgd = TensorSgd::new(SgdConfig {
+    let sgd = OptimizerConfig::Sgd(SgdConfig {
         lr: 1e-3,
         momentum: 0.9,
         weight_decay: 1e-4,
         ..SgdConfig::default()
-    })?;
-    let optimizer = ModelOptimizer::Tensor(sgd);
+    });
+    let optimizer = ModelOptimizer::new(sgd, ParamGroups::default(), device, DType::F64)?;
     let trainer = Trainer::new(
         model,
         Box::new(Classification),

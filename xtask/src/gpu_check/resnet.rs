@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
 use weft_optim::ModelOptimizer;
-use weft_optim::{Sgd, SgdConfig, TensorSgd};
+use weft_optim::{OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::Trainer;
 use weft_tensor::Checkpointing;
 
@@ -30,11 +30,8 @@ pub(super) fn compare_training(gpu: &Device) -> Result<(f64, f64, f64)> {
             weight_decay: 1e-4,
             ..SgdConfig::default()
         };
-        let optimizer = if device.is_cpu() {
-            ModelOptimizer::F64(Box::new(Sgd::<f64>::new(config)?))
-        } else {
-            ModelOptimizer::Tensor(TensorSgd::new(config)?)
-        };
+        let config = OptimizerConfig::Sgd(config);
+        let optimizer = ModelOptimizer::new(config, ParamGroups::default(), device, DType::F64)?;
         let mut trainer = Trainer::new(
             model,
             Box::new(Classification),
@@ -133,11 +130,8 @@ pub(super) fn compare_f32_losses(gpu: &Device) -> Result<F32Losses> {
             weight_decay: 1e-4,
             ..SgdConfig::default()
         };
-        let optimizer = match (device.is_cpu(), dtype) {
-            (true, DType::F64) => ModelOptimizer::F64(Box::new(Sgd::<f64>::new(sgd)?)),
-            (true, _) => ModelOptimizer::F32(Box::new(Sgd::<f32>::new(sgd)?)),
-            (false, _) => ModelOptimizer::Tensor(TensorSgd::new(sgd)?),
-        };
+        let sgd = OptimizerConfig::Sgd(sgd);
+        let optimizer = ModelOptimizer::new(sgd, ParamGroups::default(), device, dtype)?;
         let mut trainer = Trainer::new(
             model,
             Box::new(Classification),
@@ -185,18 +179,14 @@ pub(super) fn compare_graph_replay(gpu: &Device) -> Result<f64> {
     let labels = Tensor::new(&[1u32, 7, 3, 9], gpu)?;
     let run = |graph: bool| -> Result<(Tensor, usize)> {
         let model = resnet(&ResNetConfig::from_name("resnet18", 10)?, DType::F64, gpu)?;
-        let sgd = TensorSgd::new(SgdConfig {
+        let sgd = OptimizerConfig::Sgd(SgdConfig {
             lr: 0.01,
             momentum: 0.9,
             weight_decay: 1e-4,
             ..SgdConfig::default()
-        })?;
-        let mut trainer = Trainer::new(
-            model,
-            Box::new(Classification),
-            ModelOptimizer::Tensor(sgd),
-            Checkpointing::None,
-        )?;
+        });
+        let sgd = ModelOptimizer::new(sgd, ParamGroups::default(), gpu, DType::F64)?;
+        let mut trainer = Trainer::new(model, Box::new(Classification), sgd, Checkpointing::None)?;
         if graph {
             trainer = trainer.with_cuda_graph();
         }

@@ -1,21 +1,29 @@
 //! Plumbing shared by the launchers of weft's CUDA kernels (`kernels/*.cu`, compiled to PTX by
-//! this crate's build script and embedded here): the modules, typed views of Candle's CUDA
-//! storages, output allocation and launch configurations.
+//! this crate's build script and embedded here; other crates bring their own PTX as a
+//! [`Module`]): the modules, tensors' device addresses, typed views of Candle's CUDA storages,
+//! output allocation and launch configurations.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
 use std::sync::Arc;
 
 use candle_core::cuda_backend::CudaDevice;
-use candle_core::{bail, DType, Layout, Result};
+use candle_core::cuda_backend::CudaStorageSlice;
+use candle_core::{bail, DType, Layout, Result, Storage, Tensor};
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs, LaunchConfig,
+    CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
 };
 
-/// One PTX module of `kernels/`.
-pub(crate) struct Module {
+/// One PTX module: a name unique in the process and its source.
+pub struct Module {
     name: &'static str,
     ptx: &'static str,
+}
+
+impl Module {
+    pub const fn new(name: &'static str, ptx: &'static str) -> Self {
+        Self { name, ptx }
+    }
 }
 
 pub(crate) const BATCH_NORM: Module = Module {
@@ -36,17 +44,17 @@ pub(crate) const MULTI_TENSOR: Module = Module {
 };
 
 /// Threads per block of every weft kernel.
-pub(crate) const THREADS: u32 = 256;
+pub const THREADS: u32 = 256;
 
 /// A loaded kernel and the stream it launches on (the device's compute stream).
-pub(crate) struct Kernel {
+pub struct Kernel {
     func: CudaFunction,
     stream: Arc<CudaStream>,
 }
 
 impl Kernel {
     /// A launch of this kernel; push its arguments in the kernel's order.
-    pub(crate) fn builder(&self) -> LaunchArgs<'_> {
+    pub fn builder(&self) -> LaunchArgs<'_> {
         self.stream.launch_builder(&self.func)
     }
 }
@@ -67,7 +75,7 @@ pub(crate) fn function(
 }
 
 /// The function `name` of `module`.
-pub(crate) fn function_named(device: &CudaDevice, module: &Module, name: &str) -> Result<Kernel> {
+pub fn function_named(device: &CudaDevice, module: &Module, name: &str) -> Result<Kernel> {
     let func = device
         .get_or_load_custom_func(name, module.name, module.ptx)?
         .into_cuda_function();
@@ -117,11 +125,40 @@ pub(crate) fn grid_stride(total: usize) -> LaunchConfig {
 }
 
 /// Turns a launch's outcome into an error naming the kernel.
-pub(crate) fn launched<T>(
+pub fn launched<T>(
     kernel: &str,
     result: std::result::Result<T, cudarc::driver::DriverError>,
 ) -> Result<()> {
     result
         .map(drop)
         .map_err(|e| candle_core::Error::Msg(format!("CUDA kernel {kernel}: {e:?}")))
+}
+
+/// The device address of a contiguous CUDA tensor's first element. A kernel may write through
+/// it although the storage is only borrowed for reading (a parameter is a Candle `Var`): the
+/// host never touches device memory, and every weft kernel runs on the device's compute
+/// stream, ordered after all work already queued on the tensor; a tensor dropped right after
+/// the launch is freed stream-ordered (`cuMemFreeAsync`) after the kernel.
+pub fn device_address(tensor: &Tensor) -> Result<u64> {
+    let (storage, layout) = tensor.storage_and_layout();
+    let Storage::Cuda(cuda) = &*storage else {
+        bail!("CUDA kernels: a tensor is not on a CUDA device");
+    };
+    if !layout.is_contiguous() {
+        bail!("CUDA kernels: tensors must be contiguous");
+    }
+    let stream = cuda.device().cuda_stream();
+    let base = match &cuda.slice {
+        CudaStorageSlice::U8(s) => s.device_ptr(&stream).0,
+        CudaStorageSlice::U32(s) => s.device_ptr(&stream).0,
+        CudaStorageSlice::I16(s) => s.device_ptr(&stream).0,
+        CudaStorageSlice::I32(s) => s.device_ptr(&stream).0,
+        CudaStorageSlice::I64(s) => s.device_ptr(&stream).0,
+        CudaStorageSlice::BF16(s) => s.device_ptr(&stream).0,
+        CudaStorageSlice::F16(s) => s.device_ptr(&stream).0,
+        CudaStorageSlice::F32(s) => s.device_ptr(&stream).0,
+        CudaStorageSlice::F64(s) => s.device_ptr(&stream).0,
+        _ => bail!("CUDA kernels: dtype {:?} is not supported", cuda.dtype()),
+    };
+    Ok(base + (layout.start_offset() * tensor.dtype().size_in_bytes()) as u64)
 }

@@ -9,8 +9,9 @@
 //!   2-D batch normalisation with a fused analytic backward; also returns the batch statistics
 //!   for the running averages.
 //! - [`relu`] and [`add_relu`] (the end of a residual block): ReLU with a one-pass backward.
-//! - [`copy_tensors`] and [`sgd_tensors`]: copies and the SGD update over many tensors, in
-//!   one CUDA launch per 48 tensors.
+//! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
+//! - `cuda_launch` (feature `cuda`): loading PTX modules and launching kernels on a device's
+//!   compute stream, for weft's kernels here and in other crates (the optimizers').
 //!
 //! Each op also comes as a graph-free forward and its backward (`conv2d_forward` /
 //! `conv2d_backward`, or [`conv2d_backward_add`] adding the input gradient in place, …) for
@@ -35,7 +36,7 @@ mod conv_crop;
 #[cfg(feature = "cudnn")]
 mod conv_cudnn;
 #[cfg(feature = "cuda")]
-mod cuda_launch;
+pub mod cuda_launch;
 #[cfg(feature = "cudnn")]
 mod cudnn_plan;
 #[cfg(feature = "cudnn")]
@@ -69,7 +70,7 @@ pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
 };
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
-pub use multi_tensor::{copy_tensors, sgd_tensors, SgdStep};
+pub use multi_tensor::copy_tensors;
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::blend_into;
 pub use storage::{has_kernels, set_cuda_kernels};

@@ -1,0 +1,205 @@
+//! Launches the kernels of `kernels/optimizers.cu`: the runs of parameter elements a step
+//! updates travel by value in an [`OptimList`] of at most [`MAX_ENTRIES`] entries, one launch
+//! per list, on the device's compute stream (see `weft_tensor::ops::cuda_launch` for why
+//! writing through the parameters' addresses is sound).
+
+use candle_core::{bail, DType, Result, Tensor};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use weft_tensor::ops::cuda_launch::{device_address, function_named, launched, Module, THREADS};
+
+use crate::{AdamWConfig, SgdConfig};
+
+const OPTIMIZERS: Module = Module::new(
+    "weft_optimizers",
+    include_str!(concat!(env!("OUT_DIR"), "/optimizers.ptx")),
+);
+
+/// Entries of one [`OptimList`] (as `MAX_ENTRIES` in the kernel source).
+const MAX_ENTRIES: usize = 48;
+
+/// One run of a parameter's elements: where it lies, where its gradient and state lie in the
+/// flat buffers, and its param group's hyperparameters.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Run {
+    pub address: u64,
+    pub offset: u64,
+    pub len: u64,
+    pub weight_decay: f64,
+    pub lr_scale: f64,
+}
+
+/// The kernels' by-value argument, laid out as `struct OptimList` in the kernel source.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct OptimList {
+    param: [u64; MAX_ENTRIES],
+    offset: [u64; MAX_ENTRIES],
+    len: [u64; MAX_ENTRIES],
+    weight_decay: [f64; MAX_ENTRIES],
+    lr_scale: [f64; MAX_ENTRIES],
+    count: u32,
+}
+
+// SAFETY: plain old data laid out as `struct OptimList` in kernels/optimizers.cu.
+unsafe impl DeviceRepr for OptimList {}
+
+impl OptimList {
+    fn new(runs: &[Run]) -> Self {
+        let mut list = Self {
+            param: [0; MAX_ENTRIES],
+            offset: [0; MAX_ENTRIES],
+            len: [0; MAX_ENTRIES],
+            weight_decay: [0.0; MAX_ENTRIES],
+            lr_scale: [0.0; MAX_ENTRIES],
+            count: runs.len() as u32,
+        };
+        for (i, run) in runs.iter().enumerate() {
+            list.param[i] = run.address;
+            list.offset[i] = run.offset;
+            list.len[i] = run.len;
+            list.weight_decay[i] = run.weight_decay;
+            list.lr_scale[i] = run.lr_scale;
+        }
+        list
+    }
+}
+
+/// Blocks per entry: enough for the longest run at 4 elements per thread, at most 1024 (the
+/// blocks stride over longer runs).
+fn config(runs: &[Run]) -> LaunchConfig {
+    let longest = runs.iter().map(|r| r.len).max().unwrap_or(0);
+    LaunchConfig {
+        grid_dim: (
+            longest.div_ceil(4 * THREADS as u64).clamp(1, 1024) as u32,
+            runs.len() as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn suffix(dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::F64 => Ok("f64"),
+        other => bail!("optimizer kernels: dtype {other:?} is not supported (f32, f64)"),
+    }
+}
+
+/// `step[0] += 1` on the device (an f64 scalar).
+pub(crate) fn increment_step(step: &Tensor) -> Result<()> {
+    let device = step.device().as_cuda_device()?;
+    let func = function_named(device, &OPTIMIZERS, "increment_step")?;
+    let at = device_address(step)?;
+    let mut builder = func.builder();
+    builder.arg(&at);
+    let one = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `at` is the address of one f64 on the device.
+    launched("increment_step", unsafe { builder.launch(one) })
+}
+
+/// One SGD step of `runs` (inside the flat `grads` and `momentum`, of the runs' dtype; `lr`
+/// one f64 on the device).
+pub(crate) fn sgd(
+    runs: &[Run],
+    grads: &Tensor,
+    momentum: &Tensor,
+    lr: &Tensor,
+    config: &SgdConfig,
+    first_step: bool,
+) -> Result<()> {
+    let device = grads.device().as_cuda_device()?;
+    let func = function_named(
+        device,
+        &OPTIMIZERS,
+        &format!("multi_sgd_{}", suffix(grads.dtype())?),
+    )?;
+    let (grads_at, momentum_at, lr_at) = (
+        device_address(grads)?,
+        device_address(momentum)?,
+        device_address(lr)?,
+    );
+    let flags = [config.nesterov, config.maximize, first_step].map(i32::from);
+    for chunk in runs.chunks(MAX_ENTRIES) {
+        let list = OptimList::new(chunk);
+        let mut builder = func.builder();
+        builder
+            .arg(&list)
+            .arg(&grads_at)
+            .arg(&momentum_at)
+            .arg(&lr_at)
+            .arg(&config.momentum)
+            .arg(&config.dampening)
+            .arg(&flags[0])
+            .arg(&flags[1])
+            .arg(&flags[2]);
+        // SAFETY: the arguments match `multi_sgd_*`; each run holds `len` elements of the
+        // gradients' dtype and lies, at its offset, inside both flat buffers (checked by the
+        // caller).
+        launched("multi_sgd", unsafe { builder.launch(config(chunk)) })?;
+    }
+    Ok(())
+}
+
+/// The AdamW state buffers of one step.
+pub(crate) struct AdamWState<'a> {
+    pub exp_avg: &'a Tensor,
+    pub exp_avg_sq: &'a Tensor,
+    pub max_exp_avg_sq: Option<&'a Tensor>,
+}
+
+/// One AdamW step of `runs` at step `step` (one f64 on the device, already incremented).
+pub(crate) fn adamw(
+    runs: &[Run],
+    grads: &Tensor,
+    state: &AdamWState<'_>,
+    lr: &Tensor,
+    step: &Tensor,
+    config: &AdamWConfig,
+) -> Result<()> {
+    let device = grads.device().as_cuda_device()?;
+    let func = function_named(
+        device,
+        &OPTIMIZERS,
+        &format!("multi_adamw_{}", suffix(grads.dtype())?),
+    )?;
+    let max_at = match state.max_exp_avg_sq {
+        Some(max) => device_address(max)?,
+        // Never read or written without amsgrad.
+        None => device_address(state.exp_avg_sq)?,
+    };
+    let (grads_at, avg_at, sq_at, lr_at, step_at) = (
+        device_address(grads)?,
+        device_address(state.exp_avg)?,
+        device_address(state.exp_avg_sq)?,
+        device_address(lr)?,
+        device_address(step)?,
+    );
+    let amsgrad = i32::from(config.amsgrad);
+    for chunk in runs.chunks(MAX_ENTRIES) {
+        let list = OptimList::new(chunk);
+        let mut builder = func.builder();
+        builder
+            .arg(&list)
+            .arg(&grads_at)
+            .arg(&avg_at)
+            .arg(&sq_at)
+            .arg(&max_at)
+            .arg(&lr_at)
+            .arg(&step_at)
+            .arg(&config.betas.0)
+            .arg(&config.betas.1)
+            .arg(&config.eps)
+            .arg(&amsgrad);
+        // SAFETY: the arguments match `multi_adamw_*`; each run holds `len` elements of the
+        // gradients' dtype and lies, at its offset, inside the flat gradient and state
+        // buffers (checked by the caller).
+        launched("multi_adamw", unsafe { builder.launch(config(chunk)) })?;
+    }
+    Ok(())
+}

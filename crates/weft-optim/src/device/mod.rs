@@ -1,0 +1,322 @@
+//! [`DeviceOptimizer`]: SGD and AdamW on the parameters' CUDA device, updating the model's
+//! parameter tensors in place with their gradients and states in flat buffers, one
+//! multi-tensor kernel launch per 48 runs of elements (`kernels/optimizers.cu`). Nothing goes
+//! through the host: the learning rate and the step count live on the device, so a step
+//! captured in a CUDA graph replays with each step's schedule and bias corrections. The rules
+//! are those of [`crate::Sgd`] and [`crate::AdamW`], operation for operation.
+
+mod launch;
+
+use std::ops::Range;
+
+use candle_core::{DType, Tensor};
+use weft_tensor::ops::cuda_launch::device_address;
+use weft_tensor::{FlatBuffer, ParamStore};
+
+use crate::{validate, AdamWConfig, OptimError, ParamGroups, SgdConfig};
+use launch::{AdamWState, Run};
+
+/// Which rule a [`DeviceOptimizer`] runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeviceRule {
+    Sgd(SgdConfig),
+    AdamW(AdamWConfig),
+}
+
+impl DeviceRule {
+    fn name(&self) -> &'static str {
+        match self {
+            DeviceRule::Sgd(_) => "sgd",
+            DeviceRule::AdamW(_) => "adamw",
+        }
+    }
+
+    /// The state buffers, in the order [`DeviceOptimizer`] keeps them.
+    pub(crate) fn buffer_names(&self) -> &'static [&'static str] {
+        match self {
+            DeviceRule::Sgd(c) if c.momentum != 0.0 => &["momentum_buffer"],
+            DeviceRule::Sgd(_) => &[],
+            DeviceRule::AdamW(c) if c.amsgrad => &["exp_avg", "exp_avg_sq", "max_exp_avg_sq"],
+            DeviceRule::AdamW(_) => &["exp_avg", "exp_avg_sq"],
+        }
+    }
+
+    fn lr(&self) -> f64 {
+        match self {
+            DeviceRule::Sgd(c) => c.lr,
+            DeviceRule::AdamW(c) => c.lr,
+        }
+    }
+
+    fn weight_decay(&self) -> f64 {
+        match self {
+            DeviceRule::Sgd(c) => c.weight_decay,
+            DeviceRule::AdamW(c) => c.weight_decay,
+        }
+    }
+}
+
+fn tensor_error(optimizer: &'static str) -> impl Fn(candle_core::Error) -> OptimError {
+    move |e| OptimError::Tensor {
+        optimizer,
+        reason: e.to_string(),
+    }
+}
+
+/// An optimizer whose state and scalars live on the parameters' CUDA device.
+pub struct DeviceOptimizer {
+    rule: DeviceRule,
+    groups: ParamGroups,
+    lr: f64,
+    /// The learning rate as one f64 on the device, rewritten by [`Self::set_lr`].
+    lr_value: Option<Tensor>,
+    /// Steps taken, as one f64 on the device (incremented there, also by graph replays).
+    step_value: Option<Tensor>,
+    /// Steps issued from the host (replays of a captured step are not counted here).
+    issued: u64,
+    /// The state buffers over the stepped range (none before the first step).
+    state: Vec<Tensor>,
+    range: Option<Range<usize>>,
+}
+
+impl DeviceOptimizer {
+    /// Validates the configuration (the CPU rules' checks).
+    pub fn new(rule: DeviceRule) -> Result<Self, OptimError> {
+        match &rule {
+            DeviceRule::Sgd(c) => drop(crate::Sgd::<f32>::new(c.clone())?),
+            DeviceRule::AdamW(c) => drop(crate::AdamW::<f32>::new(c.clone())?),
+        }
+        Ok(Self {
+            lr: rule.lr(),
+            rule,
+            groups: ParamGroups::default(),
+            lr_value: None,
+            step_value: None,
+            issued: 0,
+            state: Vec::new(),
+            range: None,
+        })
+    }
+
+    /// Uses `groups` (ranges of the whole flat buffer) for per-range weight decay and lr scale.
+    pub fn with_param_groups(mut self, groups: ParamGroups) -> Self {
+        self.groups = groups;
+        self
+    }
+
+    pub fn rule(&self) -> &DeviceRule {
+        &self.rule
+    }
+
+    pub fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    /// Sets the base learning rate (finite, `>= 0`), writing the device copy: call it outside
+    /// a CUDA graph capture.
+    pub fn set_lr(&mut self, lr: f64) -> Result<(), OptimError> {
+        validate::non_negative(self.rule.name(), "lr", lr)?;
+        self.lr = lr;
+        if let Some(value) = &self.lr_value {
+            let fresh = Tensor::full(lr, 1, value.device()).map_err(tensor_error("lr"))?;
+            value.slice_set(&fresh, 0, 0).map_err(tensor_error("lr"))?;
+        }
+        Ok(())
+    }
+
+    /// Steps taken: the device's count (waits for the device), which includes replays of a
+    /// captured step.
+    pub fn step_count(&self) -> Result<u64, OptimError> {
+        match &self.step_value {
+            Some(step) => {
+                let values = step.to_vec1::<f64>().map_err(tensor_error("step"))?;
+                Ok(values[0] as u64)
+            }
+            None => Ok(self.issued),
+        }
+    }
+
+    /// The state buffers by name, each over the stepped range (empty before the first step).
+    pub fn state(&self) -> Vec<(&'static str, &Tensor)> {
+        self.rule
+            .buffer_names()
+            .iter()
+            .copied()
+            .zip(&self.state)
+            .collect()
+    }
+
+    /// Replaces the state: buffers by name over `range`, and the step count.
+    pub fn load_state(
+        &mut self,
+        range: Range<usize>,
+        step: u64,
+        buffers: Vec<(String, Tensor)>,
+    ) -> Result<(), OptimError> {
+        let names = self.rule.buffer_names();
+        let optimizer = self.rule.name();
+        let mut state = Vec::with_capacity(names.len());
+        for &name in names {
+            let Some((_, t)) = buffers.iter().find(|(n, _)| n == name) else {
+                if step == 0 {
+                    break;
+                }
+                return Err(OptimError::MissingStateBuffer {
+                    optimizer,
+                    buffer: name,
+                    step,
+                });
+            };
+            if t.elem_count() != range.len() {
+                return Err(OptimError::StateLengthMismatch {
+                    optimizer,
+                    buffer: name,
+                    state: t.elem_count(),
+                    params: range.len(),
+                });
+            }
+            state.push(
+                t.flatten_all()
+                    .and_then(|t| t.copy())
+                    .map_err(tensor_error(optimizer))?,
+            );
+        }
+        if let Some(extra) = buffers.iter().find(|(n, _)| !names.contains(&n.as_str())) {
+            return Err(OptimError::UnexpectedStateBuffer {
+                optimizer,
+                buffer: extra.0.clone(),
+                expected: names.to_vec(),
+            });
+        }
+        if let Some(first) = state.first() {
+            let values =
+                Tensor::full(step as f64, 1, first.device()).map_err(tensor_error(optimizer))?;
+            self.step_value = Some(values);
+        }
+        self.state = state;
+        self.issued = step;
+        self.range = Some(range);
+        Ok(())
+    }
+
+    /// One update of the parameters of `store` in `range` of the flat buffers, with `grads`
+    /// (of the parameters' dtype, on their CUDA device). The range must stay the same from
+    /// step to step. On error nothing is launched.
+    pub fn step(
+        &mut self,
+        grads: &FlatBuffer,
+        store: &ParamStore,
+        range: Range<usize>,
+    ) -> Result<(), OptimError> {
+        let optimizer = self.rule.name();
+        let err = tensor_error(optimizer);
+        if range.end > grads.layout().len() || range.start > range.end {
+            return Err(OptimError::Tensor {
+                optimizer,
+                reason: format!(
+                    "range {range:?} is outside the flat buffers ({} elements)",
+                    grads.layout().len()
+                ),
+            });
+        }
+        if let Some(previous) = self.range.as_ref().filter(|r| **r != range) {
+            return Err(OptimError::Tensor {
+                optimizer,
+                reason: format!("the state covers {previous:?}, the step {range:?}"),
+            });
+        }
+        let runs = self.runs(grads, store, &range)?;
+        let flat = grads
+            .tensor()
+            .narrow(0, range.start, range.len())
+            .map_err(&err)?;
+        let device = flat.device().clone();
+        let first_step = self.state.is_empty() && self.issued == 0;
+        if self.state.is_empty() {
+            self.state = self
+                .rule
+                .buffer_names()
+                .iter()
+                .map(|_| Tensor::zeros(range.len(), flat.dtype(), &device))
+                .collect::<candle_core::Result<_>>()
+                .map_err(&err)?;
+        }
+        if self.lr_value.is_none() {
+            self.lr_value = Some(Tensor::full(self.lr, 1, &device).map_err(&err)?);
+        }
+        if self.step_value.is_none() {
+            self.step_value = Some(Tensor::zeros(1, DType::F64, &device).map_err(&err)?);
+        }
+        self.range = Some(range);
+        let (lr, step) = (
+            self.lr_value.as_ref().expect("made above"),
+            self.step_value.as_ref().expect("made above"),
+        );
+        launch::increment_step(step).map_err(&err)?;
+        match &self.rule {
+            DeviceRule::Sgd(config) => {
+                // Without momentum the buffer is never read or written.
+                let momentum = self.state.first().unwrap_or(&flat);
+                launch::sgd(&runs, &flat, momentum, lr, config, first_step).map_err(&err)?;
+            }
+            DeviceRule::AdamW(config) => {
+                let state = AdamWState {
+                    exp_avg: &self.state[0],
+                    exp_avg_sq: &self.state[1],
+                    max_exp_avg_sq: self.state.get(2),
+                };
+                launch::adamw(&runs, &flat, &state, lr, step, config).map_err(&err)?;
+            }
+        }
+        self.issued += 1;
+        Ok(())
+    }
+
+    /// The runs of parameter elements in `range`, cut at param-group boundaries, with offsets
+    /// relative to the range's start.
+    fn runs(
+        &self,
+        grads: &FlatBuffer,
+        store: &ParamStore,
+        range: &Range<usize>,
+    ) -> Result<Vec<Run>, OptimError> {
+        let optimizer = self.rule.name();
+        let segments = self
+            .groups
+            .restricted_to(range.clone())
+            .segments(range.len(), self.rule.weight_decay())?;
+        let mut runs = Vec::new();
+        for slot in grads.layout().slots() {
+            let param = store.entries()[slot.entry].tensor();
+            if param.dtype() != grads.dtype() {
+                return Err(OptimError::Tensor {
+                    optimizer,
+                    reason: format!(
+                        "`{}` is {:?}, its gradients {:?}",
+                        slot.name,
+                        param.dtype(),
+                        grads.dtype()
+                    ),
+                });
+            }
+            let base = device_address(param).map_err(tensor_error(optimizer))?;
+            let elem = param.dtype().size_in_bytes() as u64;
+            for segment in &segments {
+                // The segment in whole-buffer coordinates, intersected with the slot.
+                let start = (segment.range.start + range.start).max(slot.offset);
+                let end = (segment.range.end + range.start).min(slot.offset + slot.numel());
+                if start >= end {
+                    continue;
+                }
+                runs.push(Run {
+                    address: base + (start - slot.offset) as u64 * elem,
+                    offset: (start - range.start) as u64,
+                    len: (end - start) as u64,
+                    weight_decay: segment.weight_decay,
+                    lr_scale: segment.lr_scale,
+                });
+            }
+        }
+        Ok(runs)
+    }
+}

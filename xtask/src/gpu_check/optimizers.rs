@@ -1,0 +1,128 @@
+//! The optimizers' CUDA kernels against their CPU rules: the same 61 parameters (one of
+//! 300 001 elements, so blocks stride), gradients and schedule stepped by `ModelOptimizer` on
+//! the GPU (in place, multi-tensor launches) and on the CPU (the slice rule over a flat master
+//! copy), with param groups cutting parameters in the middle. The kernels are compiled without
+//! fused multiply-adds and compute their scalars in f64 as the CPU does, so the results agree
+//! to the last bits (the bias corrections' `pow` may differ by an ulp in f64).
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use weft_optim::{
+    AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroup, ParamGroups, SgdConfig,
+};
+use weft_tensor::{EntryKind, FlatBuffer, FlatLayout, ParamStore};
+
+use super::single_ops::{relative_error, MULTI_SIZES};
+
+const STEPS: usize = 5;
+
+/// The rules compared, by row name.
+pub(super) fn configs() -> Vec<(&'static str, OptimizerConfig)> {
+    let sgd = SgdConfig {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 1e-2,
+        ..SgdConfig::default()
+    };
+    let adamw = AdamWConfig {
+        lr: 1e-2,
+        weight_decay: 1e-2,
+        ..AdamWConfig::default()
+    };
+    vec![
+        (
+            "SGD momentum, weight decay",
+            OptimizerConfig::Sgd(sgd.clone()),
+        ),
+        (
+            "SGD Nesterov, dampening 0",
+            OptimizerConfig::Sgd(SgdConfig {
+                nesterov: true,
+                ..sgd.clone()
+            }),
+        ),
+        (
+            "SGD dampened, maximize, no momentum buffer",
+            OptimizerConfig::Sgd(SgdConfig {
+                momentum: 0.0,
+                maximize: true,
+                ..sgd
+            }),
+        ),
+        ("AdamW", OptimizerConfig::AdamW(adamw.clone())),
+        (
+            "AdamW amsgrad",
+            OptimizerConfig::AdamW(AdamWConfig {
+                amsgrad: true,
+                ..adamw
+            }),
+        ),
+    ]
+}
+
+/// Parameters of `MULTI_SIZES` on `device`, with the same seeded values everywhere.
+fn store(device: &Device, dtype: DType) -> Result<ParamStore> {
+    let mut store = ParamStore::new(device, dtype);
+    for (i, &n) in MULTI_SIZES.iter().enumerate() {
+        let values: Vec<f64> = (0..n)
+            .map(|k| (((k * 7919 + i * 104_729) % 2003) as f64 / 1001.5 - 1.0) * 0.5)
+            .collect();
+        let t = Tensor::from_vec(values, n, device)?.to_dtype(dtype)?;
+        store.register(&format!("p{i}"), EntryKind::Parameter, t)?;
+    }
+    Ok(store)
+}
+
+/// Param groups cutting the flat buffer mid-parameter: no decay and half the rate.
+fn groups(len: usize) -> Result<ParamGroups> {
+    Ok(ParamGroups::new(vec![
+        ParamGroup {
+            range: 10..len / 3,
+            weight_decay: 0.0,
+            lr_scale: 0.5,
+        },
+        ParamGroup {
+            range: len / 2..len / 2 + 777,
+            weight_decay: 0.1,
+            lr_scale: 2.0,
+        },
+    ])?)
+}
+
+/// `STEPS` steps of `config` on `device`; returns the flat parameters after them (on the CPU).
+fn run(config: &OptimizerConfig, device: &Device, dtype: DType) -> Result<Tensor> {
+    let store = store(device, dtype)?;
+    let layout = FlatLayout::parameters(&store);
+    let len = layout.len();
+    let grads = FlatBuffer::zeros(layout.clone(), dtype, device)?;
+    let master = FlatBuffer::from_store(&store, layout, dtype)?;
+    let mut optimizer = ModelOptimizer::new(config.clone(), groups(len)?, device, dtype)?;
+    for step in 0..STEPS {
+        let values: Vec<f64> = (0..len)
+            .map(|k| ((k * 31 + step * 977) % 1999) as f64 / 999.5 - 1.0)
+            .collect();
+        let g = Tensor::from_vec(values, len, device)?.to_dtype(dtype)?;
+        grads.tensor().slice_set(&g, 0, 0)?;
+        optimizer.set_lr(0.1 / (1 + step) as f64)?;
+        let params = optimizer.needs_master_copy().then_some(&master);
+        optimizer.step(params, &grads, &store, 0..len)?;
+    }
+    let flat: Vec<Tensor> = store
+        .parameter_ids()
+        .into_iter()
+        .map(|id| store.entries()[id].tensor().flatten_all())
+        .collect::<candle_core::Result<_>>()?;
+    Ok(Tensor::cat(&flat, 0)?.to_device(&Device::Cpu)?)
+}
+
+/// The largest relative difference of the parameters after `STEPS` steps on the GPU and on
+/// the CPU.
+pub(super) fn compare_optimizer(
+    config: &OptimizerConfig,
+    gpu: &Device,
+    dtype: DType,
+) -> Result<f64> {
+    let cpu = run(config, &Device::Cpu, dtype)?;
+    let on_gpu = run(config, gpu, dtype)?;
+    relative_error(&cpu, &on_gpu)
+}
