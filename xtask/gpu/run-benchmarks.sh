@@ -4,8 +4,8 @@
 # WEFT_BUNDLE=. (its scripts/ and python/ folders). Builds nothing; writes every result under
 # $OUT (five files: run.log, the two profiles, the packed Nsight Compute CSV, the cuDNN choices) and prints a
 # summary last. Usage: bash xtask/gpu/run-benchmarks.sh [SECTIONS], SECTIONS a comma-separated
-# choice of check,variants,step,algos,profile,smoke (default: all; one device call may run at most 10
-# minutes, so split them over two calls where needed):
+# choice of check,variants,step,algos,optim,profile,smoke (default: all; one device call may run at
+# most 10 minutes, so split them over two calls where needed):
 #   1. gpu-check: every CUDA op against the CPU, ResNet-50 training steps in f64 and f32, and
 #      on a machine with two GPUs the NCCL collectives and DDP against one GPU
 #   2a. bench-step, ResNet-50 batch 32 fp32, with Candle's ops and runtime settings, and with
@@ -14,6 +14,9 @@
 #      CUDA graph
 #   2b. bench-step with each way of choosing cuDNN's algorithms and several workspace limits,
 #      and the choices themselves
+#   2c. the optimizer step alone (AdamW, SGD with momentum) over ResNet-50's parameters beside
+#      PyTorch's fused optimizers and the device's copy bandwidth; the whole step with AdamW
+#      against the step with SGD (both replayed from the CUDA graph); a short AdamW training run
 #   3. where the device time goes: Nsight Compute over weft's steps, torch.profiler over PyTorch's
 #   4. a short CUDA training run of the trainer
 set -uo pipefail
@@ -23,7 +26,7 @@ export WEFT_ANCHOR_PYTHON=python3
 OUT=${OUT:-/tmp/weft-gpu-out}
 mkdir -p "$OUT"
 X=$B/xtask
-SECTIONS=",${1:-check,variants,step,algos,profile,smoke},"
+SECTIONS=",${1:-check,variants,step,algos,optim,profile,smoke},"
 want() { [[ $SECTIONS == *",$1,"* ]]; }
 PY=$B/python
 [ -d "$PY" ] || PY=xtask/python
@@ -74,6 +77,21 @@ want algos && {
   done
 } 2>&1 | tee -a /tmp/bench-step.log | tee -a "$OUT/run.log"
 
+want optim && {
+  echo "== 2c. the optimizer step alone, ResNet-50's 25.6 M fp32 parameters =="
+  for opt in adamw sgd; do
+    timeout 200 $X bench-optimizer --device cuda --model resnet50 --optimizer $opt --steps 100 --warmup 10
+  done
+  echo "== 2c. the whole step with AdamW and with SGD, ResNet-50 batch 32 fp32, CUDA graph =="
+  for opt in adamw sgd; do
+    echo "-- $opt"
+    timeout 300 $X $STEP --optimizer $opt
+  done
+  echo "-- train-resnet --optimizer adamw on the GPU (resnet20, synthetic, 30 steps)"
+  timeout 300 $X train-resnet --device cuda --optimizer adamw --lr 1e-3 --steps 30 --epochs 1 --quiet \
+    --out /tmp/runs --name cuda-adamw 2>&1 | tail -3
+} 2>&1 | tee /tmp/bench-optim.log | tee -a "$OUT/run.log"
+
 if want profile; then
   echo "== 3. device time per kernel: weft (Nsight Compute, 2 timed steps) and PyTorch (torch.profiler, 3 steps) =="
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -98,5 +116,6 @@ fi
 echo "== summary =="
 grep -hE "FAIL|fail|passed" /tmp/gpu-check.log 2>/dev/null | tail -8
 grep -hE "^-- |weft:|pytorch:|ratio|^CUDA" /tmp/bench-step.log 2>/dev/null
+grep -hE "^-- |^weft|^pytorch|weft:|ratio" /tmp/bench-optim.log 2>/dev/null
 head -16 "$OUT/profile-weft.txt" 2>/dev/null
 head -1 "$OUT/profile-torch.txt" 2>/dev/null

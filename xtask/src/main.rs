@@ -2,6 +2,7 @@
 
 mod bench_collectives;
 mod bench_ddp;
+mod bench_optimizer;
 mod bench_step;
 mod cuda_build;
 mod gpu_bundle;
@@ -25,6 +26,9 @@ enum Command {
     TrainResnet(weft_train::TrainArgs),
     /// Time forward + backward + SGD step of a ResNet, beside PyTorch on the same machine
     BenchStep(bench_step::BenchStepArgs),
+    /// Time the optimizer step alone over a model's parameters, beside PyTorch's fastest
+    /// optimizer and the device's copy bandwidth
+    BenchOptimizer(bench_optimizer::BenchOptimizerArgs),
     /// Data-parallel scaling on this machine: 1 rank vs N ranks
     BenchDdp(bench_ddp::BenchDdpArgs),
     /// Collective bandwidth and latency (nccl-tests style), beside PyTorch gloo
@@ -61,6 +65,10 @@ fn main() {
         Command::BenchStep(args) => match cuda_build::needs_cuda_build(&args.device) {
             true => cuda_build::rerun_with_cuda(),
             false => bench_step::run(&args),
+        },
+        Command::BenchOptimizer(args) => match cuda_build::needs_cuda_build(&args.device) {
+            true => cuda_build::rerun_with_cuda(),
+            false => bench_optimizer::run(&args),
         },
         Command::BenchDdp(args) => match cuda_build::needs_cuda_build(&args.device) {
             true => cuda_build::rerun_with_cuda(),

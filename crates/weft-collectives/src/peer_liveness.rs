@@ -144,10 +144,26 @@ mod tests {
     use super::*;
     use crate::store::TcpStoreServer;
 
+    /// Beats every 20 ms, stale after 2 s: a peer starved of the CPU for a while on a busy
+    /// machine still counts as beating.
     const FAST: Timing = Timing {
         beat: Duration::from_millis(20),
-        stale: Duration::from_millis(300),
+        stale: Duration::from_secs(2),
     };
+
+    /// Polls `first_dead` until it names someone, for at most 60 s.
+    fn first_death(liveness: &Liveness, ranks: &[usize]) -> Option<Death> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(death) = liveness.first_dead(ranks) {
+                return Some(death);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 
     fn store() -> (TcpStoreServer, Arc<TcpStore>) {
         let server = TcpStoreServer::bind("127.0.0.1:0", "t").unwrap();
@@ -190,8 +206,7 @@ mod tests {
         let me = Liveness::start(store.clone(), 0, peers.clone(), FAST).unwrap();
         let _beating = Liveness::start(store.clone(), 1, peers, FAST).unwrap();
         assert!(me.first_dead(&[0, 1, 2]).is_none(), "nobody is stale yet");
-        std::thread::sleep(Duration::from_millis(450));
-        let death = me.first_dead(&[0, 1, 2]).expect("rank 2 never beat");
+        let death = first_death(&me, &[0, 1, 2]).expect("rank 2 never beat");
         assert_eq!(death.rank, 2);
         assert!(death.reason.contains("no heartbeat"), "{}", death.reason);
         assert!(me.first_dead(&[0, 1]).is_none(), "rank 1 beats");
@@ -203,8 +218,7 @@ mod tests {
         let peers = vec![peer(0, 1, false), peer(1, 2, false)];
         let me = Liveness::start(store, 1, peers, FAST).unwrap();
         drop(server);
-        std::thread::sleep(Duration::from_millis(100));
-        let death = me.first_dead(&[0, 1]).expect("the store host is gone");
+        let death = first_death(&me, &[0, 1]).expect("the store host is gone");
         assert_eq!(death.rank, 0);
         assert!(death.reason.contains("store"), "{}", death.reason);
     }

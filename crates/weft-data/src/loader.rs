@@ -265,8 +265,9 @@ mod tests {
             1,
             "workers still hold the dataset"
         );
+        // The workers stopped (a generous bound: a hang would never end).
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < Duration::from_secs(60),
             "took {:?}",
             start.elapsed()
         );

@@ -77,6 +77,12 @@ pub enum OptimError {
         first_buffer: &'static str,
         first_len: usize,
     },
+    #[error("optimizer state of `{parameter}`, buffer `{buffer}`: {reason}")]
+    NamedState {
+        parameter: String,
+        buffer: String,
+        reason: String,
+    },
     #[error("unknown learning-rate schedule `{name}` (known: {known:?})")]
     UnknownSchedule {
         name: String,

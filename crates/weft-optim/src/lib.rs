@@ -7,8 +7,13 @@
 //! the flat buffer (with [`ParamGroups::restricted_to`] for per-range hyperparameters), and a
 //! mixed-precision layer can own fp32 master weights and hand them to [`Optimizer::step`].
 //! Large buffers are updated in parallel chunks on scoped threads; results do not depend on
-//! the chunking. [`ModelOptimizer`] runs them over a model's flat buffers on the parameters'
-//! device, over the range of the buffers a rank owns.
+//! the chunking.
+//!
+//! [`ModelOptimizer`] runs them over a model's flat buffers on the parameters' device, over
+//! the range of the buffers a rank owns: the CPU loop over a flat master copy, or (feature
+//! `cuda`) [`DeviceOptimizer`]'s multi-tensor CUDA kernels, the same rules with the learning
+//! rate and step count on the device (capturable in a CUDA graph). Its state is readable and
+//! writable by parameter name ([`NamedState`]) for checkpoints.
 
 mod adamw;
 mod adamw_kernel;
@@ -18,6 +23,7 @@ mod device;
 mod error;
 mod groups;
 mod model_optimizer;
+mod named_state;
 mod optimizer;
 mod real;
 mod schedule;
@@ -32,6 +38,7 @@ pub use device::{DeviceOptimizer, DeviceRule};
 pub use error::OptimError;
 pub use groups::{ParamGroup, ParamGroups};
 pub use model_optimizer::{ModelOptimizer, OptimizerConfig};
+pub use named_state::{NamedState, NamedStateEntry};
 pub use optimizer::Optimizer;
 pub use real::Real;
 pub use schedule::{Constant, CosineAnnealing, LinearWarmup, LrSchedule, MultiStepLr, StepLr};

@@ -52,7 +52,7 @@ impl ModelOptimizer {
         dtype: DType,
     ) -> Result<Self, OptimError> {
         if device.is_cuda() {
-            return Self::on_cuda(config, groups);
+            return Self::on_cuda(config, groups, device);
         }
         Ok(match (config, dtype) {
             (OptimizerConfig::Sgd(c), DType::F32) => {
@@ -76,18 +76,22 @@ impl ModelOptimizer {
     }
 
     #[cfg(feature = "cuda")]
-    fn on_cuda(config: OptimizerConfig, groups: ParamGroups) -> Result<Self, OptimError> {
+    fn on_cuda(
+        config: OptimizerConfig,
+        groups: ParamGroups,
+        device: &Device,
+    ) -> Result<Self, OptimError> {
         let rule = match config {
             OptimizerConfig::Sgd(c) => crate::DeviceRule::Sgd(c),
             OptimizerConfig::AdamW(c) => crate::DeviceRule::AdamW(c),
         };
         Ok(Self::Device(
-            crate::DeviceOptimizer::new(rule)?.with_param_groups(groups),
+            crate::DeviceOptimizer::new(rule, device)?.with_param_groups(groups),
         ))
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn on_cuda(_: OptimizerConfig, _: ParamGroups) -> Result<Self, OptimError> {
+    fn on_cuda(_: OptimizerConfig, _: ParamGroups, _: &Device) -> Result<Self, OptimError> {
         Err(tensor_error(
             "parameters on a CUDA device need weft-optim's `cuda` feature",
         ))

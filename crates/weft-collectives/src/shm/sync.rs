@@ -218,13 +218,21 @@ mod tests {
     #[test]
     fn waits_return_once_counters_advance() {
         let (region, config) = (test_region(2), quick_config());
+        let advanced = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(20));
                 region.stage(0).store(2, Ordering::Release);
+                advanced.store(true, Ordering::SeqCst);
                 region.stage(1).store(3, Ordering::Release);
             });
             wait_stage(&region, &config, 2).unwrap();
+            // Both counters had to reach 2: the wait outlasted the other thread's stores.
+            assert!(
+                advanced.load(Ordering::SeqCst),
+                "returned before the counters advanced"
+            );
+            assert!(region.stage(1).load(Ordering::Acquire) >= 2);
         });
     }
 }

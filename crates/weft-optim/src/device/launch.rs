@@ -66,7 +66,7 @@ impl OptimList {
 
 /// Blocks per entry: enough for the longest run at 4 elements per thread, at most 1024 (the
 /// blocks stride over longer runs).
-fn config(runs: &[Run]) -> LaunchConfig {
+fn launch_config(runs: &[Run]) -> LaunchConfig {
     let longest = runs.iter().map(|r| r.len).max().unwrap_or(0);
     LaunchConfig {
         grid_dim: (
@@ -141,7 +141,7 @@ pub(crate) fn sgd(
         // SAFETY: the arguments match `multi_sgd_*`; each run holds `len` elements of the
         // gradients' dtype and lies, at its offset, inside both flat buffers (checked by the
         // caller).
-        launched("multi_sgd", unsafe { builder.launch(config(chunk)) })?;
+        launched("multi_sgd", unsafe { builder.launch(launch_config(chunk)) })?;
     }
     Ok(())
 }
@@ -199,7 +199,9 @@ pub(crate) fn adamw(
         // SAFETY: the arguments match `multi_adamw_*`; each run holds `len` elements of the
         // gradients' dtype and lies, at its offset, inside the flat gradient and state
         // buffers (checked by the caller).
-        launched("multi_adamw", unsafe { builder.launch(config(chunk)) })?;
+        launched("multi_adamw", unsafe {
+            builder.launch(launch_config(chunk))
+        })?;
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ mod launch;
 
 use std::ops::Range;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use weft_tensor::ops::cuda_launch::device_address;
 use weft_tensor::{FlatBuffer, ParamStore};
 
@@ -66,6 +66,7 @@ fn tensor_error(optimizer: &'static str) -> impl Fn(candle_core::Error) -> Optim
 /// An optimizer whose state and scalars live on the parameters' CUDA device.
 pub struct DeviceOptimizer {
     rule: DeviceRule,
+    device: Device,
     groups: ParamGroups,
     lr: f64,
     /// The learning rate as one f64 on the device, rewritten by [`Self::set_lr`].
@@ -80,8 +81,8 @@ pub struct DeviceOptimizer {
 }
 
 impl DeviceOptimizer {
-    /// Validates the configuration (the CPU rules' checks).
-    pub fn new(rule: DeviceRule) -> Result<Self, OptimError> {
+    /// Validates the configuration (the CPU rules' checks); the parameters live on `device`.
+    pub fn new(rule: DeviceRule, device: &Device) -> Result<Self, OptimError> {
         match &rule {
             DeviceRule::Sgd(c) => drop(crate::Sgd::<f32>::new(c.clone())?),
             DeviceRule::AdamW(c) => drop(crate::AdamW::<f32>::new(c.clone())?),
@@ -89,6 +90,7 @@ impl DeviceOptimizer {
         Ok(Self {
             lr: rule.lr(),
             rule,
+            device: device.clone(),
             groups: ParamGroups::default(),
             lr_value: None,
             step_value: None,
@@ -106,6 +108,11 @@ impl DeviceOptimizer {
 
     pub fn rule(&self) -> &DeviceRule {
         &self.rule
+    }
+
+    /// `sgd` or `adamw`, as the CPU rules name their state.
+    pub fn optimizer_name(&self) -> &'static str {
+        self.rule.name()
     }
 
     pub fn lr(&self) -> f64 {
@@ -146,7 +153,8 @@ impl DeviceOptimizer {
             .collect()
     }
 
-    /// Replaces the state: buffers by name over `range`, and the step count.
+    /// Replaces the state: buffers by name over `range` (on any device; moved to the
+    /// parameters'), and the step count.
     pub fn load_state(
         &mut self,
         range: Range<usize>,
@@ -175,11 +183,11 @@ impl DeviceOptimizer {
                     params: range.len(),
                 });
             }
-            state.push(
-                t.flatten_all()
-                    .and_then(|t| t.copy())
-                    .map_err(tensor_error(optimizer))?,
-            );
+            let on_device = t
+                .flatten_all()
+                .and_then(|t| t.to_device(&self.device)?.copy())
+                .map_err(tensor_error(optimizer))?;
+            state.push(on_device);
         }
         if let Some(extra) = buffers.iter().find(|(n, _)| !names.contains(&n.as_str())) {
             return Err(OptimError::UnexpectedStateBuffer {
@@ -188,11 +196,9 @@ impl DeviceOptimizer {
                 expected: names.to_vec(),
             });
         }
-        if let Some(first) = state.first() {
-            let values =
-                Tensor::full(step as f64, 1, first.device()).map_err(tensor_error(optimizer))?;
-            self.step_value = Some(values);
-        }
+        let step_value =
+            Tensor::full(step as f64, 1, &self.device).map_err(tensor_error(optimizer))?;
+        self.step_value = Some(step_value);
         self.state = state;
         self.issued = step;
         self.range = Some(range);
