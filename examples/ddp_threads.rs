@@ -1,4 +1,5 @@
-//! A data-parallel training loop written directly against the weft crates, ranks as threads:
+//! A data-parallel training loop with the weft crates, ranks as threads over the shared-memory
+//! backend:
 //! `cargo run --release -p weft-examples --example ddp_threads`.
 
 use std::sync::Arc;
@@ -10,8 +11,9 @@ use weft_data::{DataLoader, Dataset, DistributedSampler, LoaderConfig, Pipeline,
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
 use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
-use weft_parallel::{DdpConfig, DistributedDataParallel, Trainer};
+use weft_parallel::Trainer;
 use weft_tensor::Checkpointing;
+use weft_train::parallelize::{self, ResNetParallelism};
 
 const WORLD: usize = 2;
 const BATCH_PER_RANK: usize = 32;
@@ -35,10 +37,9 @@ fn train_rank(comm: Arc<dyn Communicator>) -> Result<()> {
         ModelOptimizer::F32(Box::new(sgd)),
         Checkpointing::None,
     )?;
-    // Broadcasts rank 0's parameters, plans the gradient buckets over the flat buffer.
-    let ddp =
-        DistributedDataParallel::new(trainer.model(), trainer.grads(), comm, DdpConfig::default())?;
-    let mut trainer = trainer.with_strategy(Box::new(ddp));
+    // The ResNet's set-up, as the trainer does it: DistributedDataParallel over the ranks
+    // (rank 0's parameters broadcast, gradient buckets planned over the flat buffer).
+    let mut trainer = parallelize::resnet(trainer, Some(&comm), &ResNetParallelism::default())?;
 
     let data = Arc::new(SyntheticShapes::train(WORLD * BATCH_PER_RANK * STEPS, 0));
     let sampler = DistributedSampler::new(data.len(), WORLD, rank)?;

@@ -1,4 +1,4 @@
-//! With the `cuda` feature, compiles the workspace's CUDA kernels (`kernels/*.cu`) to PTX with
+//! With the `cuda` feature, compiles this crate's CUDA kernels (`kernels/*.cu`) to PTX with
 //! `nvcc` for `CUDA_COMPUTE_CAP` (default 90: H100/H200); the PTX is embedded in the library and
 //! loaded by the driver at first use. Without the feature it does nothing.
 
@@ -20,7 +20,7 @@ fn main() {
         .filter(|p| p.is_file())
         .unwrap_or_else(|| PathBuf::from("nvcc"));
     for kernel in KERNELS {
-        let source = manifest.join("../../kernels").join(format!("{kernel}.cu"));
+        let source = manifest.join("kernels").join(format!("{kernel}.cu"));
         println!("cargo::rerun-if-changed={}", source.display());
         let status = Command::new(&nvcc)
             .args(["--ptx", &format!("-arch=compute_{cap}"), "-O3"])

@@ -16,7 +16,7 @@ use clap::Args;
 use crate::cuda_build::find_nvcc;
 use crate::python::workspace_root;
 
-const FEATURES: &str = "xtask/nccl,xtask/cudnn,weft-collectives/nccl";
+const FEATURES: &str = "xtask/nccl,xtask/cudnn,weft-launch/nccl";
 const BINARIES: [&str; 4] = [
     "xtask",
     "weft-run",
@@ -43,14 +43,7 @@ pub fn run(args: &GpuBundleArgs) -> Result<()> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target/gpu"));
     let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "xtask",
-            "-p",
-            "weft-collectives",
-        ])
+        .args(["build", "--release", "-p", "xtask", "-p", "weft-launch"])
         .args(["--bins", "--features", FEATURES])
         .env("CARGO_TARGET_DIR", &target)
         .current_dir(&root)

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::python::workspace_root;
 
-/// Path of the weft-collectives binary `name`: the one next to this xtask binary when it
+/// Path of the weft-launch binary `name`: the one next to this xtask binary when it
 /// was shipped alongside (a bundle carried to a machine without cargo), otherwise built in
 /// release mode with cargo (with the NCCL backend when this binary has it), in the same target
 /// folder as this binary.
@@ -25,7 +25,7 @@ pub fn collectives_binary(name: &str) -> Result<PathBuf> {
         &[]
     };
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--release", "--quiet", "-p", "weft-collectives"])
+        .args(["build", "--release", "--quiet", "-p", "weft-launch"])
         .args(["--bin", name])
         .args(features)
         .current_dir(workspace_root())

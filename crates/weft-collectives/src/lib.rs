@@ -9,8 +9,9 @@
 //! - [`store`]: the TCP rendezvous store; [`env`] and [`init_from_env`]: joining a job
 //!   started by `weft-run`, torchrun or Slurm.
 //!
-//! Binaries: `weft-run` (launcher), `weft-bench-collectives` (benchmark) and
-//! `weft-collectives-selftest` (the multi-process tests' rank program).
+//! The binaries built on it (`weft-run`, the launcher; `weft-bench-collectives`;
+//! `weft-collectives-selftest`) are in the `weft-launch` crate, so that this library pulls in no
+//! command-line parser.
 
 pub mod buffer;
 pub mod communicator;

@@ -7,7 +7,9 @@
 // schedule. Scalars are computed in double and rounded to the element type once, as the CPU
 // rules of weft-optim (src/sgd.rs, src/adamw_kernel.rs) do; the element-wise arithmetic is
 // theirs, operation for operation. Launched by src/device/launch.rs:
-//   increment_step         step[0] += 1 (before the update of a new step)
+//   increment_step         step[0] += 1 (before an SGD update)
+//   advance_adamw          step[0] += 1, then step[1] = 1 − β1^t and step[2] = sqrt(1 − β2^t),
+//                          once per step instead of in every thread
 //   multi_sgd_{f32,f64}    torch.optim.SGD
 //   multi_adamw_{f32,f64}  torch.optim.AdamW (amsgrad optional)
 
@@ -34,6 +36,14 @@ extern "C" __global__ void increment_step(double* step) {
     if (blockIdx.x == 0 && threadIdx.x == 0) step[0] += 1.0;
 }
 
+extern "C" __global__ void advance_adamw(double* step, double beta1, double beta2) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const double t = step[0] + 1.0;
+    step[0] = t;
+    step[1] = 1.0 - pow(beta1, t);
+    step[2] = sqrt(1.0 - pow(beta2, t));
+}
+
 // g = ±grad + weight_decay·p; with momentum: buf = first_step ? g : momentum·buf +
 // (1 − dampening)·g, then g = nesterov ? g + momentum·buf : buf; p = p + (−lr·scale)·g.
 #define MULTI_SGD(T, SUFFIX)                                                                   \
@@ -42,7 +52,7 @@ extern "C" __global__ void increment_step(double* step) {
                                                   double momentum_d, double dampening_d,       \
                                                   int nesterov, int maximize, int first_step) { \
         unsigned int t = blockIdx.y;                                                           \
-        if (t >= list.count) return;                                                           \
+        if (t >= list.count || first_index() >= (long long)list.len[t]) return;                 \
         const T neg_lr = (T)(-(lr_value[0] * list.lr_scale[t]));                               \
         const T weight_decay = (T)list.weight_decay[t];                                        \
         const T momentum = (T)momentum_d;                                                      \
@@ -74,7 +84,7 @@ __device__ __forceinline__ T lerp(T start, T end, T weight) {
                                                    : end - (end - start) * ((T)1 - weight);
 }
 
-// t = step[0] (already incremented); p *= 1 − lr·wd; m = lerp(m, g, 1 − β1);
+// t = step[0], step[1] = 1 − β1^t, step[2] = sqrt(1 − β2^t) (advance_adamw); p *= 1 − lr·wd; m = lerp(m, g, 1 − β1);
 // v = β2·v + (1 − β2)·g²; (amsgrad: vmax = max(vmax, v), used for v);
 // p += −(lr / (1 − β1^t)) · m / (sqrt(v) / sqrt(1 − β2^t) + eps).
 #define MULTI_ADAMW(T, SUFFIX, SQRT, MAX)                                                      \
@@ -83,16 +93,14 @@ __device__ __forceinline__ T lerp(T start, T end, T weight) {
         const double* lr_value, const double* step_value, double beta1, double beta2,         \
         double eps_d, int amsgrad) {                                                           \
         unsigned int t = blockIdx.y;                                                           \
-        if (t >= list.count) return;                                                           \
+        if (t >= list.count || first_index() >= (long long)list.len[t]) return;                 \
         const double lr = lr_value[0] * list.lr_scale[t];                                      \
-        const double step = step_value[0];                                                     \
-        const double bias_correction1 = 1.0 - pow(beta1, step);                                \
-        const double bias_correction2 = 1.0 - pow(beta2, step);                                \
+        const double bias_correction1 = step_value[1];                                         \
         const T decay = (T)(1.0 - lr * list.weight_decay[t]);                                  \
         const T one_minus_beta1 = (T)(1.0 - beta1);                                            \
         const T beta2_t = (T)beta2;                                                            \
         const T one_minus_beta2 = (T)(1.0 - beta2);                                            \
-        const T bias_correction2_sqrt = (T)sqrt(bias_correction2);                             \
+        const T bias_correction2_sqrt = (T)step_value[2];                                      \
         const T eps = (T)eps_d;                                                                \
         const T neg_step_size = (T)(-(lr / bias_correction1));                                 \
         T* p = (T*)list.param[t];                                                              \

@@ -42,4 +42,9 @@ impl Strategy for SingleProcess {
         // Called before every micro-batch's backward: each reports every gradient once.
         self.check.reset();
     }
+
+    /// Nothing is communicated, so nothing waits on the host: the step can be captured.
+    fn capturable(&self) -> bool {
+        true
+    }
 }

@@ -87,20 +87,34 @@ fn suffix(dtype: DType) -> Result<&'static str> {
     }
 }
 
-/// `step[0] += 1` on the device (an f64 scalar).
+/// One thread.
+const SINGLE: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (1, 1, 1),
+    shared_mem_bytes: 0,
+};
+
+/// `step[0] += 1` on the device (`step`: three f64, see [`advance_adamw`]).
 pub(crate) fn increment_step(step: &Tensor) -> Result<()> {
     let device = step.device().as_cuda_device()?;
     let func = function_named(device, &OPTIMIZERS, "increment_step")?;
     let at = device_address(step)?;
     let mut builder = func.builder();
     builder.arg(&at);
-    let one = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: `at` is the address of one f64 on the device.
-    launched("increment_step", unsafe { builder.launch(one) })
+    // SAFETY: `at` is the address of three f64 on the device.
+    launched("increment_step", unsafe { builder.launch(SINGLE) })
+}
+
+/// `step[0] += 1`, then AdamW's bias corrections of that step into `step[1]` (`1 − β1^t`) and
+/// `step[2]` (`sqrt(1 − β2^t)`), once per step on the device.
+pub(crate) fn advance_adamw(step: &Tensor, config: &AdamWConfig) -> Result<()> {
+    let device = step.device().as_cuda_device()?;
+    let func = function_named(device, &OPTIMIZERS, "advance_adamw")?;
+    let at = device_address(step)?;
+    let mut builder = func.builder();
+    builder.arg(&at).arg(&config.betas.0).arg(&config.betas.1);
+    // SAFETY: `at` is the address of three f64 on the device.
+    launched("advance_adamw", unsafe { builder.launch(SINGLE) })
 }
 
 /// One SGD step of `runs` (inside the flat `grads` and `momentum`, of the runs' dtype; `lr`
@@ -153,7 +167,8 @@ pub(crate) struct AdamWState<'a> {
     pub max_exp_avg_sq: Option<&'a Tensor>,
 }
 
-/// One AdamW step of `runs` at step `step` (one f64 on the device, already incremented).
+/// One AdamW step of `runs` at step `step` (three f64 on the device, advanced by
+/// [`advance_adamw`]).
 pub(crate) fn adamw(
     runs: &[Run],
     grads: &Tensor,

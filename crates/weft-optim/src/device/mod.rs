@@ -71,7 +71,8 @@ pub struct DeviceOptimizer {
     lr: f64,
     /// The learning rate as one f64 on the device, rewritten by [`Self::set_lr`].
     lr_value: Option<Tensor>,
-    /// Steps taken, as one f64 on the device (incremented there, also by graph replays).
+    /// Steps taken, as f64 on the device (incremented there, also by graph replays), followed
+    /// by AdamW's bias corrections of that step.
     step_value: Option<Tensor>,
     /// Steps issued from the host (replays of a captured step are not counted here).
     issued: u64,
@@ -197,7 +198,7 @@ impl DeviceOptimizer {
             });
         }
         let step_value =
-            Tensor::full(step as f64, 1, &self.device).map_err(tensor_error(optimizer))?;
+            Tensor::new(&[step as f64, 0.0, 0.0], &self.device).map_err(tensor_error(optimizer))?;
         self.step_value = Some(step_value);
         self.state = state;
         self.issued = step;
@@ -251,21 +252,22 @@ impl DeviceOptimizer {
             self.lr_value = Some(Tensor::full(self.lr, 1, &device).map_err(&err)?);
         }
         if self.step_value.is_none() {
-            self.step_value = Some(Tensor::zeros(1, DType::F64, &device).map_err(&err)?);
+            self.step_value = Some(Tensor::zeros(3, DType::F64, &device).map_err(&err)?);
         }
         self.range = Some(range);
         let (lr, step) = (
             self.lr_value.as_ref().expect("made above"),
             self.step_value.as_ref().expect("made above"),
         );
-        launch::increment_step(step).map_err(&err)?;
         match &self.rule {
             DeviceRule::Sgd(config) => {
+                launch::increment_step(step).map_err(&err)?;
                 // Without momentum the buffer is never read or written.
                 let momentum = self.state.first().unwrap_or(&flat);
                 launch::sgd(&runs, &flat, momentum, lr, config, first_step).map_err(&err)?;
             }
             DeviceRule::AdamW(config) => {
+                launch::advance_adamw(step, config).map_err(&err)?;
                 let state = AdamWState {
                     exp_avg: &self.state[0],
                     exp_avg_sq: &self.state[1],

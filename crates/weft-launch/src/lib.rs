@@ -1,0 +1,8 @@
+//! weft's command-line programs, one binary each (the library is empty):
+//!
+//! - `weft-run`: starts the ranks of a job on this machine (torchrun's role): the rendezvous
+//!   store, one process per rank with the launch variables, supervision that ends the whole job
+//!   when one rank dies and names it, and clean-up of shared-memory segments.
+//! - `weft-bench-collectives`: collective bandwidth and latency, nccl-tests style.
+//! - `weft-collectives-selftest`: the rank program of the multi-process tests and of the GPU
+//!   checks of the NCCL backend.
