@@ -128,33 +128,49 @@ impl BatchNorm2d {
         ))
     }
 
-    /// Training mode with the statistics of the global batch: per-channel sums of `x` and
-    /// `x²` and the element count are summed over ranks (differentiably), so N ranks compute
-    /// what one process computes on the concatenated batch.
+    /// Training mode with the statistics of the global batch, as one process computes them on
+    /// the concatenated batch. Each rank computes its per-channel mean and sum of squared
+    /// deviations (M2) around it, in f32 (f64 for f64 inputs); the ranks' statistics are combined
+    /// as Chan et al. combine partial moments (PyTorch's `batch_norm_gather_stats_with_counts`):
+    /// a first differentiable sum over ranks gives the count and the global mean, a second the
+    /// global M2 = Σ M2_r + n_r (mean_r − mean)². No sum of squares is ever subtracted from
+    /// another, so data whose mean is large against its spread keeps its variance (the
+    /// E[x²] − E[x]² formula cancels catastrophically there). The count stays on the device.
     fn forward_synced(&self, x: &Tensor, mode: Mode, sum: &dyn CrossRankSum) -> Result<Tensor> {
         let (n, c, h, w) = x.dims4()?;
+        let count = (n * h * w) as f64;
+        let stats = if x.dtype() == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
         let per_channel = |t: &Tensor| -> candle_core::Result<Tensor> {
             t.sum_keepdim(0)?
                 .sum_keepdim(2)?
                 .sum_keepdim(3)?
                 .flatten_all()
         };
-        let count =
-            Tensor::full((n * h * w) as f64, 1, &x.device().clone())?.to_dtype(x.dtype())?;
-        let packed = Tensor::cat(&[per_channel(x)?, per_channel(&x.sqr()?)?, count], 0)?;
-        let global = sum.sum(&packed)?;
-        let total: f64 = global
-            .narrow(0, 2 * c, 1)?
-            .detach()
-            .to_dtype(DType::F64)?
-            .flatten_all()?
-            .get(0)?
-            .to_scalar()?;
-        let mean = (global.narrow(0, 0, c)? / total)?;
-        let var = ((global.narrow(0, c, c)? / total)? - mean.sqr()?)?;
+        let xs = x.to_dtype(stats)?;
+        let local_mean = (per_channel(&xs)? / count)?;
+        let centered = xs.broadcast_sub(&local_mean.reshape((1, c, 1, 1))?)?;
+        let local_m2 = per_channel(&centered.sqr()?)?;
+        let local_count = Tensor::full(count, 1, x.device())?.to_dtype(stats)?;
+        let first = sum.sum(&Tensor::cat(&[(&local_mean * count)?, local_count], 0)?)?;
+        let total = first.narrow(0, c, 1)?;
+        let mean = first.narrow(0, 0, c)?.broadcast_div(&total)?;
+        let spread = ((&local_mean - &mean)?.sqr()? * count)?;
+        let m2 = sum.sum(&(local_m2 + spread)?)?;
+        let var = m2.broadcast_div(&total)?;
+        let (mean, var) = (mean.to_dtype(x.dtype())?, var.to_dtype(x.dtype())?);
         let y = self.normalize_with(x, &mean, &var)?;
         if mode.update_running_stats {
-            self.update_running_stats(total, &mean.detach(), &var.detach())?;
+            // The unbiased variance N / (N − 1) · var, with N on the device.
+            let n = total.detach();
+            let correction = n.broadcast_div(&(&n - 1.0)?.maximum(1.0)?)?;
+            let unbiased = var
+                .detach()
+                .broadcast_mul(&correction.to_dtype(x.dtype())?)?;
+            self.blend_running_stats(&mean.detach(), &unbiased, 1.0)?;
         }
         Ok(y)
     }
@@ -170,10 +186,15 @@ impl BatchNorm2d {
 
     /// Blends the batch statistics (over `count` elements per channel) into the running ones.
     fn update_running_stats(&self, count: f64, mean: &Tensor, biased_var: &Tensor) -> Result<()> {
+        self.blend_running_stats(mean, biased_var, count / (count - 1.0).max(1.0))
+    }
+
+    /// Blends a batch's mean and its variance times `var_scale` (the unbiasing factor) into the
+    /// running statistics (momentum) and counts the batch.
+    fn blend_running_stats(&self, mean: &Tensor, var: &Tensor, var_scale: f64) -> Result<()> {
         let m = self.momentum;
         ops::blend_into(self.running_mean.as_tensor(), mean, m, 1.0)?;
-        let unbiased = count / (count - 1.0).max(1.0);
-        ops::blend_into(self.running_var.as_tensor(), biased_var, m, unbiased)?;
+        ops::blend_into(self.running_var.as_tensor(), var, m, var_scale)?;
         let tracked = (self.num_batches_tracked.as_tensor().to_dtype(DType::I64)? + 1.0)?;
         self.num_batches_tracked.set(&tracked)?;
         Ok(())
