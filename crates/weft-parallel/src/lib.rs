@@ -6,6 +6,7 @@
 //! - [`strategy`]: the [`Strategy`] trait, the seam every way of parallelising plugs into.
 //! - [`step`]: [`Trainer`], one training step of any block model for any objective under any
 //!   strategy, with micro-batches and CUDA-graph replay.
+//! - [`clip`]: gradient clipping by the global norm over ranks, on the device.
 //! - [`single`]: [`SingleProcess`], the strategy of one rank.
 //! - [`ddp`]: data parallelism — [`ddp::NaiveDataParallel`] (all-reduce every gradient after
 //!   backward, the reference) beside [`ddp::DistributedDataParallel`] (gradients grouped into
@@ -13,6 +14,7 @@
 //!   produced all its gradients, overlapping communication with the rest of backward).
 //! - [`sync_bn`]: SyncBatchNorm, batch statistics of the global batch over all ranks.
 
+pub mod clip;
 pub mod ddp;
 pub mod error;
 mod ready;
@@ -21,6 +23,7 @@ pub mod step;
 pub mod strategy;
 pub mod sync_bn;
 
+pub use clip::clip_grad_norm;
 pub use ddp::{DdpConfig, DistributedDataParallel, NaiveDataParallel};
 pub use error::{ParallelError, Result};
 pub use single::SingleProcess;

@@ -8,6 +8,7 @@
 //! | `before_block_forward/backward` | — | — | stage 3: gather the block's parameters | — |
 //! | `block_ready` | check | launch a bucket's all-reduce | stage 2: reduce-scatter | — |
 //! | `finish_backward` | — | wait for the buckets | wait | — |
+//! | `reduce_grad_norm_squared` | — | — | sum over the shards | sum over the stages |
 //! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | this stage's blocks |
 //! | `after_step` | — | — | all-gather the updated shards | — |
 //!
@@ -16,6 +17,7 @@
 
 use std::ops::Range;
 
+use candle_core::Tensor;
 use weft_tensor::{BlockModel, EntryId, FlatBuffer};
 
 use crate::error::Result;
@@ -68,6 +70,14 @@ pub trait Strategy: Send {
     /// The elements of the flat buffers (of `len` elements) this rank's optimizer steps.
     fn optimizer_range(&self, len: usize) -> Range<usize> {
         0..len
+    }
+
+    /// The squared global gradient norm from this rank's part of it (a scalar on the device),
+    /// for gradient clipping: the sum over the ranks that each hold a different part of the
+    /// gradients (ZeRO shards, tensor-parallel slices; TP-replicated parameters counted once).
+    /// Under data parallelism every rank holds all of them, averaged: nothing to reduce.
+    fn reduce_grad_norm_squared(&mut self, local: Tensor) -> Result<Tensor> {
+        Ok(local)
     }
 
     /// After this rank's optimizer has stepped its range (the updated parameters are in the

@@ -96,6 +96,10 @@ pub struct TrainArgs {
     /// the run (PyTorch DDP's find_unused_parameters)
     #[arg(long, default_value_t = false)]
     pub find_unused_parameters: bool,
+    /// Clip the gradients to this global norm before each optimizer step
+    /// (torch.nn.utils.clip_grad_norm_; the norm over all ranks); logs `grad_norm` per step
+    #[arg(long)]
+    pub clip_grad_norm: Option<f64>,
     /// Split each rank's batch into M micro-batches whose gradients accumulate before one
     /// optimizer step (only the last one communicates); the step runs eagerly (no CUDA graph)
     #[arg(long, default_value_t = 1)]
@@ -157,6 +161,11 @@ impl TrainArgs {
                 self.batch_size,
                 self.ranks()
             );
+        }
+        if let Some(max) = self.clip_grad_norm {
+            if !(max.is_finite() && max > 0.0) {
+                bail!("--clip-grad-norm {max} must be a positive number");
+            }
         }
         if self.micro_batches == 0 {
             bail!("--micro-batches must be at least 1");

@@ -79,13 +79,16 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         Checkpointing::None
     };
     let timeline = Arc::new(Timeline::new(ctx.rank));
-    let trainer = Trainer::new(
+    let mut trainer = Trainer::new(
         model,
         Box::new(Classification),
         build_optimizer(args, &device, DType::F32)?,
         checkpointing,
     )?
     .with_timeline(timeline.clone());
+    if let Some(max_norm) = args.clip_grad_norm {
+        trainer = trainer.with_clip_grad_norm(max_norm)?;
+    }
     let plan = ResNetParallelism {
         sync_bn: args.sync_bn,
         ddp: DdpConfig {
@@ -162,6 +165,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
                     lr,
                     images_per_sec: args.batch_size as f64 / seconds,
                     comm_hidden: hidden,
+                    grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
                 })?;
             }
             accumulate(&mut totals, &outcome);

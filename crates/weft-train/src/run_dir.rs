@@ -28,6 +28,9 @@ pub struct StepMetrics {
     /// Share of the step's gradient all-reduce time hidden under backward (data parallel only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub comm_hidden: Option<f64>,
+    /// Global gradient norm before clipping (with `--clip-grad-norm` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
 }
 
 /// One line of `metrics.jsonl` for an epoch; accuracies are fractions.
@@ -117,6 +120,7 @@ mod tests {
             lr: 0.1,
             images_per_sec: 10.0,
             comm_hidden: None,
+            grad_norm: None,
         })
         .unwrap();
         run.log(&StepMetrics {
@@ -126,6 +130,7 @@ mod tests {
             lr: 0.1,
             images_per_sec: 11.0,
             comm_hidden: Some(0.5),
+            grad_norm: Some(1.5),
         })
         .unwrap();
         let text = fs::read_to_string(run.path().join("metrics.jsonl")).unwrap();
@@ -138,6 +143,8 @@ mod tests {
         assert_eq!(lines[0]["loss"], 2.3);
         assert!(lines[0].get("comm_hidden").is_none());
         assert_eq!(lines[1]["comm_hidden"], 0.5);
+        assert!(lines[0].get("grad_norm").is_none());
+        assert_eq!(lines[1]["grad_norm"], 1.5);
         let config: serde_json::Value =
             serde_json::from_slice(&fs::read(run.path().join("config.json")).unwrap()).unwrap();
         assert_eq!(config["model"], "resnet20");

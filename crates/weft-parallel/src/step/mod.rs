@@ -24,6 +24,7 @@ use weft_tensor::{
 
 pub use outcome::{StepOutcome, StepTimings};
 
+use crate::clip::clip_grad_norm;
 use crate::error::{ParallelError, Result};
 use crate::single::SingleProcess;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -39,6 +40,8 @@ pub struct Trainer {
     optimizer: ModelOptimizer,
     options: TapeOptions,
     strategy: Box<dyn Strategy>,
+    /// Clip the gradients to this global norm before each update.
+    clip_grad_norm: Option<f64>,
     pub(crate) synchronized_timings: bool,
     #[cfg(feature = "cuda")]
     graph: Option<cuda_graph::StepGraph>,
@@ -93,6 +96,7 @@ impl Trainer {
                 ..TapeOptions::default()
             },
             strategy,
+            clip_grad_norm: None,
             synchronized_timings: false,
             #[cfg(feature = "cuda")]
             graph: None,
@@ -132,6 +136,19 @@ impl Trainer {
     pub fn with_strategy(mut self, strategy: Box<dyn Strategy>) -> Self {
         self.strategy = strategy;
         self
+    }
+
+    /// Clips the gradients to the global norm `max_norm` before every update
+    /// ([`crate::clip_grad_norm`]); each step then reports the norm before clipping as the
+    /// metric `grad_norm`.
+    pub fn with_clip_grad_norm(mut self, max_norm: f64) -> Result<Self> {
+        if !(max_norm.is_finite() && max_norm > 0.0) {
+            return Err(ParallelError::Config(format!(
+                "the clipping norm must be finite and > 0, not {max_norm}"
+            )));
+        }
+        self.clip_grad_norm = Some(max_norm);
+        Ok(self)
     }
 
     /// Trains in `mode` (e.g. BatchNorm with running statistics for exact-equivalence tests).
@@ -270,6 +287,14 @@ impl Trainer {
 
         let start = Instant::now();
         let range = self.strategy.optimizer_range(self.grads.layout().len());
+        if let Some(max_norm) = self.clip_grad_norm {
+            let norm =
+                clip_grad_norm(&self.grads, range.clone(), max_norm, self.strategy.as_mut())?;
+            // Not a sum over samples: only the last micro-batch's result carries it.
+            if let Some(last) = results.last_mut() {
+                last.metrics.push(("grad_norm", norm));
+            }
+        }
         self.optimizer
             .step(self.params.as_ref(), &self.grads, self.model.store(), range)?;
         self.strategy.after_step(&self.model)?;

@@ -30,7 +30,8 @@ pub struct StepOutcome {
     pub loss: f64,
     /// Samples (as the objective counts them) the loss averages over.
     pub samples: usize,
-    /// The objective's metrics summed over this rank's samples, e.g. `correct`.
+    /// The objective's metrics summed over this rank's samples, e.g. `correct`; with gradient
+    /// clipping also `grad_norm`, the global gradient norm before clipping.
     pub metrics: Vec<(&'static str, f64)>,
     /// The phases' times; all zero for a step replayed from a CUDA graph (one launch).
     pub timings: StepTimings,
