@@ -24,7 +24,7 @@ pub mod strategy;
 pub mod sync_bn;
 
 pub use clip::clip_grad_norm;
-pub use ddp::{DdpConfig, DistributedDataParallel, NaiveDataParallel};
+pub use ddp::{DdpConfig, DistributedDataParallel, GradCompression, NaiveDataParallel};
 pub use error::{ParallelError, Result};
 pub use single::SingleProcess;
 pub use step::{EvalOutcome, StepOutcome, StepTimings, Trainer};

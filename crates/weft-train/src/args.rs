@@ -14,6 +14,28 @@ pub enum OptimizerKind {
     Adamw,
 }
 
+/// How DDP's gradient buckets travel between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// In fp32.
+    None,
+    /// As bf16 copies, the average written back in fp32 (PyTorch's bf16_compress_hook).
+    Bf16,
+    /// As fp16 copies (PyTorch's fp16_compress_hook).
+    Fp16,
+}
+
+impl Compression {
+    pub fn to_ddp(self) -> weft_parallel::GradCompression {
+        match self {
+            Compression::None => weft_parallel::GradCompression::None,
+            Compression::Bf16 => weft_parallel::GradCompression::Bf16,
+            Compression::Fp16 => weft_parallel::GradCompression::Fp16,
+        }
+    }
+}
+
 /// Data augmentation preset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -92,6 +114,9 @@ pub struct TrainArgs {
     /// DDP bucket size in MiB
     #[arg(long, default_value_t = 25.0)]
     pub bucket_cap_mb: f64,
+    /// DDP: reduce gradient buckets as 16-bit copies and write the average back
+    #[arg(long, value_enum, default_value_t = Compression::None)]
+    pub grad_compression: Compression,
     /// A parameter that receives no gradient in a step is reduced as zero instead of ending
     /// the run (PyTorch DDP's find_unused_parameters)
     #[arg(long, default_value_t = false)]

@@ -95,6 +95,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             bucket_cap_mb: args.bucket_cap_mb,
             broadcast_buffers: args.broadcast_buffers,
             find_unused_parameters: args.find_unused_parameters,
+            grad_compression: args.grad_compression.to_ddp(),
             ..DdpConfig::default()
         },
         cuda_graph: args.cuda_graph && args.micro_batches == 1,

@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use candle_core::Tensor;
 use weft_collectives::{Communicator, DeviceJoin, ReduceOp, TensorCollectives, TensorWork};
 use weft_tensor::{BlockModel, EntryId, FlatBuffer, Timeline};
 
@@ -41,6 +42,9 @@ enum Reduction {
 struct InFlight {
     bucket: usize,
     work: Reduction,
+    /// With gradient compression: the 16-bit copy being reduced, and where in the flat
+    /// gradient buffer its values go back once it is.
+    write_back: Option<(Tensor, usize)>,
     launched: Instant,
     completed: Option<Instant>,
 }
@@ -125,16 +129,23 @@ impl DistributedDataParallel {
 
     fn launch(&mut self, bucket: usize, grads: &FlatBuffer) -> Result<()> {
         let range = self.plan.buckets()[bucket].range.clone();
-        let data = grads.tensor().narrow(0, range.start, range.len())?;
+        let bucket_view = grads.tensor().narrow(0, range.start, range.len())?;
+        // PyTorch's bf16/fp16 compress hooks: the bucket is reduced as a 16-bit copy.
+        let write_back = match self.config.grad_compression.dtype() {
+            Some(dtype) => Some((bucket_view.to_dtype(dtype)?, range.start)),
+            None => None,
+        };
+        let data = write_back.as_ref().map_or(&bucket_view, |(copy, _)| copy);
         let work = match self.comm.device_collectives().filter(|_| self.on_device) {
-            Some(device) => Reduction::Device(device.all_reduce_ordered(&data, ReduceOp::Avg)?),
+            Some(device) => Reduction::Device(device.all_reduce_ordered(data, ReduceOp::Avg)?),
             None => Reduction::Host(Box::new(
-                self.comm.all_reduce_tensor_in_place(&data, ReduceOp::Avg)?,
+                self.comm.all_reduce_tensor_in_place(data, ReduceOp::Avg)?,
             )),
         };
         self.in_flight.push(InFlight {
             bucket,
             work,
+            write_back,
             launched: Instant::now(),
             completed: None,
         });
@@ -184,7 +195,7 @@ impl Strategy for DistributedDataParallel {
         Ok(())
     }
 
-    fn finish_backward(&mut self, _grads: &FlatBuffer) -> Result<()> {
+    fn finish_backward(&mut self, grads: &FlatBuffer) -> Result<()> {
         if !self.require_sync {
             return Ok(());
         }
@@ -194,15 +205,21 @@ impl Strategy for DistributedDataParallel {
         self.poll();
         self.timings.clear();
         for f in std::mem::take(&mut self.in_flight) {
+            let on_device = matches!(f.work, Reduction::Device(_));
             match f.work {
                 Reduction::Host(work) => {
                     work.wait()?;
                 }
-                // Ordered on the device: the host never sees it finish.
-                Reduction::Device(join) => {
-                    join.join()?;
-                    continue;
-                }
+                // Ordered on the device: the host never sees it finish (and the write-back
+                // below is queued after it on the compute stream).
+                Reduction::Device(join) => join.join()?,
+            }
+            if let Some((reduced, start)) = &f.write_back {
+                let values = reduced.to_dtype(grads.dtype())?;
+                grads.tensor().slice_set(&values, 0, *start)?;
+            }
+            if on_device {
+                continue;
             }
             let completed = f.completed.unwrap_or_else(Instant::now);
             if let Some(t) = &self.timeline {
