@@ -24,6 +24,8 @@ pub enum ParallelError {
     Tensor(#[from] TensorError),
     #[error("optimizer: {0}")]
     Optim(#[from] weft_optim::OptimError),
+    #[error("precision: {0}")]
+    Precision(#[from] weft_precision::PrecisionError),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

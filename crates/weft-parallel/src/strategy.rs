@@ -9,6 +9,7 @@
 //! | `block_ready` | check | launch a bucket's all-reduce | stage 2: reduce-scatter | — |
 //! | `finish_backward` | — | wait for the buckets | wait | — |
 //! | `reduce_grad_norm_squared` | — | — | sum over the shards | sum over the stages |
+//! | `reduce_found_inf` (loss scaling) | — | max over ranks | max over ranks | max over stages |
 //! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | this stage's blocks |
 //! | `after_step` | — | — | all-gather the updated shards | — |
 //!
@@ -77,6 +78,14 @@ pub trait Strategy: Send {
     /// gradients (ZeRO shards, tensor-parallel slices; TP-replicated parameters counted once).
     /// Under data parallelism every rank holds all of them, averaged: nothing to reduce.
     fn reduce_grad_norm_squared(&mut self, local: Tensor) -> Result<Tensor> {
+        Ok(local)
+    }
+
+    /// Whether any rank found an inf or NaN in its gradients, from this rank's flag (a
+    /// one-element f32 tensor, 1 for found): the maximum over every rank that holds a part of
+    /// the model or its gradients, so that all ranks skip the same steps. One rank alone
+    /// reduces nothing.
+    fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
         Ok(local)
     }
 

@@ -246,6 +246,11 @@ impl Strategy for DistributedDataParallel {
         not_ready
     }
 
+    /// The flag's maximum over the ranks (an all-reduce the host waits for).
+    fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
+        Ok(self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()?)
+    }
+
     fn set_require_sync(&mut self, sync: bool) {
         self.check.reset();
         self.require_sync = sync;

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use candle_core::Tensor;
 use weft_collectives::{Communicator, ReduceOp, TensorCollectives};
 use weft_tensor::{BlockModel, EntryId, FlatBuffer};
 
@@ -61,6 +62,11 @@ impl Strategy for NaiveDataParallel {
             grads.write(slot, &averaged)?;
         }
         Ok(())
+    }
+
+    /// The flag's maximum over the ranks (an all-reduce the host waits for).
+    fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
+        Ok(self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()?)
     }
 
     fn set_require_sync(&mut self, sync: bool) {

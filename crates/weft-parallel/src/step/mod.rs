@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use weft_optim::ModelOptimizer;
+use weft_precision::{unscale_and_check, DynamicLossScaler, StepDecision};
 use weft_tensor::tape::{self, BackwardHooks, Seed, TapeOptions};
 use weft_tensor::{
     BlockGrads, BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Objective, Slot, Timeline,
@@ -42,6 +43,10 @@ pub struct Trainer {
     strategy: Box<dyn Strategy>,
     /// Clip the gradients to this global norm before each update.
     clip_grad_norm: Option<f64>,
+    /// Dynamic loss scaling (fp16 training).
+    scaler: Option<DynamicLossScaler>,
+    /// Whether the last step was skipped by the loss scaler.
+    skipped_last: bool,
     pub(crate) synchronized_timings: bool,
     #[cfg(feature = "cuda")]
     graph: Option<cuda_graph::StepGraph>,
@@ -97,6 +102,8 @@ impl Trainer {
             },
             strategy,
             clip_grad_norm: None,
+            scaler: None,
+            skipped_last: false,
             synchronized_timings: false,
             #[cfg(feature = "cuda")]
             graph: None,
@@ -125,7 +132,10 @@ impl Trainer {
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     pub fn with_cuda_graph(mut self) -> Self {
         #[cfg(feature = "cuda")]
-        if self.model.store().device().is_cuda() && self.strategy.capturable() {
+        if self.model.store().device().is_cuda()
+            && self.strategy.capturable()
+            && self.scaler.is_none()
+        {
             self.graph = Some(cuda_graph::StepGraph::default());
         }
         self
@@ -149,6 +159,24 @@ impl Trainer {
         }
         self.clip_grad_norm = Some(max_norm);
         Ok(self)
+    }
+
+    /// Scales the loss with `scaler` before backward and unscales the gradients before the
+    /// update (and before clipping); a step whose gradients hold an inf or NaN on any rank is
+    /// skipped by every rank ([`Strategy::reduce_found_inf`]) and the scale lowered. The
+    /// decision is read on the host, so such a step runs eagerly (no CUDA graph).
+    pub fn with_loss_scaler(mut self, scaler: DynamicLossScaler) -> Self {
+        self.scaler = Some(scaler);
+        #[cfg(feature = "cuda")]
+        {
+            self.graph = None;
+        }
+        self
+    }
+
+    /// The loss scaler, if the step scales the loss.
+    pub fn loss_scaler(&self) -> Option<&DynamicLossScaler> {
+        self.scaler.as_ref()
     }
 
     /// Trains in `mode` (e.g. BatchNorm with running statistics for exact-equivalence tests).
@@ -251,7 +279,12 @@ impl Trainer {
         self.set_lr(lr)?;
         let (results, timings) = self.run(micro_batches)?;
         self.wait_for_device()?;
-        outcome(&results, timings)
+        let mut out = outcome(&results, timings)?;
+        if let Some(scaler) = &self.scaler {
+            out.loss_scale = Some(scaler.scale());
+            out.skipped = self.skipped_last;
+        }
+        Ok(out)
     }
 
     pub(crate) fn set_lr(&mut self, lr: f64) -> Result<()> {
@@ -287,6 +320,18 @@ impl Trainer {
 
         let start = Instant::now();
         let range = self.strategy.optimizer_range(self.grads.layout().len());
+        self.skipped_last = false;
+        if let Some(scaler) = self.scaler.as_mut() {
+            let found =
+                unscale_and_check(self.grads.tensor(), range.clone(), scaler.inverse_scale())?;
+            let found = self.strategy.reduce_found_inf(found)?;
+            let found = found.flatten_all()?.to_vec1::<f32>()?[0] != 0.0;
+            if scaler.update(found) == StepDecision::Skip {
+                self.skipped_last = true;
+                timings.optimizer = self.lap(start)?;
+                return Ok((results, timings));
+            }
+        }
         if let Some(max_norm) = self.clip_grad_norm {
             let norm =
                 clip_grad_norm(&self.grads, range.clone(), max_norm, self.strategy.as_mut())?;
@@ -323,8 +368,9 @@ impl Trainer {
             strategy.before_block_forward(model, block)
         })?;
         let output = self.objective.loss(tape.output(), targets)?;
-        let scaled = if weight != 1.0 {
-            output.loss.affine(weight, 0.0)?
+        let factor = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        let scaled = if factor != 1.0 {
+            output.loss.affine(factor, 0.0)?
         } else {
             output.loss.clone()
         };

@@ -37,6 +37,10 @@ pub struct StepOutcome {
     pub timings: StepTimings,
     /// Whether the step was replayed from a CUDA graph.
     pub graphed: bool,
+    /// The loss scale after the step (with a loss scaler).
+    pub loss_scale: Option<f64>,
+    /// Whether the loss scaler skipped the update (an inf or NaN gradient on some rank).
+    pub skipped: bool,
 }
 
 impl StepOutcome {
@@ -82,5 +86,7 @@ pub(crate) fn outcome(results: &[BatchResult], timings: StepTimings) -> Result<S
         metrics,
         timings,
         graphed: false,
+        loss_scale: None,
+        skipped: false,
     })
 }
