@@ -6,7 +6,7 @@
 //! - [`CommunicatorExt`] and [`TensorCollectives`]: blocking slice and candle tensor versions.
 //! - [`shm`]: the shared-memory backend for ranks on one host (processes or threads).
 //! - `nccl` (cargo feature `nccl`): the NCCL backend, one process per GPU.
-//! - [`store`]: the TCP rendezvous store; [`env`] and [`init_from_env`]: joining a job
+//! - [`store`]: the TCP rendezvous store; [`mod@env`] and [`init_from_env`]: joining a job
 //!   started by `weft-run`, torchrun or Slurm.
 //!
 //! The binaries built on it (`weft-run`, the launcher; `weft-bench-collectives`;

@@ -11,7 +11,7 @@
 //!
 //! [`ModelOptimizer`] runs them over a model's flat buffers on the parameters' device, over
 //! the range of the buffers a rank owns: the CPU loop over a flat master copy, or (feature
-//! `cuda`) [`DeviceOptimizer`]'s multi-tensor CUDA kernels, the same rules with the learning
+//! `cuda`) `DeviceOptimizer`'s multi-tensor CUDA kernels, the same rules with the learning
 //! rate and step count on the device (capturable in a CUDA graph). Its state is readable and
 //! writable by parameter name ([`NamedState`]) for checkpoints.
 

@@ -2,7 +2,7 @@
 //! checkpointing.
 //!
 //! Forward runs each block on its input cut off from the previous block (a fresh leaf variable),
-//! so each block keeps a graph of its own. Backward ([`backward`]) walks the blocks from last to
+//! so each block keeps a graph of its own. Backward ([`Tape::backward_with`]) walks the blocks from last to
 //! first: given the gradient `g` of a block's output it back-propagates `g` through the block
 //! (the vector-Jacobian product, [`crate::vjp`]), reports the parameter gradients that are final
 //! the moment they are, and passes the gradient of the block's input on to the previous block.
