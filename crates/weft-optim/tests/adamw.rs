@@ -1,9 +1,7 @@
 //! AdamW against hand-computed updates (PyTorch's rule), and its error cases.
 
-mod common;
-
-use common::assert_close;
 use weft_optim::{AdamW, AdamWConfig, OptimError, Optimizer, ParamGroup, ParamGroups};
+use weft_testing::assert_close_each;
 
 const TOL: f64 = 1e-12;
 const EPS: f64 = 1e-8;
@@ -53,8 +51,8 @@ fn adam_without_weight_decay() {
     let [p1, p2] = two_steps(config(0.0, false));
     // p1 = p0 - update1 (about [0.9, -1.9]: the first step moves each element by lr)
     let expected1 = [1.0 - u1[0], -2.0 - u1[1]];
-    assert_close(&p1, &expected1, TOL);
-    assert_close(&p2, &[expected1[0] - u2[0], expected1[1] - u2[1]], TOL);
+    assert_close_each(&p1, &expected1, TOL);
+    assert_close_each(&p2, &[expected1[0] - u2[0], expected1[1] - u2[1]], TOL);
 }
 
 #[test]
@@ -63,8 +61,8 @@ fn decoupled_weight_decay_scales_params_before_the_update() {
     let [p1, p2] = two_steps(config(0.1, false));
     // decay factor 1 - lr*wd = 0.99 each step; the moments do not see it
     let expected1 = [0.99 * 1.0 - u1[0], 0.99 * -2.0 - u1[1]];
-    assert_close(&p1, &expected1, TOL);
-    assert_close(
+    assert_close_each(&p1, &expected1, TOL);
+    assert_close_each(
         &p2,
         &[0.99 * expected1[0] - u2[0], 0.99 * expected1[1] - u2[1]],
         TOL,
@@ -86,8 +84,8 @@ fn amsgrad_keeps_the_largest_second_moment() {
     }
     let update2_amsgrad = (0.1 / 0.19) * 0.09 / ((0.001_f64).sqrt() / (0.001999_f64).sqrt() + EPS);
     let update2_plain = (0.1 / 0.19) * 0.09 / ((0.000999_f64).sqrt() / (0.001999_f64).sqrt() + EPS);
-    assert_close(&p_amsgrad, &[1.0 - update1 - update2_amsgrad], TOL);
-    assert_close(&p_plain, &[1.0 - update1 - update2_plain], TOL);
+    assert_close_each(&p_amsgrad, &[1.0 - update1 - update2_amsgrad], TOL);
+    assert_close_each(&p_plain, &[1.0 - update1 - update2_plain], TOL);
     assert_eq!((amsgrad.state_len(), plain.state_len()), (3, 2));
 }
 
@@ -101,7 +99,7 @@ fn f32_matches_f64_to_single_precision() {
         single.step(&mut p32, &grads).unwrap();
         double.step(&mut p64, &grads.map(f64::from)).unwrap();
     }
-    assert_close(&p32.map(f64::from), &p64, 1e-6);
+    assert_close_each(&p32.map(f64::from), &p64, 1e-6);
 }
 
 #[test]

@@ -1,9 +1,7 @@
 //! SGD against hand-computed updates (PyTorch's rule), and its error cases.
 
-mod common;
-
-use common::assert_close;
 use weft_optim::{OptimError, Optimizer, ParamGroup, ParamGroups, Sgd, SgdConfig};
+use weft_testing::assert_close_each;
 
 const TOL: f64 = 1e-12;
 const P0: [f64; 2] = [1.0, -2.0];
@@ -33,9 +31,9 @@ fn plain_sgd() {
         &[G1, G2],
     );
     // p1 = [1 - 0.1*0.5, -2 - 0.1*1] = [0.95, -2.1]
-    assert_close(&steps[0], &[0.95, -2.1], TOL);
+    assert_close_each(&steps[0], &[0.95, -2.1], TOL);
     // p2 = [0.95 + 0.1*1, -2.1 - 0.1*2] = [1.05, -2.3]
-    assert_close(&steps[1], &[1.05, -2.3], TOL);
+    assert_close_each(&steps[1], &[1.05, -2.3], TOL);
 }
 
 #[test]
@@ -47,11 +45,11 @@ fn momentum_starts_from_the_first_gradient() {
     };
     let steps = trajectory(config, &[G1, G2, [0.0, 0.0]]);
     // buf1 = g1 = [0.5, 1]; p1 = [0.95, -2.1]
-    assert_close(&steps[0], &[0.95, -2.1], TOL);
+    assert_close_each(&steps[0], &[0.95, -2.1], TOL);
     // buf2 = 0.9*[0.5, 1] + [-1, 2] = [-0.55, 2.9]; p2 = [0.95 + 0.055, -2.1 - 0.29]
-    assert_close(&steps[1], &[1.005, -2.39], TOL);
+    assert_close_each(&steps[1], &[1.005, -2.39], TOL);
     // buf3 = 0.9*[-0.55, 2.9] = [-0.495, 2.61]; p3 = [1.005 + 0.0495, -2.39 - 0.261]
-    assert_close(&steps[2], &[1.0545, -2.651], TOL);
+    assert_close_each(&steps[2], &[1.0545, -2.651], TOL);
 }
 
 #[test]
@@ -64,9 +62,9 @@ fn dampening_is_skipped_on_the_first_step() {
     };
     let steps = trajectory(config, &[G1, G2]);
     // buf1 = g1 (no dampening) = [0.5, 1]; p1 = [0.95, -2.1]
-    assert_close(&steps[0], &[0.95, -2.1], TOL);
+    assert_close_each(&steps[0], &[0.95, -2.1], TOL);
     // buf2 = 0.9*[0.5, 1] + 0.5*[-1, 2] = [-0.05, 1.9]; p2 = [0.95 + 0.005, -2.1 - 0.19]
-    assert_close(&steps[1], &[0.955, -2.29], TOL);
+    assert_close_each(&steps[1], &[0.955, -2.29], TOL);
 }
 
 #[test]
@@ -79,9 +77,9 @@ fn nesterov_looks_ahead_along_the_buffer() {
     };
     let steps = trajectory(config, &[G1, G2]);
     // buf1 = [0.5, 1]; d1 = g1 + 0.9*buf1 = [0.95, 1.9]; p1 = [1 - 0.095, -2 - 0.19]
-    assert_close(&steps[0], &[0.905, -2.19], TOL);
+    assert_close_each(&steps[0], &[0.905, -2.19], TOL);
     // buf2 = [-0.55, 2.9]; d2 = [-1 - 0.495, 2 + 2.61] = [-1.495, 4.61]; p2 = [0.905 + 0.1495, -2.19 - 0.461]
-    assert_close(&steps[1], &[1.0545, -2.651], TOL);
+    assert_close_each(&steps[1], &[1.0545, -2.651], TOL);
 }
 
 #[test]
@@ -95,9 +93,9 @@ fn weight_decay_is_added_to_the_gradient() {
         &[G1, G2],
     );
     // d1 = [0.5 + 0.1*1, 1 + 0.1*(-2)] = [0.6, 0.8]; p1 = [0.94, -2.08]
-    assert_close(&steps[0], &[0.94, -2.08], TOL);
+    assert_close_each(&steps[0], &[0.94, -2.08], TOL);
     // d2 = [-1 + 0.094, 2 - 0.208] = [-0.906, 1.792]; p2 = [0.94 + 0.0906, -2.08 - 0.1792]
-    assert_close(&steps[1], &[1.0306, -2.2592], TOL);
+    assert_close_each(&steps[1], &[1.0306, -2.2592], TOL);
 }
 
 #[test]
@@ -110,9 +108,9 @@ fn weight_decay_enters_the_momentum_buffer() {
     };
     let steps = trajectory(config, &[G1, G2]);
     // buf1 = d1 = [0.6, 0.8]; p1 = [0.94, -2.08]
-    assert_close(&steps[0], &[0.94, -2.08], TOL);
+    assert_close_each(&steps[0], &[0.94, -2.08], TOL);
     // d2 = [-0.906, 1.792]; buf2 = [0.54 - 0.906, 0.72 + 1.792] = [-0.366, 2.512]; p2 = [0.94 + 0.0366, -2.08 - 0.2512]
-    assert_close(&steps[1], &[0.9766, -2.3312], TOL);
+    assert_close_each(&steps[1], &[0.9766, -2.3312], TOL);
 }
 
 #[test]
@@ -126,7 +124,7 @@ fn maximize_ascends() {
         &[G1],
     );
     // p1 = [1 + 0.1*0.5, -2 + 0.1*1]
-    assert_close(&steps[0], &[1.05, -1.9], TOL);
+    assert_close_each(&steps[0], &[1.05, -1.9], TOL);
 }
 
 #[test]
@@ -142,7 +140,7 @@ fn f32_follows_the_same_rule() {
     sgd.step(&mut params, &[-1.0, 2.0]).unwrap();
     let params: Vec<f64> = params.iter().map(|&p| f64::from(p)).collect();
     // as in momentum_starts_from_the_first_gradient
-    assert_close(&params, &[1.005, -2.39], 1e-6);
+    assert_close_each(&params, &[1.005, -2.39], 1e-6);
 }
 
 #[test]
@@ -162,7 +160,7 @@ fn param_groups_override_weight_decay_and_scale_lr() {
     let mut params = [1.0, -2.0, 3.0];
     sgd.step(&mut params, &[0.5, 1.0, 1.0]).unwrap();
     // elements 0, 1 as in weight_decay_is_added_to_the_gradient; element 2: no decay, lr 0.2: 3 - 0.2*1
-    assert_close(&params, &[0.94, -2.08, 2.8], TOL);
+    assert_close_each(&params, &[0.94, -2.08, 2.8], TOL);
 }
 
 #[test]

@@ -12,6 +12,7 @@ use weft_collectives::{Communicator, ShmCommunicator};
 use weft_models::layers::BatchNorm2d;
 use weft_parallel::AllReduceSum;
 use weft_tensor::{CrossRankSlot, Mode, ParamStore};
+use weft_testing::assert_close_each;
 
 const N: usize = 8;
 const C: usize = 3;
@@ -63,16 +64,6 @@ fn run(
     )
 }
 
-fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(
-            (x - y).abs() <= tol * (1.0 + y.abs()),
-            "{what}[{i}]: {x} vs {y}"
-        );
-    }
-}
-
 #[test]
 fn synced_statistics_survive_a_large_mean_in_f32() {
     let full = Tensor::from_vec(data(), (N, C, 2, 2), &Device::Cpu).unwrap();
@@ -113,18 +104,9 @@ fn synced_statistics_survive_a_large_mean_in_f32() {
     let half = y_ref.len() / 2;
     for (rank, (y, var, dx)) in results.iter().enumerate() {
         let rows = rank * half..(rank + 1) * half;
-        assert_close(
-            y,
-            &y_ref[rows.clone()],
-            1e-3,
-            &format!("rank {rank} output"),
-        );
-        assert_close(var, &var_ref, 1e-3, &format!("rank {rank} running_var"));
-        assert_close(
-            dx,
-            &dx_ref[rows],
-            1e-3,
-            &format!("rank {rank} input gradient"),
-        );
+        // Output, running variance, input gradient (the message names the element).
+        assert_close_each(y, &y_ref[rows.clone()], 1e-3);
+        assert_close_each(var, &var_ref, 1e-3);
+        assert_close_each(dx, &dx_ref[rows], 1e-3);
     }
 }

@@ -24,6 +24,22 @@ pub fn flat_params(store: &ParamStore) -> Vec<f64> {
         .collect()
 }
 
+/// Asserts `|actual[i] − expected[i]| ≤ tol · max(1, |expected[i]|)` for every element: each
+/// element against its own size (hand-computed values, optimizer steps).
+pub fn assert_close_each(actual: &[f64], expected: &[f64], tol: f64) {
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "lengths differ: {actual:?} vs {expected:?}"
+    );
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        assert!(
+            (a - e).abs() <= tol * e.abs().max(1.0),
+            "element {i}: got {a}, expected {e} (all: {actual:?} vs {expected:?})"
+        );
+    }
+}
+
 /// Asserts `|a[i] − b[i]| ≤ tol · max|b|` for every element, naming `what` and the first
 /// element that differs.
 pub fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
