@@ -1,12 +1,18 @@
 //! Classification loss and metrics: mean cross-entropy over a batch, the count of correct
 //! top-1 predictions, and [`Classification`], the two as a training step's objective.
 
-use candle_core::{Tensor, D};
+use candle_core::{DType, Tensor, D};
 use weft_tensor::{LossOutput, Objective};
 
-/// Mean cross-entropy of `logits` (`N x classes`) against integer `labels` (`N`, u32).
+/// Mean cross-entropy of `logits` (`N x classes`) against integer `labels` (`N`, u32),
+/// computed in f32 for 16-bit logits (softmax and loss in full precision).
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> candle_core::Result<Tensor> {
-    candle_nn::loss::cross_entropy(logits, labels)
+    match logits.dtype() {
+        DType::BF16 | DType::F16 => {
+            candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, labels)
+        }
+        _ => candle_nn::loss::cross_entropy(logits, labels),
+    }
 }
 
 /// Number of rows whose arg-max equals the label.

@@ -1,7 +1,7 @@
 //! `Linear` with PyTorch's default initialisation: weight and bias uniform in
 //! `±1/sqrt(in_features)` (`kaiming_uniform_(a=sqrt(5))`).
 
-use candle_core::{Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use weft_tensor::Scope;
 
 use super::Init;
@@ -30,7 +30,15 @@ impl Linear {
         })
     }
 
+    /// On the CPU, 16-bit inputs are multiplied in f32 (Candle's CPU matmul has no 16-bit
+    /// path) and the output rounded back.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.matmul(&self.weight.t()?)?.broadcast_add(&self.bias)?)
+        let (w, b) = (self.weight.as_tensor(), self.bias.as_tensor());
+        if x.device().is_cpu() && matches!(x.dtype(), DType::BF16 | DType::F16) {
+            let wide = |t: &Tensor| t.to_dtype(DType::F32);
+            let y = wide(x)?.matmul(&wide(w)?.t()?)?.broadcast_add(&wide(b)?)?;
+            return Ok(y.to_dtype(x.dtype())?);
+        }
+        Ok(x.matmul(&w.t()?)?.broadcast_add(b)?)
     }
 }

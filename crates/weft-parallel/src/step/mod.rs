@@ -63,9 +63,12 @@ pub struct EvalOutcome {
 }
 
 impl Trainer {
-    /// Lays out `model`'s parameters in flat buffers (gradients; a master copy of the
-    /// parameters in the model's dtype where `optimizer` needs one). The strategy is
-    /// [`SingleProcess`] until [`Self::with_strategy`].
+    /// Lays out `model`'s parameters in flat buffers. An optimizer that steps a flat master
+    /// copy gets one in its own dtype, and the gradients are kept in that dtype too (fp32
+    /// master weights and gradients for a 16-bit model: mixed precision, Megatron's
+    /// `main_grad`); an optimizer on the parameters' device updates them in place, with
+    /// gradients of the model's dtype. The strategy is [`SingleProcess`] until
+    /// [`Self::with_strategy`].
     pub fn new(
         model: BlockModel,
         objective: Box<dyn Objective>,
@@ -73,12 +76,7 @@ impl Trainer {
         checkpointing: Checkpointing,
     ) -> Result<Self> {
         let layout = FlatLayout::parameters(model.store());
-        let dtype = model.store().dtype();
-        if let Some(needed) = optimizer.dtype().filter(|&d| d != dtype) {
-            return Err(ParallelError::Config(format!(
-                "the optimizer works on {needed:?} but the model is {dtype:?}"
-            )));
-        }
+        let dtype = optimizer.dtype().unwrap_or(model.store().dtype());
         let params = if optimizer.needs_master_copy() {
             Some(FlatBuffer::from_store(
                 model.store(),
@@ -218,6 +216,11 @@ impl Trainer {
 
     pub fn optimizer(&self) -> &ModelOptimizer {
         &self.optimizer
+    }
+
+    /// The flat master copy of the parameters the optimizer steps, where it keeps one.
+    pub fn master_weights(&self) -> Option<&FlatBuffer> {
+        self.params.as_ref()
     }
 
     /// The flat gradient buffer (its layout is the parameters' layout).

@@ -7,8 +7,8 @@
 
 use super::batch_norm_op::{BatchNormOp, BnPass};
 use super::relu::{relu, relu_backward};
-use super::storage::{dims4, uses_cpu_kernels, uses_cuda_kernels};
-use candle_core::{bail, Result, Tensor};
+use super::storage::{dims4, half_on_cpu, uses_cpu_kernels, uses_cuda_kernels};
+use candle_core::{bail, DType, Result, Tensor};
 
 /// Normalises `x` (`N x C x H x W`) per channel with its batch mean and biased variance
 /// over `N, H, W`, then scales by `weight` and shifts by `bias` (both of shape `C`):
@@ -201,6 +201,13 @@ fn batch_norm(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     check_arguments(x, weight, bias, eps)?;
     let tensors = [x, weight, bias];
+    if half_on_cpu(&tensors) {
+        // Statistics and normalisation in f32; the output and statistics rounded back.
+        let wide = |t: &Tensor| t.to_dtype(DType::F32);
+        let (y, mean, var) = batch_norm(&wide(x)?, &wide(weight)?, &wide(bias)?, eps, relu_after)?;
+        let narrow = |t: Tensor| t.to_dtype(x.dtype());
+        return Ok((narrow(y)?, narrow(mean)?, narrow(var)?));
+    }
     if !uses_cpu_kernels(&tensors) && !uses_cuda_kernels(&tensors) {
         let (y, mean, var) = batch_norm_train_candle(x, weight, bias, eps)?;
         let y = if relu_after { relu(&y)? } else { y };

@@ -7,7 +7,7 @@ use super::conv_cpu::{conv_backward_data, conv_backward_filter, conv_forward, Co
 #[cfg(feature = "cudnn")]
 use super::conv_cudnn::{cudnn_conv, CudnnPass};
 use super::im2col::ConvGeometry;
-use super::storage::{dims4, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float};
+use super::storage::{dims4, half_on_cpu, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float};
 #[cfg(feature = "cudnn")]
 use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
@@ -17,6 +17,15 @@ use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Ten
 /// `OH = (H + 2 * padding - KH) / stride + 1` (likewise `OW`). Differentiable.
 pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
     conv_problem(x.dims(), w.dims(), stride, padding)?;
+    if half_on_cpu(&[x, w]) {
+        let wide = conv2d(
+            &x.to_dtype(DType::F32)?,
+            &w.to_dtype(DType::F32)?,
+            stride,
+            padding,
+        )?;
+        return wide.to_dtype(x.dtype());
+    }
     if uses_cpu_kernels(&[x, w]) || uses_cudnn(&[x, w]) {
         x.contiguous()?
             .apply_op2(&w.contiguous()?, Conv2dOp { stride, padding })

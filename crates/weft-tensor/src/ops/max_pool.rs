@@ -5,7 +5,7 @@
 //! [`max_pool2d_candle`]).
 
 use super::max_pool_cpu::{PoolKernel, PoolPlanes, PoolWindow};
-use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg};
+use super::storage::{half_on_cpu, run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{
@@ -18,6 +18,10 @@ use candle_core::{
 pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
     let window = PoolWindow::new(kernel, stride, padding);
     window.output_shape(x.dims())?;
+    if half_on_cpu(&[x]) {
+        let wide = max_pool2d(&x.to_dtype(DType::F32)?, kernel, stride, padding)?;
+        return wide.to_dtype(x.dtype());
+    }
     if uses_cpu_kernels(&[x]) || uses_cuda_kernels(&[x]) {
         x.contiguous()?.apply_op1(MaxPool2dOp { window })
     } else {

@@ -44,6 +44,14 @@ pub(crate) fn uses_cpu_kernels(tensors: &[&Tensor]) -> bool {
         .all(|t| t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64))
 }
 
+/// True when every tensor is 16-bit (bf16 or f16) on the CPU: the ops then compute in f32
+/// inside (Candle's CPU matmul has no 16-bit path) and round their outputs back.
+pub(crate) fn half_on_cpu(tensors: &[&Tensor]) -> bool {
+    tensors
+        .iter()
+        .all(|t| t.device().is_cpu() && matches!(t.dtype(), DType::BF16 | DType::F16))
+}
+
 static CUDA_KERNELS: AtomicBool = AtomicBool::new(true);
 
 /// Turns weft's CUDA kernels (batch norm, ReLU, max-pool: `kernels/`) on or off for the whole
