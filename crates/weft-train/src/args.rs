@@ -97,6 +97,13 @@ pub struct TrainArgs {
     /// cpu | cuda | cuda:N
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// fp32 (everything in fp32) | bf16-mixed (bf16 working copy of the weights, activations
+    /// and gradients; fp32 master weights, gradient accumulation and optimizer states) |
+    /// fp16-mixed (the same in fp16, with dynamic loss scaling). The mixed presets run on the
+    /// CPU so far (computing in f32 inside each op); bf16-true (no master copy) is not
+    /// supported yet
+    #[arg(long, default_value = "fp32")]
+    pub precision: String,
     /// Data-parallel ranks (processes started through weft-run; shm backend on the CPU, one
     /// GPU each with NCCL on GPUs); default 1, or one per visible GPU with `--device cuda`
     #[arg(long)]
@@ -238,6 +245,20 @@ impl TrainArgs {
             if !path.is_file() {
                 bail!("--init-from {}: no such file", path.display());
             }
+        }
+        let policy = weft_precision::PrecisionPolicy::from_name(&self.precision)
+            .map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
+        if policy.master.is_none() && policy.param != candle_core::DType::F32 {
+            bail!(
+                "--precision {}: not supported yet (the optimizers step fp32 or fp64 master weights)",
+                self.precision
+            );
+        }
+        if policy.param != candle_core::DType::F32 && self.device != "cpu" {
+            bail!(
+                "--precision {} runs on the CPU so far: weft's GPU kernels are fp32/fp64 only",
+                self.precision
+            );
         }
         crate::data::DataSpec::parse(&self.data)?;
         crate::device::parse_device(&self.device)?;

@@ -14,6 +14,7 @@ use weft_data::{DataLoader, Dataset, DistributedSampler, LoaderConfig, Pipeline}
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
 use weft_parallel::{DdpConfig, StepOutcome, Trainer};
+use weft_precision::{DynamicLossScaler, PrecisionPolicy, ScalerConfig};
 use weft_tensor::{timeline, Checkpointing, Timeline};
 
 use crate::args::TrainArgs;
@@ -55,7 +56,9 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     if args.cifar_stem {
         config = config.with_cifar_stem();
     }
-    let model = resnet(&config, DType::F32, &device)?;
+    // Validated by `args.validate`: a preset the trainer supports on this device.
+    let policy = PrecisionPolicy::from_name(&args.precision)?;
+    let model = resnet(&config, policy.param, &device)?;
     if let Some(path) = &args.init_from {
         weft_tensor::state_dict::load_safetensors(model.store(), path)?;
     }
@@ -82,12 +85,15 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     let mut trainer = Trainer::new(
         model,
         Box::new(Classification),
-        build_optimizer(args, &device, DType::F32)?,
+        build_optimizer(args, &device, policy.updated_dtype())?,
         checkpointing,
     )?
     .with_timeline(timeline.clone());
     if let Some(max_norm) = args.clip_grad_norm {
         trainer = trainer.with_clip_grad_norm(max_norm)?;
+    }
+    if policy.needs_loss_scaling() {
+        trainer = trainer.with_loss_scaler(DynamicLossScaler::new(ScalerConfig::default())?);
     }
     let plan = ResNetParallelism {
         sync_bn: args.sync_bn,
@@ -138,12 +144,14 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             true,
         )?;
         let mut totals = [0.0; 3]; // loss sum, correct, samples (this rank)
+        let mut skipped = 0;
         let mut data_wait = Instant::now();
         for batch in loader {
             if step == total_steps {
                 break;
             }
             let (images, labels) = batch?.to_tensors(&device)?;
+            let images = images.to_dtype(policy.compute)?;
             timeline.record("data", "data", "compute", data_wait, Instant::now());
             let lr = schedule.lr_at(step);
             let t = Instant::now();
@@ -167,8 +175,10 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
                     images_per_sec: args.batch_size as f64 / seconds,
                     comm_hidden: hidden,
                     grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
+                    loss_scale: outcome.loss_scale,
                 })?;
             }
+            skipped += usize::from(outcome.skipped);
             accumulate(&mut totals, &outcome);
             step += 1;
             progress.step(
@@ -180,7 +190,15 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             data_wait = Instant::now();
         }
         ctx.sum(&mut totals)?;
-        let (val_loss, val_acc) = validate(&trainer, &data, args, local_batch, &device, &ctx)?;
+        let (val_loss, val_acc) = validate(
+            &trainer,
+            &data,
+            args,
+            local_batch,
+            &device,
+            policy.compute,
+            &ctx,
+        )?;
         let metrics = EpochMetrics {
             epoch,
             train_loss: totals[0] / totals[2].max(1.0),
@@ -188,6 +206,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             val_loss,
             val_acc,
             seconds: epoch_start.elapsed().as_secs_f64(),
+            skipped_steps: policy.needs_loss_scaling().then_some(skipped),
         };
         progress.println(&format!(
             "epoch {epoch}: train loss {:.4} acc {:.2}% | val loss {:.4} acc {:.2}% | {:.1} s",
@@ -293,7 +312,8 @@ fn loader(
     )?)
 }
 
-/// Mean loss and accuracy over the whole validation set in evaluation mode; each rank
+/// Mean loss and accuracy over the whole validation set in evaluation mode (images in the
+/// compute dtype `dtype`); each rank
 /// evaluates samples `rank, rank + world, …` and the sums are reduced.
 fn validate(
     trainer: &Trainer,
@@ -301,6 +321,7 @@ fn validate(
     args: &TrainArgs,
     batch: usize,
     device: &Device,
+    dtype: DType,
     ctx: &RankContext,
 ) -> Result<(f64, f64)> {
     let indices: Vec<usize> = (ctx.rank..data.val.len()).step_by(ctx.world_size).collect();
@@ -315,6 +336,7 @@ fn validate(
         false,
     )? {
         let (images, labels) = batch?.to_tensors(device)?;
+        let images = images.to_dtype(dtype)?;
         let eval = trainer.evaluate(&images, &labels)?;
         sums[0] += eval.loss_sum;
         sums[1] += eval

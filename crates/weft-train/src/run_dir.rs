@@ -31,6 +31,9 @@ pub struct StepMetrics {
     /// Global gradient norm before clipping (with `--clip-grad-norm` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_norm: Option<f64>,
+    /// The loss scale after the step (with a loss scaler: `--precision fp16-mixed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
 }
 
 /// One line of `metrics.jsonl` for an epoch; accuracies are fractions.
@@ -42,6 +45,9 @@ pub struct EpochMetrics {
     pub val_loss: f64,
     pub val_acc: f64,
     pub seconds: f64,
+    /// Steps the loss scaler skipped in this epoch (with a loss scaler only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped_steps: Option<usize>,
 }
 
 impl RunDir {
@@ -121,6 +127,7 @@ mod tests {
             images_per_sec: 10.0,
             comm_hidden: None,
             grad_norm: None,
+            loss_scale: None,
         })
         .unwrap();
         run.log(&StepMetrics {
@@ -131,6 +138,7 @@ mod tests {
             images_per_sec: 11.0,
             comm_hidden: Some(0.5),
             grad_norm: Some(1.5),
+            loss_scale: None,
         })
         .unwrap();
         let text = fs::read_to_string(run.path().join("metrics.jsonl")).unwrap();

@@ -209,12 +209,20 @@ fn init_from_loads_the_weights() {
 
 #[test]
 fn bad_flags_fail_before_any_work_naming_the_flag() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 10] = [
         (&["--model", "resnet7"], "--model resnet7"),
         (&["--batch-size", "0"], "--batch-size"),
         (&["--data", "cifar10:/no/such/folder"], "/no/such/folder"),
         (&["--nproc", "3"], "not divisible by the 3 ranks"),
         (&["--init-from", "/no/such.safetensors"], "--init-from"),
+        (&["--precision", "fp8"], "--precision"),
+        (&["--precision", "bf16-true"], "--precision bf16-true"),
+        (
+            &["--precision", "bf16-mixed", "--device", "cuda"],
+            "--precision bf16-mixed",
+        ),
+        (&["--micro-batches", "3"], "--micro-batches 3"),
+        (&["--clip-grad-norm=-1"], "--clip-grad-norm"),
     ];
     for (extra, expected) in cases {
         let err = args(extra).validate().unwrap_err().to_string();
@@ -223,5 +231,64 @@ fn bad_flags_fail_before_any_work_naming_the_flag() {
             "{extra:?}: `{err}` lacks `{expected}`"
         );
         assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+/// `--precision bf16-mixed` and `fp16-mixed` train a few steps on the CPU: finite losses near
+/// the fp32 run's first (the same model rounded to 16 bits: within 1 %), the loss scale logged
+/// on every fp16 step and the skipped steps counted per epoch; a bf16 checkpoint.
+#[test]
+fn mixed_precision_runs_log_their_loss_scale_and_skipped_steps() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let common = [
+        "--steps",
+        "3",
+        "--augment",
+        "none",
+        "--shuffle",
+        "false",
+        "--out",
+        dir,
+    ];
+    let run = |name: &str, precision: &str| {
+        let extra: Vec<&str> = common
+            .iter()
+            .copied()
+            .chain(["--name", name, "--precision", precision])
+            .collect();
+        weft_train::resnet::run(&args(&extra)).unwrap();
+        let text = std::fs::read_to_string(out.path().join(name).join("metrics.jsonl")).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let fp32 = run("fp32", "fp32");
+    for precision in ["bf16-mixed", "fp16-mixed"] {
+        let lines = run(precision, precision);
+        let steps: Vec<_> = lines.iter().filter(|l| l.get("step").is_some()).collect();
+        assert_eq!(steps.len(), 3, "{precision}");
+        let (first, reference) = (
+            steps[0]["loss"].as_f64().unwrap(),
+            fp32[0]["loss"].as_f64().unwrap(),
+        );
+        assert!(
+            (first - reference).abs() <= 0.01 * reference,
+            "{precision}: {first} vs {reference}"
+        );
+        let epoch = lines.iter().find(|l| l.get("val_loss").is_some()).unwrap();
+        assert!(
+            epoch["val_loss"].as_f64().unwrap().is_finite(),
+            "{precision}"
+        );
+        if precision == "fp16-mixed" {
+            assert!(steps
+                .iter()
+                .all(|s| s["loss_scale"].as_f64().unwrap() > 0.0));
+            assert_eq!(epoch["skipped_steps"], 0);
+        } else {
+            assert!(steps.iter().all(|s| s.get("loss_scale").is_none()));
+            assert!(epoch.get("skipped_steps").is_none());
+        }
     }
 }
