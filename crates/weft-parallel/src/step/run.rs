@@ -1,0 +1,167 @@
+//! The body of a step: each micro-batch's forward and backward with the strategy's hooks
+//! (gradients written into the flat buffer as they become final), then the update — the loss
+//! scale undone and checked, the gradients clipped, this rank's range stepped.
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+use weft_precision::{unscale_and_check, StepDecision};
+use weft_tensor::tape::{self, BackwardHooks, Seed};
+use weft_tensor::{BlockGrads, BlockModel, FlatBuffer, Slot};
+
+use super::outcome::{BatchResult, StepTimings};
+use super::Trainer;
+use crate::clip::clip_grad_norm;
+use crate::error::{ParallelError, Result};
+use crate::strategy::{ReadyGrads, Strategy};
+
+impl Trainer {
+    /// Forward, backward, gradient sync and optimizer update of one step, issued to the device
+    /// without waiting for it (unless timings are synchronised); the learning rate is set.
+    pub(crate) fn run(
+        &mut self,
+        micro_batches: &[(Tensor, Tensor)],
+    ) -> Result<(Vec<BatchResult>, StepTimings)> {
+        let mut timings = StepTimings::default();
+        let total: usize = micro_batches
+            .iter()
+            .map(|(_, t)| self.objective.samples(t))
+            .sum();
+        let mut results = Vec::with_capacity(micro_batches.len());
+        for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
+            self.strategy.set_require_sync(i + 1 == micro_batches.len());
+            let weight = self.objective.samples(targets) as f64 / total.max(1) as f64;
+            results.push(self.forward_backward(inputs, targets, weight, i > 0, &mut timings)?);
+        }
+        let start = Instant::now();
+        self.strategy.finish_backward(&self.grads)?;
+        timings.sync = start.elapsed();
+
+        let start = Instant::now();
+        let range = self.strategy.optimizer_range(self.grads.layout().len());
+        self.skipped_last = false;
+        if let Some(scaler) = self.scaler.as_mut() {
+            let found =
+                unscale_and_check(self.grads.tensor(), range.clone(), scaler.inverse_scale())?;
+            let found = self.strategy.reduce_found_inf(found)?;
+            let found = found.flatten_all()?.to_vec1::<f32>()?[0] != 0.0;
+            if scaler.update(found) == StepDecision::Skip {
+                self.skipped_last = true;
+                timings.optimizer = self.lap(start)?;
+                return Ok((results, timings));
+            }
+        }
+        if let Some(max_norm) = self.clip_grad_norm {
+            let norm =
+                clip_grad_norm(&self.grads, range.clone(), max_norm, self.strategy.as_mut())?;
+            // Not a sum over samples: only the last micro-batch's result carries it.
+            if let Some(last) = results.last_mut() {
+                last.metrics.push(("grad_norm", norm));
+            }
+        }
+        self.optimizer
+            .step(self.params.as_ref(), &self.grads, self.model.store(), range)?;
+        self.strategy.after_step(&self.model)?;
+        timings.optimizer = self.lap(start)?;
+        if let Some(t) = &self.options.timeline {
+            t.record("optimizer", "optimizer", "compute", start, Instant::now());
+        }
+        Ok((results, timings))
+    }
+
+    /// Forward and backward of one micro-batch whose loss is scaled by `weight`; gradients are
+    /// written (or, when `accumulate`, added) into the flat gradient buffer. Returns the
+    /// unscaled mean loss and the metrics, on the device.
+    fn forward_backward(
+        &mut self,
+        inputs: &Tensor,
+        targets: &Tensor,
+        weight: f64,
+        accumulate: bool,
+        timings: &mut StepTimings,
+    ) -> Result<BatchResult> {
+        let start = Instant::now();
+        self.strategy.before_forward(&self.model)?;
+        let (model, strategy) = (&self.model, &mut self.strategy);
+        let tape = tape::forward_with(model, inputs, &self.options, |block| {
+            strategy.before_block_forward(model, block)
+        })?;
+        let output = self.objective.loss(tape.output(), targets)?;
+        let factor = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        let scaled = if factor != 1.0 {
+            output.loss.affine(factor, 0.0)?
+        } else {
+            output.loss.clone()
+        };
+        timings.forward += self.lap(start)?;
+
+        let start = Instant::now();
+        let mut hooks = GradientWriter {
+            model: &self.model,
+            grads: &self.grads,
+            strategy: self.strategy.as_mut(),
+            accumulate,
+        };
+        tape.backward_with(Seed::Loss(&scaled), &self.model, &mut hooks)?;
+        timings.backward += self.lap(start)?;
+        Ok(BatchResult {
+            loss: output.loss.detach(),
+            metrics: output.metrics,
+            samples: self.objective.samples(targets),
+        })
+    }
+}
+
+/// The backward hooks of a step: gradients written into the flat buffer, the strategy told.
+struct GradientWriter<'a> {
+    model: &'a BlockModel,
+    grads: &'a FlatBuffer,
+    strategy: &'a mut dyn Strategy,
+    accumulate: bool,
+}
+
+impl BackwardHooks<ParallelError> for GradientWriter<'_> {
+    fn before_block(&mut self, block: usize) -> Result<()> {
+        self.strategy.before_block_backward(self.model, block)
+    }
+
+    fn block_ready(&mut self, ready: BlockGrads) -> Result<()> {
+        let mut report = ReadyGrads {
+            block: ready.block,
+            ..ReadyGrads::default()
+        };
+        let mut written: Vec<(&Slot, Tensor)> = Vec::new();
+        for (id, grad) in ready.grads {
+            let slot = self.grads.layout().slot_of(id).ok_or_else(|| {
+                ParallelError::Config(format!(
+                    "`{}` has a gradient but no place in the flat buffer",
+                    self.model.store().entries()[id].name
+                ))
+            })?;
+            match grad {
+                Some(grad) if self.accumulate => {
+                    self.grads.accumulate(slot, &grad)?;
+                    report.params.push(id);
+                }
+                Some(grad) => {
+                    written.push((slot, grad));
+                    report.params.push(id);
+                }
+                None => {
+                    if !self.accumulate {
+                        let zeros = Tensor::zeros(
+                            slot.numel(),
+                            self.grads.dtype(),
+                            self.grads.tensor().device(),
+                        )?;
+                        written.push((slot, zeros));
+                    }
+                    report.unused.push(id);
+                }
+            }
+        }
+        let values: Vec<(&Slot, &Tensor)> = written.iter().map(|(s, g)| (*s, g)).collect();
+        self.grads.write_many(&values)?;
+        self.strategy.block_ready(&report, self.grads)
+    }
+}
