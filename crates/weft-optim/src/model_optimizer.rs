@@ -39,7 +39,7 @@ pub enum ModelOptimizer {
     F64(Box<dyn Optimizer<f64> + Send>),
     /// The rule on the parameters' CUDA device, in place (no master copy).
     #[cfg(feature = "cuda")]
-    Device(crate::DeviceOptimizer),
+    Device(Box<crate::DeviceOptimizer>),
 }
 
 impl ModelOptimizer {
@@ -85,9 +85,9 @@ impl ModelOptimizer {
             OptimizerConfig::Sgd(c) => crate::DeviceRule::Sgd(c),
             OptimizerConfig::AdamW(c) => crate::DeviceRule::AdamW(c),
         };
-        Ok(Self::Device(
+        Ok(Self::Device(Box::new(
             crate::DeviceOptimizer::new(rule, device)?.with_param_groups(groups),
-        ))
+        )))
     }
 
     #[cfg(not(feature = "cuda"))]
