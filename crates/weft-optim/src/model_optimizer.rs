@@ -107,6 +107,17 @@ impl ModelOptimizer {
         }
     }
 
+    /// The dtype of the gradients it steps with for a model of dtype `model`: its own dtype
+    /// (the master copy's); on a GPU fp32 for a 16-bit model (the kernels then keep fp32
+    /// master weights and write the 16-bit copy), the model's otherwise.
+    pub fn gradient_dtype(&self, model: DType) -> DType {
+        match self.dtype() {
+            Some(dtype) => dtype,
+            None if matches!(model, DType::BF16 | DType::F16) => DType::F32,
+            None => model,
+        }
+    }
+
     /// Whether the optimizer steps a flat master copy of the parameters.
     pub fn needs_master_copy(&self) -> bool {
         self.dtype().is_some()

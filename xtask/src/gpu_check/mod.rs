@@ -259,6 +259,17 @@ pub fn run() -> Result<()> {
             });
         }
     }
+    // fp32 master weights of 16-bit parameters: the same fp32 rule, rounded to nearest even
+    // on both sides.
+    for dtype in [DType::BF16, DType::F16] {
+        for (name, config) in optimizers::configs() {
+            checks.push(Check {
+                name: format!("optimizer {name}, fp32 masters of {dtype:?} parameters"),
+                error: optimizers::compare_mixed(&config, &gpu, dtype)?,
+                tolerance: 0.0,
+            });
+        }
+    }
     checks.push(Check {
         name: "ResNet-50 f64 whole-graph grads".into(),
         error: compare_whole_graph(&gpu)?,

@@ -87,6 +87,19 @@ fn suffix(dtype: DType) -> Result<&'static str> {
     }
 }
 
+/// The kernel `{rule}_{suffix}` for gradients of `grads`' dtype, or with fp32 master weights
+/// (`master`) for parameters of the 16-bit `dtype`: `{rule}_mixed_{bf16,f16}`.
+fn kernel_name(rule: &str, grads: &Tensor, master: Option<(&Tensor, DType)>) -> Result<String> {
+    match master {
+        None => Ok(format!("{rule}_{}", suffix(grads.dtype())?)),
+        Some((_, DType::BF16)) => Ok(format!("{rule}_mixed_bf16")),
+        Some((_, DType::F16)) => Ok(format!("{rule}_mixed_f16")),
+        Some((_, other)) => {
+            bail!("optimizer kernels: no master-weight rule for {other:?} parameters")
+        }
+    }
+}
+
 /// One thread.
 const SINGLE: LaunchConfig = LaunchConfig {
     grid_dim: (1, 1, 1),
@@ -117,11 +130,13 @@ pub(crate) fn advance_adamw(step: &Tensor, config: &AdamWConfig) -> Result<()> {
     launched("advance_adamw", unsafe { builder.launch(SINGLE) })
 }
 
-/// One SGD step of `runs` (inside the flat `grads` and `momentum`, of the runs' dtype; `lr`
-/// one f64 on the device).
+/// One SGD step of `runs` (inside the flat `grads` and `momentum`, of the runs' dtype, or
+/// fp32 with `master`: the fp32 master weights of 16-bit parameters; `lr` one f64 on the
+/// device).
 pub(crate) fn sgd(
     runs: &[Run],
     grads: &Tensor,
+    master: Option<(&Tensor, DType)>,
     momentum: &Tensor,
     lr: &Tensor,
     config: &SgdConfig,
@@ -131,8 +146,9 @@ pub(crate) fn sgd(
     let func = function_named(
         device,
         &OPTIMIZERS,
-        &format!("multi_sgd_{}", suffix(grads.dtype())?),
+        &kernel_name("multi_sgd", grads, master)?,
     )?;
+    let master_at = master.map(|(m, _)| device_address(m)).transpose()?;
     let (grads_at, momentum_at, lr_at) = (
         device_address(grads)?,
         device_address(momentum)?,
@@ -142,9 +158,11 @@ pub(crate) fn sgd(
     for chunk in runs.chunks(MAX_ENTRIES) {
         let list = OptimList::new(chunk);
         let mut builder = func.builder();
+        builder.arg(&list).arg(&grads_at);
+        if let Some(at) = &master_at {
+            builder.arg(at);
+        }
         builder
-            .arg(&list)
-            .arg(&grads_at)
             .arg(&momentum_at)
             .arg(&lr_at)
             .arg(&config.momentum)
@@ -168,10 +186,11 @@ pub(crate) struct AdamWState<'a> {
 }
 
 /// One AdamW step of `runs` at step `step` (three f64 on the device, advanced by
-/// [`advance_adamw`]).
+/// [`advance_adamw`]), with fp32 master weights for 16-bit parameters when `master`.
 pub(crate) fn adamw(
     runs: &[Run],
     grads: &Tensor,
+    master: Option<(&Tensor, DType)>,
     state: &AdamWState<'_>,
     lr: &Tensor,
     step: &Tensor,
@@ -181,8 +200,9 @@ pub(crate) fn adamw(
     let func = function_named(
         device,
         &OPTIMIZERS,
-        &format!("multi_adamw_{}", suffix(grads.dtype())?),
+        &kernel_name("multi_adamw", grads, master)?,
     )?;
+    let master_at = master.map(|(m, _)| device_address(m)).transpose()?;
     let max_at = match state.max_exp_avg_sq {
         Some(max) => device_address(max)?,
         // Never read or written without amsgrad.
@@ -199,9 +219,11 @@ pub(crate) fn adamw(
     for chunk in runs.chunks(MAX_ENTRIES) {
         let list = OptimList::new(chunk);
         let mut builder = func.builder();
+        builder.arg(&list).arg(&grads_at);
+        if let Some(at) = &master_at {
+            builder.arg(at);
+        }
         builder
-            .arg(&list)
-            .arg(&grads_at)
             .arg(&avg_at)
             .arg(&sq_at)
             .arg(&max_at)

@@ -79,6 +79,9 @@ pub struct DeviceOptimizer {
     /// The state buffers over the stepped range (none before the first step).
     state: Vec<Tensor>,
     range: Option<Range<usize>>,
+    /// For 16-bit parameters with fp32 gradients: the fp32 master weights over the range
+    /// (made from the parameters at the first step), and the parameters' dtype.
+    master: Option<(Tensor, DType)>,
 }
 
 impl DeviceOptimizer {
@@ -98,6 +101,7 @@ impl DeviceOptimizer {
             issued: 0,
             state: Vec::new(),
             range: None,
+            master: None,
         })
     }
 
@@ -233,6 +237,9 @@ impl DeviceOptimizer {
             });
         }
         let runs = self.runs(grads, store, &range)?;
+        if self.master.is_none() {
+            self.master = master_weights(grads, store, &range).map_err(&err)?;
+        }
         let flat = grads
             .tensor()
             .narrow(0, range.start, range.len())
@@ -264,7 +271,9 @@ impl DeviceOptimizer {
                 launch::increment_step(step).map_err(&err)?;
                 // Without momentum the buffer is never read or written.
                 let momentum = self.state.first().unwrap_or(&flat);
-                launch::sgd(&runs, &flat, momentum, lr, config, first_step).map_err(&err)?;
+                let master = self.master.as_ref().map(|(m, d)| (m, *d));
+                launch::sgd(&runs, &flat, master, momentum, lr, config, first_step)
+                    .map_err(&err)?;
             }
             DeviceRule::AdamW(config) => {
                 launch::advance_adamw(step, config).map_err(&err)?;
@@ -273,7 +282,8 @@ impl DeviceOptimizer {
                     exp_avg_sq: &self.state[1],
                     max_exp_avg_sq: self.state.get(2),
                 };
-                launch::adamw(&runs, &flat, &state, lr, step, config).map_err(&err)?;
+                let master = self.master.as_ref().map(|(m, d)| (m, *d));
+                launch::adamw(&runs, &flat, master, &state, lr, step, config).map_err(&err)?;
             }
         }
         self.issued += 1;
@@ -296,7 +306,7 @@ impl DeviceOptimizer {
         let mut runs = Vec::new();
         for slot in grads.layout().slots() {
             let param = store.entries()[slot.entry].tensor();
-            if param.dtype() != grads.dtype() {
+            if param.dtype() != grads.dtype() && !is_mixed(param.dtype(), grads.dtype()) {
                 return Err(OptimError::Tensor {
                     optimizer,
                     reason: format!(
@@ -326,5 +336,43 @@ impl DeviceOptimizer {
             }
         }
         Ok(runs)
+    }
+}
+
+/// 16-bit parameters with fp32 gradients: updated through fp32 master weights.
+fn is_mixed(param: DType, grads: DType) -> bool {
+    matches!(param, DType::BF16 | DType::F16) && grads == DType::F32
+}
+
+/// The fp32 master weights over `range` for 16-bit parameters with fp32 gradients (their
+/// exact values, widened), `None` when parameters and gradients share a dtype.
+fn master_weights(
+    grads: &FlatBuffer,
+    store: &ParamStore,
+    range: &Range<usize>,
+) -> candle_core::Result<Option<(Tensor, DType)>> {
+    let mut parts = Vec::new();
+    let mut dtype = None;
+    for slot in grads.layout().slots() {
+        let (start, end) = (
+            slot.offset.max(range.start),
+            (slot.offset + slot.numel()).min(range.end),
+        );
+        if start >= end {
+            continue;
+        }
+        let param = store.entries()[slot.entry].tensor();
+        if !is_mixed(param.dtype(), grads.dtype()) {
+            return Ok(None);
+        }
+        dtype = Some(param.dtype());
+        let part = param
+            .flatten_all()?
+            .narrow(0, start - slot.offset, end - start)?;
+        parts.push(part.to_dtype(DType::F32)?);
+    }
+    match dtype {
+        Some(dtype) => Ok(Some((Tensor::cat(&parts, 0)?, dtype))),
+        None => Ok(None),
     }
 }

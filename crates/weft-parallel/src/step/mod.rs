@@ -65,7 +65,8 @@ impl Trainer {
     /// copy gets one in its own dtype, and the gradients are kept in that dtype too (fp32
     /// master weights and gradients for a 16-bit model: mixed precision, Megatron's
     /// `main_grad`); an optimizer on the parameters' device updates them in place, with
-    /// gradients of the model's dtype. The strategy is [`SingleProcess`] until
+    /// gradients of the model's dtype (fp32 for a 16-bit model, the optimizer keeping fp32
+    /// master weights on the device). The strategy is [`SingleProcess`] until
     /// [`Self::with_strategy`].
     pub fn new(
         model: BlockModel,
@@ -74,7 +75,7 @@ impl Trainer {
         checkpointing: Checkpointing,
     ) -> Result<Self> {
         let layout = FlatLayout::parameters(model.store());
-        let dtype = optimizer.dtype().unwrap_or(model.store().dtype());
+        let dtype = optimizer.gradient_dtype(model.store().dtype());
         let params = if optimizer.needs_master_copy() {
             Some(FlatBuffer::from_store(
                 model.store(),
