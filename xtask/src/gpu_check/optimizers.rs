@@ -60,48 +60,6 @@ pub(super) fn configs() -> Vec<(&'static str, OptimizerConfig)> {
     ]
 }
 
-/// `STEPS` steps of `config` for a model of the 16-bit `dtype` with fp32 gradients and fp32
-/// master weights (a flat master copy on the CPU; the kernels' own on the GPU); returns the
-/// 16-bit parameters after them (on the CPU, as f32).
-fn run_mixed(config: &OptimizerConfig, device: &Device, dtype: DType) -> Result<Tensor> {
-    let store = store(device, dtype)?;
-    let layout = FlatLayout::parameters(&store);
-    let len = layout.len();
-    let grads = FlatBuffer::zeros(layout.clone(), DType::F32, device)?;
-    let master = FlatBuffer::from_store(&store, layout, DType::F32)?;
-    let mut optimizer = ModelOptimizer::new(config.clone(), groups(len)?, device, DType::F32)?;
-    for step in 0..STEPS {
-        let values: Vec<f32> = (0..len)
-            .map(|k| ((k * 31 + step * 977) % 1999) as f32 / 999.5 - 1.0)
-            .collect();
-        grads
-            .tensor()
-            .slice_set(&Tensor::from_vec(values, len, device)?, 0, 0)?;
-        optimizer.set_lr(0.1 / (1 + step) as f64)?;
-        let params = optimizer.needs_master_copy().then_some(&master);
-        optimizer.step(params, &grads, &store, 0..len)?;
-    }
-    let flat: Vec<Tensor> = store
-        .parameter_ids()
-        .into_iter()
-        .map(|id| {
-            store.entries()[id]
-                .tensor()
-                .flatten_all()?
-                .to_dtype(DType::F32)
-        })
-        .collect::<candle_core::Result<_>>()?;
-    Ok(Tensor::cat(&flat, 0)?.to_device(&Device::Cpu)?)
-}
-
-/// The largest relative difference of the 16-bit parameters after `STEPS` mixed-precision
-/// steps on the GPU (master-weight kernels) and on the CPU (fp32 master copy, rounded back).
-pub(super) fn compare_mixed(config: &OptimizerConfig, gpu: &Device, dtype: DType) -> Result<f64> {
-    let cpu = run_mixed(config, &Device::Cpu, dtype)?;
-    let on_gpu = run_mixed(config, gpu, dtype)?;
-    relative_error(&cpu, &on_gpu)
-}
-
 /// Parameters of `MULTI_SIZES` on `device`, with the same seeded values everywhere.
 fn store(device: &Device, dtype: DType) -> Result<ParamStore> {
     let mut store = ParamStore::new(device, dtype);
@@ -131,28 +89,36 @@ fn groups(len: usize) -> Result<ParamGroups> {
     ])?)
 }
 
-/// `STEPS` steps of `config` on `device`; returns the flat parameters after them (on the CPU).
-fn run(config: &OptimizerConfig, device: &Device, dtype: DType) -> Result<Tensor> {
-    let store = store(device, dtype)?;
+/// `STEPS` steps of `config` on `device` for parameters of dtype `params` with gradients of
+/// dtype `grads` (the same, or fp32 for 16-bit parameters: fp32 master weights, a flat master
+/// copy on the CPU and the kernels' own on the GPU); returns the parameters after them (on
+/// the CPU, as f64).
+fn run(config: &OptimizerConfig, device: &Device, params: DType, grads: DType) -> Result<Tensor> {
+    let store = store(device, params)?;
     let layout = FlatLayout::parameters(&store);
     let len = layout.len();
-    let grads = FlatBuffer::zeros(layout.clone(), dtype, device)?;
-    let master = FlatBuffer::from_store(&store, layout, dtype)?;
-    let mut optimizer = ModelOptimizer::new(config.clone(), groups(len)?, device, dtype)?;
+    let gradients = FlatBuffer::zeros(layout.clone(), grads, device)?;
+    let master = FlatBuffer::from_store(&store, layout, grads)?;
+    let mut optimizer = ModelOptimizer::new(config.clone(), groups(len)?, device, grads)?;
     for step in 0..STEPS {
         let values: Vec<f64> = (0..len)
             .map(|k| ((k * 31 + step * 977) % 1999) as f64 / 999.5 - 1.0)
             .collect();
-        let g = Tensor::from_vec(values, len, device)?.to_dtype(dtype)?;
-        grads.tensor().slice_set(&g, 0, 0)?;
+        let g = Tensor::from_vec(values, len, device)?.to_dtype(grads)?;
+        gradients.tensor().slice_set(&g, 0, 0)?;
         optimizer.set_lr(0.1 / (1 + step) as f64)?;
-        let params = optimizer.needs_master_copy().then_some(&master);
-        optimizer.step(params, &grads, &store, 0..len)?;
+        let master = optimizer.needs_master_copy().then_some(&master);
+        optimizer.step(master, &gradients, &store, 0..len)?;
     }
     let flat: Vec<Tensor> = store
         .parameter_ids()
         .into_iter()
-        .map(|id| store.entries()[id].tensor().flatten_all())
+        .map(|id| {
+            store.entries()[id]
+                .tensor()
+                .flatten_all()?
+                .to_dtype(DType::F64)
+        })
         .collect::<candle_core::Result<_>>()?;
     Ok(Tensor::cat(&flat, 0)?.to_device(&Device::Cpu)?)
 }
@@ -164,7 +130,16 @@ pub(super) fn compare_optimizer(
     gpu: &Device,
     dtype: DType,
 ) -> Result<f64> {
-    let cpu = run(config, &Device::Cpu, dtype)?;
-    let on_gpu = run(config, gpu, dtype)?;
+    let cpu = run(config, &Device::Cpu, dtype, dtype)?;
+    let on_gpu = run(config, gpu, dtype, dtype)?;
+    relative_error(&cpu, &on_gpu)
+}
+
+/// The largest relative difference of the 16-bit parameters (`dtype`) after `STEPS`
+/// mixed-precision steps on the GPU (master-weight kernels) and on the CPU (fp32 master copy,
+/// rounded back).
+pub(super) fn compare_mixed(config: &OptimizerConfig, gpu: &Device, dtype: DType) -> Result<f64> {
+    let cpu = run(config, &Device::Cpu, dtype, DType::F32)?;
+    let on_gpu = run(config, gpu, dtype, DType::F32)?;
     relative_error(&cpu, &on_gpu)
 }

@@ -4,8 +4,10 @@
 //! writing through the parameters' addresses is sound).
 
 use candle_core::{bail, DType, Result, Tensor};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use weft_tensor::ops::cuda_launch::{device_address, function_named, launched, Module, THREADS};
+use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
+use weft_tensor::ops::cuda_launch::{
+    device_address, function_named, launched, Kernel, Module, THREADS,
+};
 
 use crate::{AdamWConfig, SgdConfig};
 
@@ -100,6 +102,22 @@ fn kernel_name(rule: &str, grads: &Tensor, master: Option<(&Tensor, DType)>) -> 
     }
 }
 
+/// A launch of a rule's kernel for one list, with the arguments every rule takes first: the
+/// list, the gradients and (with master weights) the fp32 master copy.
+fn leading_args<'a>(
+    func: &'a Kernel,
+    list: &'a OptimList,
+    grads_at: &'a u64,
+    master_at: &'a Option<u64>,
+) -> LaunchArgs<'a> {
+    let mut builder = func.builder();
+    builder.arg(list).arg(grads_at);
+    if let Some(at) = master_at {
+        builder.arg(at);
+    }
+    builder
+}
+
 /// One thread.
 const SINGLE: LaunchConfig = LaunchConfig {
     grid_dim: (1, 1, 1),
@@ -157,11 +175,7 @@ pub(crate) fn sgd(
     let flags = [config.nesterov, config.maximize, first_step].map(i32::from);
     for chunk in runs.chunks(MAX_ENTRIES) {
         let list = OptimList::new(chunk);
-        let mut builder = func.builder();
-        builder.arg(&list).arg(&grads_at);
-        if let Some(at) = &master_at {
-            builder.arg(at);
-        }
+        let mut builder = leading_args(&func, &list, &grads_at, &master_at);
         builder
             .arg(&momentum_at)
             .arg(&lr_at)
@@ -218,11 +232,7 @@ pub(crate) fn adamw(
     let amsgrad = i32::from(config.amsgrad);
     for chunk in runs.chunks(MAX_ENTRIES) {
         let list = OptimList::new(chunk);
-        let mut builder = func.builder();
-        builder.arg(&list).arg(&grads_at);
-        if let Some(at) = &master_at {
-            builder.arg(at);
-        }
+        let mut builder = leading_args(&func, &list, &grads_at, &master_at);
         builder
             .arg(&avg_at)
             .arg(&sq_at)
