@@ -68,8 +68,8 @@ pub trait Communicator: Send + Sync {
     fn split(&self, color: u32, key: i64) -> Result<Box<dyn Communicator>>;
 
     /// Operations straight on device memory, for backends that have them (NCCL); `None`
-    /// for host-only backends such as shm. [`crate::TensorCollectives`] uses them for
-    /// tensors on a device they handle and goes through host buffers otherwise.
+    /// for host-only backends such as shm. weft-parallel's tensor collectives use them for
+    /// tensors on the backend's GPU and go through host buffers otherwise.
     fn device_collectives(&self) -> Option<&dyn DeviceCollectives> {
         None
     }
@@ -81,7 +81,7 @@ enum WorkState<T> {
 }
 
 /// Handle of an operation in flight, yielding a host [`Buffer`] or, for device-native
-/// operations ([`crate::DeviceCollectives`]), a tensor. Dropping it does not cancel the
+/// operations ([`crate::DeviceCollectives`]), nothing (the output is the caller's memory). Dropping it does not cancel the
 /// operation.
 #[must_use = "an operation's result is only seen through its Work handle"]
 pub struct Work<T = Buffer> {

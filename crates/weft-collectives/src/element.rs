@@ -56,23 +56,6 @@ impl DType {
         }
     }
 
-    /// The candle dtype of the same element type.
-    pub fn to_candle(self) -> candle_core::DType {
-        match self {
-            DType::F32 => candle_core::DType::F32,
-            DType::F64 => candle_core::DType::F64,
-            DType::F16 => candle_core::DType::F16,
-            DType::BF16 => candle_core::DType::BF16,
-            DType::I64 => candle_core::DType::I64,
-            DType::U8 => candle_core::DType::U8,
-        }
-    }
-
-    /// The element type of a candle dtype, if communicators carry it.
-    pub fn from_candle(dtype: candle_core::DType) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.to_candle() == dtype)
-    }
-
     /// Stable numeric code, used in shared-memory headers.
     pub(crate) fn code(self) -> u64 {
         match self {

@@ -105,16 +105,9 @@ pub enum CommError {
         #[source]
         source: Arc<std::io::Error>,
     },
-    /// A candle tensor operation failed.
-    #[error("tensor conversion for {op} failed: {source}")]
-    Tensor {
-        op: &'static str,
-        #[source]
-        source: Arc<candle_core::Error>,
-    },
-    /// A tensor that the communicators cannot carry (device, dtype or shape).
-    #[error("{op}: unsupported tensor: {reason}")]
-    InvalidTensor { op: &'static str, reason: String },
+    /// A buffer that the operation cannot take (device, dtype or length).
+    #[error("{op}: invalid buffer: {reason}")]
+    InvalidBuffer { op: &'static str, reason: String },
     /// A launch environment variable is missing or malformed.
     #[error("environment variable {var}: {reason}")]
     Env { var: &'static str, reason: String },
@@ -161,14 +154,6 @@ impl CommError {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         CommError::Io {
             context: context.into(),
-            source: Arc::new(source),
-        }
-    }
-
-    /// Wraps a candle error raised while converting a tensor for `op`.
-    pub fn tensor(op: &'static str, source: candle_core::Error) -> Self {
-        CommError::Tensor {
-            op,
             source: Arc::new(source),
         }
     }

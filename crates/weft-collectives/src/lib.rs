@@ -3,7 +3,9 @@
 //! - [`Communicator`]: the backend-independent trait (all-reduce, reduce-scatter,
 //!   all-gather, broadcast, reduce, send/recv, barrier, split). Operations are asynchronous,
 //!   complete in issue order, and hand their buffers back through [`Work`].
-//! - [`CommunicatorExt`] and [`TensorCollectives`]: blocking slice and candle tensor versions.
+//! - [`CommunicatorExt`]: blocking slice versions.
+//! - [`DeviceCollectives`]: operations on device memory the caller owns ([`DeviceBuffer`]);
+//!   this crate depends on no tensor library (weft-parallel's tensor collectives build on it).
 //! - [`shm`]: the shared-memory backend for ranks on one host (processes or threads).
 //! - `nccl` (cargo feature `nccl`): the NCCL backend, one process per GPU.
 //! - [`store`]: the TCP rendezvous store; [`mod@env`] and [`init_from_env`]: joining a job
@@ -30,23 +32,19 @@ mod rendezvous;
 pub mod shm;
 mod split;
 pub mod store;
-pub mod tensor;
 mod work_queue;
 
-#[cfg(test)]
-mod device_routing_tests;
 #[cfg(test)]
 mod testing;
 
 pub use buffer::Buffer;
 pub use communicator::{Communicator, Work};
-pub use device::{DeviceCollectives, DeviceJoin};
+pub use device::{DeviceBuffer, DeviceCollectives, DeviceJoin};
 pub use element::{DType, Element};
 pub use env::LaunchEnv;
 pub use error::{CommError, Result};
 pub use ext::CommunicatorExt;
 pub use reduce_op::ReduceOp;
-pub use rendezvous::{init_for_device, init_from_env, init_shm, init_shm_with_config};
+pub use rendezvous::{init_from_env, init_shm, init_shm_with_config};
 pub use shm::{ShmCommunicator, ShmConfig};
 pub use store::{TcpStore, TcpStoreServer};
-pub use tensor::{TensorCollectives, TensorWork};

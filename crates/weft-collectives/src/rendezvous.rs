@@ -19,28 +19,6 @@ pub fn init_from_env() -> Result<Box<dyn Communicator>> {
     Ok(Box::new(init_shm(&LaunchEnv::from_env()?)?))
 }
 
-/// Builds the communicator for a process whose model lives on `device`: NCCL for a CUDA
-/// device (with this rank's GPU as `device`, usually `cuda:LOCAL_RANK`), shm otherwise.
-pub fn init_for_device(device: &candle_core::Device) -> Result<Box<dyn Communicator>> {
-    let env = LaunchEnv::from_env()?;
-    if !device.is_cuda() {
-        return Ok(Box::new(init_shm(&env)?));
-    }
-    #[cfg(feature = "nccl")]
-    {
-        Ok(Box::new(crate::nccl::init_nccl(&env, device)?))
-    }
-    #[cfg(not(feature = "nccl"))]
-    {
-        Err(CommError::InvalidArgument {
-            op: "init",
-            reason: format!(
-                "the model is on {device:?} but this build has no NCCL backend (cargo feature `nccl`)"
-            ),
-        })
-    }
-}
-
 /// Joins the shared-memory communicator described by `env`, with default settings.
 pub fn init_shm(env: &LaunchEnv) -> Result<ShmCommunicator> {
     let config = ShmConfig {

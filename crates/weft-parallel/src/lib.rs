@@ -6,6 +6,8 @@
 //! - [`strategy`]: the [`Strategy`] trait, the seam every way of parallelising plugs into.
 //! - [`step`]: [`Trainer`], one training step of any block model for any objective under any
 //!   strategy, with micro-batches and CUDA-graph replay.
+//! - [`collectives`]: [`TensorCollectives`], the communicators' operations on candle tensors,
+//!   natively on the device where the backend can (NCCL), and [`init_for_device`].
 //! - [`clip`]: gradient clipping by the global norm over ranks, on the device.
 //! - [`single`]: [`SingleProcess`], the strategy of one rank.
 //! - [`ddp`]: data parallelism — [`ddp::NaiveDataParallel`] (all-reduce every gradient after
@@ -15,6 +17,7 @@
 //! - [`sync_bn`]: SyncBatchNorm, batch statistics of the global batch over all ranks.
 
 pub mod clip;
+pub mod collectives;
 pub mod ddp;
 pub mod error;
 mod ready;
@@ -24,6 +27,7 @@ pub mod strategy;
 pub mod sync_bn;
 
 pub use clip::clip_grad_norm;
+pub use collectives::{init_for_device, TensorCollectives, TensorWork};
 pub use ddp::{DdpConfig, DistributedDataParallel, GradCompression, NaiveDataParallel};
 pub use error::{ParallelError, Result};
 pub use single::SingleProcess;

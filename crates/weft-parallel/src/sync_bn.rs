@@ -65,10 +65,10 @@ impl CustomOp1 for AllReduceSum {
         storage: &candle_core::CudaStorage,
         layout: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use crate::collectives::TensorCollectives;
         use candle_core::backend::BackendStorage;
         use candle_core::op::BackpropOp;
         use candle_core::Storage;
-        use weft_collectives::TensorCollectives;
 
         let Some((start, end)) = layout.contiguous_offsets() else {
             candle_core::bail!("weft-all-reduce-sum: the input must be contiguous");

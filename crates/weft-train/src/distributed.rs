@@ -37,7 +37,7 @@ impl RankContext {
             return Ok(Self::single());
         }
         let comm: Arc<dyn Communicator> =
-            Arc::from(weft_collectives::init_for_device(device).context("joining the job")?);
+            Arc::from(weft_parallel::init_for_device(device).context("joining the job")?);
         Ok(Self {
             rank: comm.rank(),
             world_size: comm.world_size(),

@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
-use weft_collectives::{init_for_device, Communicator, LaunchEnv, ReduceOp, TensorCollectives};
+use weft_collectives::{Communicator, LaunchEnv, ReduceOp};
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
 use weft_optim::{ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::ddp::BucketPlan;
+use weft_parallel::{init_for_device, TensorCollectives};
 use weft_parallel::{DdpConfig, Trainer};
 use weft_tensor::{Checkpointing, Mode};
 use weft_train::parallelize::{self, ResNetParallelism};

@@ -10,28 +10,26 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use candle_core::Tensor;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
 use super::handle::CommHandle;
 use super::launch::Launch;
 use super::watchdog::{InFlight, Watchdog};
+use crate::device::DeviceBuffer;
 use crate::error::{CommError, Result};
 
 /// Enqueues one NCCL operation.
 pub(crate) type Issue = Box<dyn FnOnce(&Launch) -> Result<()> + Send>;
-/// Receives the result tensor (or the failure) of one operation.
-pub(crate) type Deliver = Box<dyn FnOnce(Result<Tensor>) + Send>;
+/// Told of one operation's completion (or failure), on the watchdog thread.
+pub(crate) type Deliver = Box<dyn FnOnce(Result<()>) + Send>;
 
 /// One operation, ready to launch.
 pub(crate) struct Job {
     pub op: &'static str,
     /// Compute-stream work the operation must wait for (recorded at submission).
     pub ready: CudaEvent,
-    /// Tensors the operation reads or writes, kept alive until it completes.
-    pub keep: Vec<Tensor>,
-    /// What the caller gets on success.
-    pub result: Tensor,
+    /// Buffers the operation reads or writes, kept alive until it completes.
+    pub keep: Vec<DeviceBuffer>,
     pub issue: Issue,
     pub deliver: Deliver,
     /// The watchdog polls this operation's completion without backing off (for a fence the
@@ -358,7 +356,6 @@ impl Launcher {
                     op: job.op,
                     done,
                     keep: job.keep,
-                    result: job.result,
                     deliver: job.deliver,
                     launched: Instant::now(),
                     spin: job.spin,

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use candle_core::Device;
+use cudarc::driver::CudaStream;
 
 use super::engine::Init;
 use super::handle::unique_id;
@@ -20,13 +20,14 @@ fn pid_key(rank: usize) -> String {
     format!("nccl/pid/{rank}")
 }
 
-/// Joins the NCCL communicator of the job described by `env`, on `device` (this rank's GPU,
-/// usually `cuda:LOCAL_RANK`). Ranks may run on several hosts.
+/// Joins the NCCL communicator of the job described by `env`, on the GPU of `compute` (this
+/// rank's GPU, usually `cuda:LOCAL_RANK`), the stream the model's kernels run on: every
+/// operation starts after the work queued there. Ranks may run on several hosts.
 ///
 /// If a rank never reaches `ncclCommInitRank` after the store barrier, initialisation fails
 /// after `env.timeout`; the thread blocked inside NCCL is then left behind, since NCCL cannot
 /// abort a communicator that does not exist yet.
-pub fn init_nccl(env: &LaunchEnv, device: &Device) -> Result<NcclCommunicator> {
+pub fn init_nccl(env: &LaunchEnv, compute: Arc<CudaStream>) -> Result<NcclCommunicator> {
     let (server, store) = join_store(env)?;
     let store = Arc::new(store);
     let hosts = check_peers(env, &store, false)?;
@@ -60,7 +61,7 @@ pub fn init_nccl(env: &LaunchEnv, device: &Device) -> Result<NcclCommunicator> {
     };
     let mut comm = NcclCommunicator::start(
         Init::New { id },
-        device,
+        compute,
         (env.rank, (0..env.world_size).collect()),
         liveness,
         config,

@@ -1,14 +1,14 @@
-//! [`Launch`]: the safe layer that issues one NCCL operation on contiguous CUDA tensors, on
-//! the communication stream. Lengths and dtypes are checked here, so the unsafe calls only
+//! [`Launch`]: the safe layer that issues one NCCL operation on [`DeviceBuffer`]s, on the
+//! communication stream. GPUs, lengths and dtypes are checked here, so the unsafe calls only
 //! ever see pointers into live allocations of the right size.
 
-use candle_core::{DType as CandleDType, Storage, Tensor};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::CudaStream;
 use cudarc::nccl::{result, sys};
 
 use super::handle::{check, CommHandle};
+use crate::device::{check_buffers, check_on, DeviceBuffer, OutputLength};
 use crate::element::DType;
-use crate::error::{CommError, Result};
+use crate::error::Result;
 use crate::reduce_op::ReduceOp;
 
 /// NCCL's code for an element type.
@@ -33,55 +33,6 @@ fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
     }
 }
 
-/// The element type of `tensor`, if NCCL carries it.
-pub(crate) fn element_type(op: &'static str, tensor: &Tensor) -> Result<DType> {
-    DType::from_candle(tensor.dtype()).ok_or_else(|| CommError::InvalidTensor {
-        op,
-        reason: format!("dtype {:?} is not supported", tensor.dtype()),
-    })
-}
-
-fn slice_address<T>(
-    slice: candle_core::Result<&CudaSlice<T>>,
-    stream: &CudaStream,
-) -> candle_core::Result<u64> {
-    let (address, _record) = slice?.device_ptr(stream);
-    Ok(address)
-}
-
-/// Device address of the first element of a contiguous CUDA tensor.
-fn address(op: &'static str, tensor: &Tensor, stream: &CudaStream) -> Result<u64> {
-    if !tensor.is_contiguous() {
-        return Err(CommError::InvalidTensor {
-            op,
-            reason: "the tensor is not contiguous".into(),
-        });
-    }
-    let (storage, layout) = tensor.storage_and_layout();
-    let Storage::Cuda(cuda) = &*storage else {
-        return Err(CommError::InvalidTensor {
-            op,
-            reason: format!("the tensor is on {:?}, not a CUDA device", tensor.device()),
-        });
-    };
-    let base = match tensor.dtype() {
-        CandleDType::F32 => slice_address(cuda.as_cuda_slice::<f32>(), stream),
-        CandleDType::F64 => slice_address(cuda.as_cuda_slice::<f64>(), stream),
-        CandleDType::F16 => slice_address(cuda.as_cuda_slice::<half::f16>(), stream),
-        CandleDType::BF16 => slice_address(cuda.as_cuda_slice::<half::bf16>(), stream),
-        CandleDType::I64 => slice_address(cuda.as_cuda_slice::<i64>(), stream),
-        CandleDType::U8 => slice_address(cuda.as_cuda_slice::<u8>(), stream),
-        other => {
-            return Err(CommError::InvalidTensor {
-                op,
-                reason: format!("dtype {other:?} is not supported"),
-            })
-        }
-    }
-    .map_err(|e| CommError::tensor(op, e))?;
-    Ok(base + (layout.start_offset() * tensor.dtype().size_in_bytes()) as u64)
-}
-
 /// Issues operations of one communicator on its stream.
 pub(crate) struct Launch<'a> {
     pub comm: &'a CommHandle,
@@ -91,49 +42,40 @@ pub(crate) struct Launch<'a> {
 }
 
 impl Launch<'_> {
-    fn ptr(&self, op: &'static str, t: &Tensor) -> Result<*mut std::ffi::c_void> {
-        Ok(address(op, t, self.stream)? as *mut std::ffi::c_void)
+    fn ptr(buffer: &DeviceBuffer) -> *mut std::ffi::c_void {
+        buffer.address() as *mut std::ffi::c_void
     }
 
     fn raw_stream(&self) -> sys::cudaStream_t {
         self.stream.cu_stream() as sys::cudaStream_t
     }
 
-    fn same_type(&self, op: &'static str, a: &Tensor, b: &Tensor) -> Result<DType> {
-        let dtype = element_type(op, a)?;
-        if a.dtype() != b.dtype() {
-            return Err(CommError::InvalidTensor {
-                op,
-                reason: format!("output dtype {:?} differs from input", b.dtype()),
-            });
-        }
-        Ok(dtype)
+    /// Checks `input` and `output` (see [`check_buffers`]) and returns their element type.
+    fn checked(
+        &self,
+        op: &'static str,
+        buffers: (&DeviceBuffer, &DeviceBuffer),
+        length: OutputLength,
+    ) -> Result<DType> {
+        let ordinal = self.stream.context().ordinal();
+        check_buffers(op, buffers, length, ordinal, self.world_size)?;
+        Ok(buffers.0.dtype())
     }
 
-    fn expect_len(&self, op: &'static str, t: &Tensor, len: usize) -> Result<()> {
-        if t.elem_count() != len {
-            return Err(CommError::InvalidTensor {
-                op,
-                reason: format!("expected {len} elements, the tensor has {}", t.elem_count()),
-            });
-        }
-        Ok(())
-    }
-
-    pub fn all_reduce(&self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()> {
-        let dtype = self.same_type("all_reduce", input, output)?;
+    pub fn all_reduce(
+        &self,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let dtype = self.checked("all_reduce", (input, output), OutputLength::Same)?;
         op.check("all_reduce", dtype)?;
-        self.expect_len("all_reduce", output, input.elem_count())?;
-        let (send, recv) = (
-            self.ptr("all_reduce", input)?,
-            self.ptr("all_reduce", output)?,
-        );
-        // SAFETY: both pointers address `elem_count` live elements of `dtype` on this device.
+        // SAFETY: both pointers address `len` live elements of `dtype` on this GPU.
         let status = unsafe {
             result::all_reduce(
-                send,
-                recv,
-                input.elem_count(),
+                Self::ptr(input),
+                Self::ptr(output),
+                input.len(),
                 nccl_dtype(dtype),
                 nccl_op(op),
                 self.comm.raw(),
@@ -143,17 +85,21 @@ impl Launch<'_> {
         check("all_reduce", self.rank, status)
     }
 
-    pub fn reduce(&self, input: &Tensor, output: &Tensor, op: ReduceOp, root: usize) -> Result<()> {
-        let dtype = self.same_type("reduce", input, output)?;
+    pub fn reduce(
+        &self,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let dtype = self.checked("reduce", (input, output), OutputLength::Same)?;
         op.check("reduce", dtype)?;
-        self.expect_len("reduce", output, input.elem_count())?;
-        let (send, recv) = (self.ptr("reduce", input)?, self.ptr("reduce", output)?);
         // SAFETY: as in all_reduce; `root` was checked by the caller.
         let status = unsafe {
             result::reduce(
-                send,
-                recv,
-                input.elem_count(),
+                Self::ptr(input),
+                Self::ptr(output),
+                input.len(),
                 nccl_dtype(dtype),
                 nccl_op(op),
                 root as i32,
@@ -164,19 +110,19 @@ impl Launch<'_> {
         check("reduce", self.rank, status)
     }
 
-    pub fn broadcast(&self, input: &Tensor, output: &Tensor, root: usize) -> Result<()> {
-        let dtype = self.same_type("broadcast", input, output)?;
-        self.expect_len("broadcast", output, input.elem_count())?;
-        let (send, recv) = (
-            self.ptr("broadcast", input)?,
-            self.ptr("broadcast", output)?,
-        );
+    pub fn broadcast(
+        &self,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        root: usize,
+    ) -> Result<()> {
+        let dtype = self.checked("broadcast", (input, output), OutputLength::Same)?;
         // SAFETY: as in all_reduce.
         let status = unsafe {
             result::broadcast(
-                send,
-                recv,
-                input.elem_count(),
+                Self::ptr(input),
+                Self::ptr(output),
+                input.len(),
                 nccl_dtype(dtype),
                 root as i32,
                 self.comm.raw(),
@@ -186,19 +132,14 @@ impl Launch<'_> {
         check("broadcast", self.rank, status)
     }
 
-    pub fn all_gather(&self, input: &Tensor, output: &Tensor) -> Result<()> {
-        let dtype = self.same_type("all_gather", input, output)?;
-        self.expect_len("all_gather", output, input.elem_count() * self.world_size)?;
-        let (send, recv) = (
-            self.ptr("all_gather", input)?,
-            self.ptr("all_gather", output)?,
-        );
+    pub fn all_gather(&self, input: &DeviceBuffer, output: &DeviceBuffer) -> Result<()> {
+        let dtype = self.checked("all_gather", (input, output), OutputLength::Gathered)?;
         // SAFETY: the output holds world_size × the input's elements.
         let status = unsafe {
             result::all_gather(
-                send,
-                recv,
-                input.elem_count(),
+                Self::ptr(input),
+                Self::ptr(output),
+                input.len(),
                 nccl_dtype(dtype),
                 self.comm.raw(),
                 self.raw_stream(),
@@ -207,22 +148,20 @@ impl Launch<'_> {
         check("all_gather", self.rank, status)
     }
 
-    pub fn reduce_scatter(&self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()> {
-        let dtype = self.same_type("reduce_scatter", input, output)?;
+    pub fn reduce_scatter(
+        &self,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let dtype = self.checked("reduce_scatter", (input, output), OutputLength::Scattered)?;
         op.check("reduce_scatter", dtype)?;
-        self.expect_len(
-            "reduce_scatter",
-            input,
-            output.elem_count() * self.world_size,
-        )?;
-        let send = self.ptr("reduce_scatter", input)?;
-        let recv = self.ptr("reduce_scatter", output)?;
         // SAFETY: the input holds world_size × the output's elements.
         let status = unsafe {
             result::reduce_scatter(
-                send,
-                recv,
-                output.elem_count(),
+                Self::ptr(input),
+                Self::ptr(output),
+                output.len(),
                 nccl_dtype(dtype),
                 nccl_op(op),
                 self.comm.raw(),
@@ -232,13 +171,19 @@ impl Launch<'_> {
         check("reduce_scatter", self.rank, status)
     }
 
-    /// `ncclSend` of `input` to `to` and/or `ncclRecv` into `output` from `from`, grouped so
-    /// both progress together.
+    /// `ncclSend` of `send` to its peer and/or `ncclRecv` into `recv` from its peer, grouped
+    /// so both progress together.
     pub fn send_recv(
         &self,
-        send: Option<(&Tensor, usize)>,
-        recv: Option<(&Tensor, usize)>,
+        send: Option<(&DeviceBuffer, usize)>,
+        recv: Option<(&DeviceBuffer, usize)>,
     ) -> Result<()> {
+        let ordinal = self.stream.context().ordinal();
+        for (name, buffer) in [("send", send), ("recv", recv)] {
+            if let Some((buffer, _)) = buffer {
+                check_on(name, buffer, ordinal)?;
+            }
+        }
         check("group_start", self.rank, result::group_start())?;
         let issued = self.issue_p2p(send, recv);
         let ended = check("group_end", self.rank, result::group_end());
@@ -247,18 +192,17 @@ impl Launch<'_> {
 
     fn issue_p2p(
         &self,
-        send: Option<(&Tensor, usize)>,
-        recv: Option<(&Tensor, usize)>,
+        send: Option<(&DeviceBuffer, usize)>,
+        recv: Option<(&DeviceBuffer, usize)>,
     ) -> Result<()> {
-        if let Some((tensor, peer)) = send {
-            let dtype = element_type("send", tensor)?;
-            let ptr = self.ptr("send", tensor)?;
-            // SAFETY: `ptr` addresses `elem_count` live elements; the peer was checked.
+        if let Some((buffer, peer)) = send {
+            // SAFETY: the buffer addresses `len` live elements on this GPU; the peer was
+            // checked by the caller.
             let status = unsafe {
                 result::send(
-                    ptr,
-                    tensor.elem_count(),
-                    nccl_dtype(dtype),
+                    Self::ptr(buffer),
+                    buffer.len(),
+                    nccl_dtype(buffer.dtype()),
                     peer as i32,
                     self.comm.raw(),
                     self.raw_stream(),
@@ -266,15 +210,13 @@ impl Launch<'_> {
             };
             check("send", self.rank, status)?;
         }
-        if let Some((tensor, peer)) = recv {
-            let dtype = element_type("recv", tensor)?;
-            let ptr = self.ptr("recv", tensor)?;
+        if let Some((buffer, peer)) = recv {
             // SAFETY: as for send.
             let status = unsafe {
                 result::recv(
-                    ptr,
-                    tensor.elem_count(),
-                    nccl_dtype(dtype),
+                    Self::ptr(buffer),
+                    buffer.len(),
+                    nccl_dtype(buffer.dtype()),
                     peer as i32,
                     self.comm.raw(),
                     self.raw_stream(),

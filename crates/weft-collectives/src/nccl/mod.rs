@@ -3,13 +3,15 @@
 //! were started, so gradient all-reduces overlap backward.
 //!
 //! Layers, as cudarc has them: [`handle`] (raw communicator over cudarc's `result`/`sys`
-//! layers: init, split, async error, abort), [`launch`] (one checked NCCL call on tensors),
+//! layers: init, split, async error, abort), [`launch`] (one checked NCCL call on device
+//! buffers), [`staging`] (the backend's own device memory for host buffers),
 //! [`engine`] and [`watchdog`] (the launcher and watchdog threads), `crate::peer_liveness`
 //! (heartbeats through the rendezvous store), [`ops`] (the [`DeviceCollectives`] and [`Communicator`]
 //! implementations) and [`init`] (joining a job).
 //!
-//! Device tensors go straight to NCCL ([`crate::TensorCollectives`] picks that path); host
-//! buffers are copied to the GPU and back. Point-to-point: NCCL pairs a send with the peer's
+//! Device memory goes straight to NCCL through [`DeviceCollectives`] (weft-parallel's tensor
+//! collectives pick that path for tensors on this GPU); host buffers are copied to the GPU
+//! and back. Point-to-point: NCCL pairs a send with the peer's
 //! receive on the GPU, so two ranks that both `send` before they `recv` wait on each other —
 //! use `send_recv` for exchanges.
 
@@ -18,14 +20,15 @@ mod handle;
 mod init;
 mod launch;
 mod ops;
+mod staging;
 mod watchdog;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use candle_core::op::BackpropOp;
-use candle_core::{CudaStorage, DType as CandleDType, Device, Storage, Tensor};
+use cudarc::driver::CudaStream;
 
+use crate::device::DeviceBuffer;
 use crate::error::{CommError, Result};
 use crate::peer_liveness::Liveness;
 use engine::{Deliver, Engine, Init, Issue, Job};
@@ -52,7 +55,8 @@ impl Default for NcclConfig {
 pub struct NcclCommunicator {
     rank: usize,
     world_size: usize,
-    device: Device,
+    /// The stream the model's kernels run on: operations start after its queued work.
+    compute: Arc<CudaStream>,
     engine: Engine,
     liveness: Arc<Liveness>,
     /// Global (job) rank of each member, indexed by rank in this communicator.
@@ -64,18 +68,12 @@ pub struct NcclCommunicator {
 impl NcclCommunicator {
     fn start(
         init: Init,
-        device: &Device,
+        compute: Arc<CudaStream>,
         (rank, members): (usize, Vec<usize>),
         liveness: Arc<Liveness>,
         config: NcclConfig,
     ) -> Result<Self> {
-        let cuda = device
-            .as_cuda_device()
-            .map_err(|e| CommError::InvalidTensor {
-                op: "init",
-                reason: format!("the NCCL backend needs a CUDA device: {e}"),
-            })?;
-        let context = cuda.cuda_stream().context().clone();
+        let context = compute.context().clone();
         let world_size = members.len();
         let (watch_liveness, watch_members, timeout, watch_context) = (
             liveness.clone(),
@@ -102,7 +100,7 @@ impl NcclCommunicator {
         Ok(Self {
             rank,
             world_size,
-            device: device.clone(),
+            compute,
             engine,
             liveness,
             members,
@@ -112,69 +110,17 @@ impl NcclCommunicator {
     }
 
     /// The GPU this rank's operations run on.
-    pub fn device(&self) -> &Device {
-        &self.device
+    pub fn ordinal(&self) -> usize {
+        self.compute.context().ordinal()
+    }
+
+    /// The compute stream operations are ordered after.
+    pub fn compute_stream(&self) -> &Arc<CudaStream> {
+        &self.compute
     }
 
     fn keep_alive(&mut self, thing: Box<dyn std::any::Any + Send + Sync>) {
         self.keep_alive.push(thing);
-    }
-
-    /// Checks that `tensor` lives on this communicator's GPU and makes it contiguous.
-    fn prepare(&self, op: &'static str, tensor: &Tensor) -> Result<Tensor> {
-        if !tensor.device().same_device(&self.device) {
-            return Err(CommError::InvalidTensor {
-                op,
-                reason: format!(
-                    "the tensor is on {:?} but this rank's communicator is on {:?}",
-                    tensor.device(),
-                    self.device
-                ),
-            });
-        }
-        launch::element_type(op, tensor)?;
-        tensor
-            .flatten_all()
-            .and_then(|t| t.contiguous())
-            .map_err(|e| CommError::tensor(op, e))
-    }
-
-    /// A flat result tensor of `len` elements on this GPU, left uninitialised: NCCL writes
-    /// every element before the result is delivered (a failed operation delivers an error,
-    /// and a non-root's `reduce` delivers its input instead).
-    fn alloc(&self, op: &'static str, len: usize, dtype: CandleDType) -> Result<Tensor> {
-        let cuda = self
-            .device
-            .as_cuda_device()
-            .map_err(|e| CommError::tensor(op, e))?;
-        macro_rules! uninit {
-            ($t:ty) => {
-                // SAFETY: the memory is written by NCCL before anyone reads it (see above).
-                unsafe { cuda.alloc::<$t>(len) }
-                    .map(|slice| CudaStorage::wrap_cuda_slice(slice, cuda.clone()))
-            };
-        }
-        let storage = match dtype {
-            CandleDType::F32 => uninit!(f32),
-            CandleDType::F64 => uninit!(f64),
-            CandleDType::F16 => uninit!(half::f16),
-            CandleDType::BF16 => uninit!(half::bf16),
-            CandleDType::I64 => uninit!(i64),
-            CandleDType::U8 => uninit!(u8),
-            other => {
-                return Err(CommError::InvalidTensor {
-                    op,
-                    reason: format!("dtype {other:?} is not supported"),
-                })
-            }
-        }
-        .map_err(|e| CommError::tensor(op, e))?;
-        Ok(Tensor::from_storage(
-            Storage::Cuda(storage),
-            len,
-            BackpropOp::none(),
-            false,
-        ))
     }
 
     fn check_rank(&self, op: &'static str, what: &'static str, value: usize) -> Result<()> {
@@ -194,38 +140,31 @@ impl NcclCommunicator {
     fn submit(
         &self,
         op: &'static str,
-        keep: Vec<Tensor>,
-        result: Tensor,
+        keep: Vec<DeviceBuffer>,
         issue: Issue,
         deliver: Deliver,
     ) -> Result<()> {
-        self.submit_polled(op, keep, result, issue, deliver, false)
+        self.submit_polled(op, keep, issue, deliver, false)
     }
 
     /// [`Self::submit`], polled without back-off when `spin`.
     fn submit_polled(
         &self,
         op: &'static str,
-        keep: Vec<Tensor>,
-        result: Tensor,
+        keep: Vec<DeviceBuffer>,
         issue: Issue,
         deliver: Deliver,
         spin: bool,
     ) -> Result<()> {
         self.engine.health.check(op)?;
-        let cuda = self
-            .device
-            .as_cuda_device()
-            .map_err(|e| CommError::tensor(op, e))?;
-        let ready = cuda
-            .cuda_stream()
+        let ready = self
+            .compute
             .record_event(None)
             .map_err(|e| engine::driver(op, self.rank, e))?;
         self.engine.submit(Job {
             op,
             ready,
             keep,
-            result,
             issue,
             deliver,
             spin,
@@ -238,8 +177,10 @@ impl std::fmt::Debug for NcclCommunicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "NcclCommunicator(rank {} of {} on {:?})",
-            self.rank, self.world_size, self.device
+            "NcclCommunicator(rank {} of {} on GPU {})",
+            self.rank,
+            self.world_size,
+            self.ordinal()
         )
     }
 }

@@ -1,81 +1,103 @@
-//! The operations of [`NcclCommunicator`]: each `start_*` checks its arguments, allocates the
-//! result on the GPU and queues the NCCL call; [`DeviceCollectives`] hands the result tensor
-//! back as is, the [`Communicator`] methods stage host buffers through the GPU.
+//! The operations of [`NcclCommunicator`]: each `start_*` checks its buffers on the calling
+//! thread and queues the NCCL call; [`DeviceCollectives`] runs them on the caller's device
+//! memory, the [`Communicator`] methods on host buffers staged through the GPU.
 
 use std::sync::mpsc::channel;
 use std::sync::Arc;
 
-use candle_core::{DType as CandleDType, Device, Tensor};
 use cudarc::driver::{CudaEvent, CudaStream};
 
 use super::engine::{driver, Deliver, Init};
 use super::launch::Launch;
+use super::staging::DeviceVec;
 use super::NcclCommunicator;
 use crate::buffer::Buffer;
 use crate::communicator::{Communicator, Work};
-use crate::device::{DeviceCollectives, DeviceJoin};
+use crate::device::OutputLength;
+use crate::device::{check_buffers, check_on, DeviceBuffer, DeviceCollectives, DeviceJoin};
+use crate::element::DType;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
-use crate::tensor::{buffer_to_tensor, tensor_to_buffer};
+
+/// One NCCL call over an input and an output buffer.
+type Call = Box<dyn FnOnce(&Launch, &DeviceBuffer, &DeviceBuffer) -> Result<()> + Send>;
+
+/// Where a host operation's device memory comes from.
+enum Stage {
+    /// The buffer is uploaded and the operation writes over it.
+    InPlace(Buffer),
+    /// The buffer is uploaded; the output is a fresh allocation of this many elements.
+    Into(Buffer, usize),
+    /// Nothing is uploaded; the output is a fresh allocation.
+    Receive(usize, DType),
+}
 
 impl NcclCommunicator {
-    fn start_all_reduce(&self, tensor: &Tensor, op: ReduceOp, deliver: Deliver) -> Result<()> {
-        let input = self.prepare("all_reduce", tensor)?;
-        let output = self.alloc("all_reduce", input.elem_count(), input.dtype())?;
+    /// Checks `input` and `output`, then queues `call` over them.
+    fn start_collective(
+        &self,
+        op: &'static str,
+        (input, output): (&DeviceBuffer, &DeviceBuffer),
+        length: OutputLength,
+        call: Call,
+        deliver: Deliver,
+    ) -> Result<()> {
+        check_buffers(op, (input, output), length, self.ordinal(), self.world_size)?;
         let (i, o) = (input.clone(), output.clone());
         self.submit(
-            "all_reduce",
-            vec![input],
-            output,
-            Box::new(move |l| l.all_reduce(&i, &o, op)),
+            op,
+            vec![input.clone(), output.clone()],
+            Box::new(move |l| call(l, &i, &o)),
             deliver,
         )
     }
 
-    fn start_all_reduce_in_place(
+    /// Send and/or receive, grouped.
+    fn start_send_recv(
         &self,
-        tensor: &Tensor,
-        op: ReduceOp,
+        send: Option<(&DeviceBuffer, usize)>,
+        recv: Option<(&DeviceBuffer, usize)>,
         deliver: Deliver,
     ) -> Result<()> {
-        if !tensor.is_contiguous() {
-            return Err(CommError::InvalidTensor {
-                op: "all_reduce",
-                reason: "an in-place all-reduce needs a contiguous tensor".into(),
-            });
+        let op = match (&send, &recv) {
+            (Some(_), Some(_)) => "send_recv",
+            (Some(_), None) => "send",
+            _ => "recv",
+        };
+        for (buffer, peer) in send.iter().chain(recv.iter()) {
+            self.check_rank(op, "peer", *peer)?;
+            check_on(op, buffer, self.ordinal())?;
         }
-        let data = self.prepare("all_reduce", tensor)?;
-        let d = data.clone();
+        let send = send.map(|(b, p)| (b.clone(), p));
+        let recv = recv.map(|(b, p)| (b.clone(), p));
+        let keep = send
+            .iter()
+            .chain(recv.iter())
+            .map(|(b, _)| b.clone())
+            .collect();
         self.submit(
-            "all_reduce",
-            vec![data.clone()],
-            data,
-            Box::new(move |l| l.all_reduce(&d, &d, op)),
+            op,
+            keep,
+            Box::new(move |l| {
+                l.send_recv(
+                    send.as_ref().map(|(b, p)| (b, *p)),
+                    recv.as_ref().map(|(b, p)| (b, *p)),
+                )
+            }),
             deliver,
         )
     }
 
     /// Queues `issue` on this thread, on the communication stream after the compute stream's
-    /// queued work, over `tensor` in place (see [`DeviceJoin`]).
+    /// queued work, over `data` in place (see [`DeviceJoin`]).
     fn ordered(
         &self,
         op: &'static str,
-        tensor: &Tensor,
-        issue: impl FnOnce(&Launch, &Tensor) -> Result<()>,
+        data: &DeviceBuffer,
+        issue: impl FnOnce(&Launch, &DeviceBuffer) -> Result<()>,
     ) -> Result<Box<dyn DeviceJoin>> {
         self.engine.health.check(op)?;
-        if !tensor.is_contiguous() {
-            return Err(CommError::InvalidTensor {
-                op,
-                reason: "an in-place operation needs a contiguous tensor".into(),
-            });
-        }
-        let data = self.prepare(op, tensor)?;
-        let compute = self
-            .device
-            .as_cuda_device()
-            .map_err(|e| CommError::tensor(op, e))?
-            .cuda_stream();
+        check_on(op, data, self.ordinal())?;
         let stream = &self.engine.stream;
         let issuing = self.engine.issue_here(op)?;
         // A rank that did not enqueue its part leaves the others waiting: the communicator is
@@ -87,7 +109,8 @@ impl NcclCommunicator {
             std::thread::spawn(move || comm.abort());
             e
         };
-        let ready = compute
+        let ready = self
+            .compute
             .record_event(None)
             .map_err(|e| fail(driver(op, self.rank, e)))?;
         stream
@@ -99,170 +122,59 @@ impl NcclCommunicator {
             rank: self.rank,
             world_size: self.world_size,
         };
-        issue(&launch, &data).map_err(fail)?;
+        issue(&launch, data).map_err(fail)?;
         let done = stream
             .record_event(None)
             .map_err(|e| fail(driver(op, self.rank, e)))?;
         drop(issuing);
         Ok(Box::new(StreamJoin {
             done,
-            compute,
-            _data: data,
+            compute: self.compute.clone(),
+            _data: data.clone(),
             rank: self.rank,
         }))
     }
 
-    fn start_reduce(
-        &self,
-        tensor: &Tensor,
-        op: ReduceOp,
-        root: usize,
-        deliver: Deliver,
-    ) -> Result<()> {
-        self.check_rank("reduce", "root", root)?;
-        let input = self.prepare("reduce", tensor)?;
-        let output = self.alloc("reduce", input.elem_count(), input.dtype())?;
-        let result = if self.rank == root {
-            output.clone()
-        } else {
-            input.clone()
-        };
-        let (i, o) = (input.clone(), output.clone());
-        self.submit(
-            "reduce",
-            vec![input, output],
-            result,
-            Box::new(move |l| l.reduce(&i, &o, op, root)),
-            deliver,
-        )
-    }
-
-    fn start_broadcast(&self, tensor: &Tensor, root: usize, deliver: Deliver) -> Result<()> {
-        self.check_rank("broadcast", "root", root)?;
-        let input = self.prepare("broadcast", tensor)?;
-        let output = self.alloc("broadcast", input.elem_count(), input.dtype())?;
-        let (i, o) = (input.clone(), output.clone());
-        self.submit(
-            "broadcast",
-            vec![input],
-            output,
-            Box::new(move |l| l.broadcast(&i, &o, root)),
-            deliver,
-        )
-    }
-
-    fn start_all_gather(&self, tensor: &Tensor, deliver: Deliver) -> Result<()> {
-        let input = self.prepare("all_gather", tensor)?;
-        let output = self.alloc(
-            "all_gather",
-            input.elem_count() * self.world_size,
-            input.dtype(),
-        )?;
-        let (i, o) = (input.clone(), output.clone());
-        self.submit(
-            "all_gather",
-            vec![input],
-            output,
-            Box::new(move |l| l.all_gather(&i, &o)),
-            deliver,
-        )
-    }
-
-    fn start_reduce_scatter(&self, tensor: &Tensor, op: ReduceOp, deliver: Deliver) -> Result<()> {
-        let input = self.prepare("reduce_scatter", tensor)?;
-        if !input.elem_count().is_multiple_of(self.world_size) {
-            return Err(CommError::InvalidArgument {
-                op: "reduce_scatter",
-                reason: format!(
-                    "{} elements do not split into {} equal shards",
-                    input.elem_count(),
-                    self.world_size
-                ),
-            });
-        }
-        let shard = input.elem_count() / self.world_size;
-        let output = self.alloc("reduce_scatter", shard, input.dtype())?;
-        let (i, o) = (input.clone(), output.clone());
-        self.submit(
-            "reduce_scatter",
-            vec![input],
-            output,
-            Box::new(move |l| l.reduce_scatter(&i, &o, op)),
-            deliver,
-        )
-    }
-
-    /// Send and/or receive, grouped; the result is the received tensor, or the sent one.
-    fn start_send_recv(
-        &self,
-        send: Option<(&Tensor, usize)>,
-        recv: Option<(usize, CandleDType, usize)>,
-        deliver: Deliver,
-    ) -> Result<()> {
-        let op = match (&send, &recv) {
-            (Some(_), Some(_)) => "send_recv",
-            (Some(_), None) => "send",
-            _ => "recv",
-        };
-        let send = match send {
-            Some((tensor, peer)) => {
-                self.check_rank(op, "peer", peer)?;
-                Some((self.prepare(op, tensor)?, peer))
-            }
-            None => None,
-        };
-        let recv = match recv {
-            Some((len, dtype, peer)) => {
-                self.check_rank(op, "peer", peer)?;
-                Some((self.alloc(op, len, dtype)?, peer))
-            }
-            None => None,
-        };
-        let result = match (&recv, &send) {
-            (Some((t, _)), _) | (None, Some((t, _))) => t.clone(),
-            (None, None) => unreachable!("send_recv without send or receive"),
-        };
-        let keep: Vec<Tensor> = send
-            .iter()
-            .chain(recv.iter())
-            .map(|(t, _)| t.clone())
-            .collect();
-        self.submit(
-            op,
-            keep,
-            result,
-            Box::new(move |l| {
-                l.send_recv(
-                    send.as_ref().map(|(t, p)| (t, *p)),
-                    recv.as_ref().map(|(t, p)| (t, *p)),
-                )
-            }),
-            deliver,
-        )
-    }
-
-    /// Runs a device operation on a host buffer: upload, start, download on completion.
+    /// Runs an operation on host memory: stages it on the GPU, starts the operation over the
+    /// staged input and output, and downloads the output once the operation completes.
     fn staged(
         &self,
         op: &'static str,
-        buffer: Buffer,
-        start: impl FnOnce(&Self, &Tensor, Deliver) -> Result<()>,
+        stage: Stage,
+        start: impl FnOnce(&Self, &DeviceBuffer, &DeviceBuffer, Deliver) -> Result<()>,
     ) -> Work {
         let (sender, receiver) = channel();
-        let deliver: Deliver = Box::new(move |result: Result<Tensor>| {
-            let _ = sender.send(result.and_then(|t| tensor_to_buffer(op, &t)));
+        let started = self.stage(op, stage).and_then(|(input, output)| {
+            let (i, o) = (input.view(&self.compute), output.view(&self.compute));
+            let (compute, rank) = (self.compute.clone(), self.rank);
+            let deliver: Deliver = Box::new(move |done: Result<()>| {
+                let result = done.and_then(|()| output.download(op, rank, &compute));
+                let _ = sender.send(result);
+            });
+            start(self, &i, &o, deliver)
         });
-        let len = buffer.len();
-        let started = buffer_to_tensor(op, buffer, len.into())
-            .and_then(|t| {
-                t.to_device(&self.device)
-                    .map_err(|e| CommError::tensor(op, e))
-            })
-            .and_then(|t| start(self, &t, deliver));
         match started {
             Ok(()) => Work::pending(op, self.rank, receiver),
             Err(e) => Work::done(op, self.rank, Err(e)),
         }
+    }
+
+    fn stage(&self, op: &'static str, stage: Stage) -> Result<(Arc<DeviceVec>, Arc<DeviceVec>)> {
+        let (rank, stream) = (self.rank, &self.compute);
+        Ok(match stage {
+            Stage::InPlace(buffer) => {
+                let data = Arc::new(DeviceVec::upload(op, rank, &buffer, stream)?);
+                (data.clone(), data)
+            }
+            Stage::Into(buffer, len) => (
+                Arc::new(DeviceVec::upload(op, rank, &buffer, stream)?),
+                Arc::new(DeviceVec::zeros(op, rank, (len, buffer.dtype()), stream)?),
+            ),
+            Stage::Receive(len, dtype) => {
+                let data = Arc::new(DeviceVec::zeros(op, rank, (len, dtype), stream)?);
+                (data.clone(), data)
+            }
+        })
     }
 }
 
@@ -270,7 +182,7 @@ fn to_work(
     op: &'static str,
     rank: usize,
     start: impl FnOnce(Deliver) -> Result<()>,
-) -> Result<Work<Tensor>> {
+) -> Result<Work<()>> {
     let (sender, receiver) = channel();
     start(Box::new(move |result| {
         let _ = sender.send(result);
@@ -278,73 +190,126 @@ fn to_work(
     Ok(Work::pending(op, rank, receiver))
 }
 
+fn all_reduce_call(op: ReduceOp) -> Call {
+    Box::new(move |l, i, o| l.all_reduce(i, o, op))
+}
+
+fn reduce_call(op: ReduceOp, root: usize) -> Call {
+    Box::new(move |l, i, o| l.reduce(i, o, op, root))
+}
+
+fn broadcast_call(root: usize) -> Call {
+    Box::new(move |l, i, o| l.broadcast(i, o, root))
+}
+
+fn all_gather_call() -> Call {
+    Box::new(|l, i, o| l.all_gather(i, o))
+}
+
+fn reduce_scatter_call(op: ReduceOp) -> Call {
+    Box::new(move |l, i, o| l.reduce_scatter(i, o, op))
+}
+
 impl DeviceCollectives for NcclCommunicator {
-    fn handles(&self, device: &Device) -> bool {
-        device.same_device(&self.device)
+    fn ordinal(&self) -> usize {
+        NcclCommunicator::ordinal(self)
     }
 
-    fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work<Tensor>> {
+    fn all_reduce(
+        &self,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        op: ReduceOp,
+    ) -> Result<Work<()>> {
         to_work("all_reduce", self.rank, |d| {
-            self.start_all_reduce(tensor, op, d)
+            let buffers = (input, output);
+            self.start_collective(
+                "all_reduce",
+                buffers,
+                OutputLength::Same,
+                all_reduce_call(op),
+                d,
+            )
         })
     }
 
-    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work<Tensor>> {
-        to_work("all_reduce", self.rank, |d| {
-            self.start_all_reduce_in_place(tensor, op, d)
-        })
+    fn all_reduce_ordered(&self, data: &DeviceBuffer, op: ReduceOp) -> Result<Box<dyn DeviceJoin>> {
+        self.ordered("all_reduce", data, |l, d| l.all_reduce(d, d, op))
     }
 
-    fn all_reduce_ordered(&self, tensor: &Tensor, op: ReduceOp) -> Result<Box<dyn DeviceJoin>> {
-        self.ordered("all_reduce", tensor, |l, t| l.all_reduce(t, t, op))
-    }
-
-    fn broadcast_ordered(&self, tensor: &Tensor, root: usize) -> Result<Box<dyn DeviceJoin>> {
+    fn broadcast_ordered(&self, data: &DeviceBuffer, root: usize) -> Result<Box<dyn DeviceJoin>> {
         self.check_rank("broadcast", "root", root)?;
-        self.ordered("broadcast", tensor, |l, t| l.broadcast(t, t, root))
+        self.ordered("broadcast", data, |l, d| l.broadcast(d, d, root))
     }
 
-    fn fence(&self) -> Result<Work<Tensor>> {
-        let marker = self.alloc("fence", 1, CandleDType::F32)?;
+    fn fence(&self) -> Result<Work<()>> {
         // The host waits on it at the end of every step: no back-off.
         to_work("fence", self.rank, |d| {
-            self.submit_polled("fence", Vec::new(), marker, Box::new(|_| Ok(())), d, true)
+            self.submit_polled("fence", Vec::new(), Box::new(|_| Ok(())), d, true)
         })
     }
 
-    fn reduce(&self, tensor: &Tensor, op: ReduceOp, root: usize) -> Result<Work<Tensor>> {
+    fn reduce(
+        &self,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Work<()>> {
+        self.check_rank("reduce", "root", root)?;
         to_work("reduce", self.rank, |d| {
-            self.start_reduce(tensor, op, root, d)
+            let call = reduce_call(op, root);
+            self.start_collective("reduce", (input, output), OutputLength::Same, call, d)
         })
     }
 
-    fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<Work<Tensor>> {
+    fn broadcast(
+        &self,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        root: usize,
+    ) -> Result<Work<()>> {
+        self.check_rank("broadcast", "root", root)?;
         to_work("broadcast", self.rank, |d| {
-            self.start_broadcast(tensor, root, d)
+            let call = broadcast_call(root);
+            self.start_collective("broadcast", (input, output), OutputLength::Same, call, d)
         })
     }
 
-    fn all_gather(&self, tensor: &Tensor) -> Result<Work<Tensor>> {
+    fn all_gather(&self, input: &DeviceBuffer, output: &DeviceBuffer) -> Result<Work<()>> {
         to_work("all_gather", self.rank, |d| {
-            self.start_all_gather(tensor, d)
+            let buffers = (input, output);
+            self.start_collective(
+                "all_gather",
+                buffers,
+                OutputLength::Gathered,
+                all_gather_call(),
+                d,
+            )
         })
     }
 
-    fn reduce_scatter(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work<Tensor>> {
+    fn reduce_scatter(
+        &self,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        op: ReduceOp,
+    ) -> Result<Work<()>> {
         to_work("reduce_scatter", self.rank, |d| {
-            self.start_reduce_scatter(tensor, op, d)
+            let (buffers, call) = ((input, output), reduce_scatter_call(op));
+            self.start_collective("reduce_scatter", buffers, OutputLength::Scattered, call, d)
         })
     }
 
-    fn send(&self, tensor: &Tensor, peer: usize) -> Result<Work<Tensor>> {
+    fn send(&self, input: &DeviceBuffer, peer: usize) -> Result<Work<()>> {
         to_work("send", self.rank, |d| {
-            self.start_send_recv(Some((tensor, peer)), None, d)
+            self.start_send_recv(Some((input, peer)), None, d)
         })
     }
 
-    fn recv(&self, len: usize, dtype: CandleDType, peer: usize) -> Result<Work<Tensor>> {
+    fn recv(&self, output: &DeviceBuffer, peer: usize) -> Result<Work<()>> {
         to_work("recv", self.rank, |d| {
-            self.start_send_recv(None, Some((len, dtype, peer)), d)
+            self.start_send_recv(None, Some((output, peer)), d)
         })
     }
 }
@@ -363,55 +328,126 @@ impl Communicator for NcclCommunicator {
     }
 
     fn all_reduce(&self, buffer: Buffer, op: ReduceOp) -> Work {
-        self.staged("all_reduce", buffer, |c, t, d| c.start_all_reduce(t, op, d))
+        self.staged("all_reduce", Stage::InPlace(buffer), |c, i, o, d| {
+            c.start_collective(
+                "all_reduce",
+                (i, o),
+                OutputLength::Same,
+                all_reduce_call(op),
+                d,
+            )
+        })
     }
 
     fn reduce_scatter(&self, input: Buffer, op: ReduceOp) -> Work {
-        self.staged("reduce_scatter", input, |c, t, d| {
-            c.start_reduce_scatter(t, op, d)
+        if !input.len().is_multiple_of(self.world_size) {
+            let reason = format!(
+                "{} elements do not split into {} equal shards",
+                input.len(),
+                self.world_size
+            );
+            let error = CommError::InvalidArgument {
+                op: "reduce_scatter",
+                reason,
+            };
+            return Work::done("reduce_scatter", self.rank, Err(error));
+        }
+        let shard = input.len() / self.world_size;
+        self.staged("reduce_scatter", Stage::Into(input, shard), |c, i, o, d| {
+            let call = reduce_scatter_call(op);
+            c.start_collective("reduce_scatter", (i, o), OutputLength::Scattered, call, d)
         })
     }
 
     fn all_gather(&self, input: Buffer) -> Work {
-        self.staged("all_gather", input, |c, t, d| c.start_all_gather(t, d))
+        let gathered = input.len() * self.world_size;
+        self.staged("all_gather", Stage::Into(input, gathered), |c, i, o, d| {
+            c.start_collective(
+                "all_gather",
+                (i, o),
+                OutputLength::Gathered,
+                all_gather_call(),
+                d,
+            )
+        })
     }
 
     fn broadcast(&self, buffer: Buffer, root: usize) -> Work {
-        self.staged("broadcast", buffer, |c, t, d| c.start_broadcast(t, root, d))
+        if let Err(e) = self.check_rank("broadcast", "root", root) {
+            return Work::done("broadcast", self.rank, Err(e));
+        }
+        self.staged("broadcast", Stage::InPlace(buffer), |c, i, o, d| {
+            c.start_collective(
+                "broadcast",
+                (i, o),
+                OutputLength::Same,
+                broadcast_call(root),
+                d,
+            )
+        })
     }
 
+    /// In place: on the root the buffer becomes the reduction, the others' stay as they were.
     fn reduce(&self, buffer: Buffer, op: ReduceOp, root: usize) -> Work {
-        self.staged("reduce", buffer, |c, t, d| c.start_reduce(t, op, root, d))
+        if let Err(e) = self.check_rank("reduce", "root", root) {
+            return Work::done("reduce", self.rank, Err(e));
+        }
+        self.staged("reduce", Stage::InPlace(buffer), |c, i, o, d| {
+            c.start_collective(
+                "reduce",
+                (i, o),
+                OutputLength::Same,
+                reduce_call(op, root),
+                d,
+            )
+        })
     }
 
     fn send(&self, buffer: Buffer, peer: usize) -> Work {
-        self.staged("send", buffer, |c, t, d| {
-            c.start_send_recv(Some((t, peer)), None, d)
+        self.staged("send", Stage::InPlace(buffer), |c, i, _, d| {
+            c.start_send_recv(Some((i, peer)), None, d)
         })
     }
 
     fn recv(&self, buffer: Buffer, peer: usize) -> Work {
-        let (len, dtype) = (buffer.len(), buffer.dtype().to_candle());
-        self.staged("recv", buffer, |c, _, d| {
-            c.start_send_recv(None, Some((len, dtype, peer)), d)
+        let stage = Stage::Receive(buffer.len(), buffer.dtype());
+        self.staged("recv", stage, |c, _, o, d| {
+            c.start_send_recv(None, Some((o, peer)), d)
         })
     }
 
     fn send_recv(&self, send: Buffer, to: usize, recv: Buffer, from: usize) -> Work {
-        let (len, dtype) = (recv.len(), recv.dtype().to_candle());
-        self.staged("send_recv", send, |c, t, d| {
-            c.start_send_recv(Some((t, to)), Some((len, dtype, from)), d)
+        if send.dtype() != recv.dtype() {
+            let reason = format!(
+                "the send buffer is {} but the receive buffer is {}",
+                send.dtype().name(),
+                recv.dtype().name()
+            );
+            let error = CommError::InvalidBuffer {
+                op: "send_recv",
+                reason,
+            };
+            return Work::done("send_recv", self.rank, Err(error));
+        }
+        let len = recv.len();
+        self.staged("send_recv", Stage::Into(send, len), |c, i, o, d| {
+            c.start_send_recv(Some((i, to)), Some((o, from)), d)
         })
     }
 
+    /// A one-element all-reduce of the backend's own.
     fn barrier(&self) -> Work {
         let (sender, receiver) = channel();
-        let deliver: Deliver = Box::new(move |result: Result<Tensor>| {
-            let _ = sender.send(result.map(|_| Buffer::U8(Vec::new())));
-        });
         let started = self
-            .alloc("barrier", 1, CandleDType::F32)
-            .and_then(|t| self.start_all_reduce(&t, ReduceOp::Sum, deliver));
+            .stage("barrier", Stage::Receive(1, DType::F32))
+            .and_then(|(data, _)| {
+                let view = data.view(&self.compute);
+                let deliver: Deliver = Box::new(move |done: Result<()>| {
+                    let _ = sender.send(done.map(|()| Buffer::U8(Vec::new())));
+                });
+                let call = all_reduce_call(ReduceOp::Sum);
+                self.start_collective("barrier", (&view, &view), OutputLength::Same, call, deliver)
+            });
         match started {
             Ok(()) => Work::pending("barrier", self.rank, receiver),
             Err(e) => Work::done("barrier", self.rank, Err(e)),
@@ -440,7 +476,7 @@ impl Communicator for NcclCommunicator {
         let members = group.iter().map(|&(_, r)| self.members[r]).collect();
         let child = NcclCommunicator::start(
             Init::Ready(handle),
-            &self.device,
+            self.compute.clone(),
             (new_rank, members),
             self.liveness.clone(),
             self.config.clone(),
@@ -454,12 +490,12 @@ impl Communicator for NcclCommunicator {
 }
 
 /// The completion of an ordered operation: an event on the communication stream, which the
-/// compute stream waits for on `join`. Holds the operation's tensor until then; its memory is
+/// compute stream waits for on `join`. Holds the operation's buffer until then; its memory is
 /// freed in compute-stream order, after the join.
 struct StreamJoin {
     done: CudaEvent,
     compute: Arc<CudaStream>,
-    _data: Tensor,
+    _data: DeviceBuffer,
     rank: usize,
 }
 

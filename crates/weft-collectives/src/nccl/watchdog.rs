@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use candle_core::Tensor;
 use cudarc::driver::{CudaContext, CudaEvent};
 
 use super::engine::{driver, Deliver, Health};
 use super::handle::CommHandle;
+use crate::device::DeviceBuffer;
 use crate::error::{CommError, Result};
 use crate::peer_liveness::Liveness;
 
@@ -24,8 +24,7 @@ pub(crate) struct InFlight {
     pub op: &'static str,
     /// Recorded on the communication stream right after the operation.
     pub done: CudaEvent,
-    pub keep: Vec<Tensor>,
-    pub result: Tensor,
+    pub keep: Vec<DeviceBuffer>,
     pub deliver: Deliver,
     pub launched: Instant,
     /// Poll by yielding for as long as it takes, not only for the first [`SPIN`].
@@ -43,8 +42,8 @@ const LIVENESS_EVERY: Duration = Duration::from_secs(1);
 /// State of the watchdog thread.
 pub(crate) struct Watchdog {
     pub comm: Arc<CommHandle>,
-    /// The GPU's context, current on the watchdog thread: the tensors of finished operations
-    /// are freed there, and a free without a current context fails (cudarc records the
+    /// The GPU's context, current on the watchdog thread: the buffers of finished operations
+    /// may be freed there, and a free without a current context fails (cudarc records the
     /// error and the next CUDA call of any thread returns it).
     pub context: Arc<CudaContext>,
     pub health: Arc<Health>,
@@ -128,7 +127,7 @@ impl Watchdog {
             }
             let flight = queue.pop_front().expect("front exists");
             drop(flight.keep);
-            (flight.deliver)(Ok(flight.result));
+            (flight.deliver)(Ok(()));
         }
         Ok(())
     }

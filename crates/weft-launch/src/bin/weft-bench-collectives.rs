@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use clap::Parser;
 use half::bf16;
-use weft_collectives::{
-    init_for_device, Communicator, Element, LaunchEnv, ReduceOp, TensorCollectives,
-};
+use weft_collectives::{Communicator, Element, LaunchEnv, ReduceOp};
+use weft_parallel::collectives::candle_dtype;
+use weft_parallel::{init_for_device, TensorCollectives};
 
 #[derive(Parser)]
 struct Args {
@@ -232,7 +232,7 @@ fn time_device_op<T: Element>(
 ) -> Result<f64, BoxError> {
     let n = comm.world_size();
     let input_len = if op == "all_gather" { elems / n } else { elems };
-    let input = Tensor::zeros(input_len, T::DTYPE.to_candle(), device)?;
+    let input = Tensor::zeros(input_len, candle_dtype(T::DTYPE), device)?;
     let batch = |count: usize| -> Result<f64, BoxError> {
         let start = Instant::now();
         let works = (0..count)

@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use clap::{Parser, Subcommand};
-use weft_collectives::{
-    init_for_device, Buffer, Communicator, LaunchEnv, ReduceOp, Result, TcpStore, TensorCollectives,
-};
+use weft_collectives::{Buffer, Communicator, LaunchEnv, ReduceOp, Result, TcpStore};
+use weft_parallel::{init_for_device, TensorCollectives};
 
 #[derive(Parser)]
 struct Args {
@@ -214,7 +213,7 @@ fn crate_error(reason: String) -> weft_collectives::CommError {
 /// The tensor collectives on device tensors (the path DDP uses on GPUs).
 fn device_tensors(comm: &dyn Communicator, device: &Device) -> std::result::Result<(), String> {
     let (rank, n) = (comm.rank(), comm.world_size());
-    let fail = |e: weft_collectives::CommError| e.to_string();
+    let fail = |e: weft_parallel::ParallelError| e.to_string();
     let tensor_fail = |e: candle_core::Error| e.to_string();
     let len = 4099;
     let mine: Vec<f32> = (0..len).map(|i| value(rank, i)).collect();
@@ -224,6 +223,7 @@ fn device_tensors(comm: &dyn Communicator, device: &Device) -> std::result::Resu
     let avg = comm.all_reduce_tensor(&x, ReduceOp::Avg).map_err(fail)?;
     let gathered = comm.all_gather_tensor(&x).map_err(fail)?;
     let from_first = comm.broadcast_tensor(&x, 0).map_err(fail)?;
+    let to_last = comm.reduce_tensor(&x, ReduceOp::Max, n - 1).map_err(fail)?;
     let wide = Tensor::from_vec(
         (0..len * n).map(|i| value(rank, i)).collect::<Vec<f32>>(),
         len * n,
@@ -248,6 +248,11 @@ fn device_tensors(comm: &dyn Communicator, device: &Device) -> std::result::Resu
     check("device all_gather", &got, |i| value(i / len, i % len))?;
     let got = read(from_first.wait().map_err(fail)?).map_err(tensor_fail)?;
     check("device broadcast", &got, |i| value(0, i))?;
+    let got = read(to_last.wait().map_err(fail)?).map_err(tensor_fail)?;
+    check("device reduce", &got, |i| match rank == n - 1 {
+        true => (0..n).map(|r| value(r, i)).fold(f32::MIN, f32::max),
+        false => value(rank, i),
+    })?;
     let got = read(shard.wait().map_err(fail)?).map_err(tensor_fail)?;
     check("device reduce_scatter", &got, |i| {
         (0..n).map(|r| value(r, rank * len + i)).sum()

@@ -16,10 +16,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Tensor;
-use weft_collectives::{Communicator, DeviceJoin, ReduceOp, TensorCollectives, TensorWork};
+use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
 use weft_tensor::{BlockModel, EntryId, FlatBuffer, Timeline};
 
 use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig};
+use crate::collectives::{all_reduce_ordered, native_for, TensorCollectives, TensorWork};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -84,9 +85,7 @@ impl DistributedDataParallel {
         }
         let store = model.store();
         check_same_model(store, comm.as_ref())?;
-        let on_device = comm
-            .device_collectives()
-            .is_some_and(|d| d.handles(grads.tensor().device()));
+        let on_device = native_for(comm.as_ref(), grads.tensor().device()).is_some();
         let all: Vec<EntryId> = (0..store.len()).collect();
         broadcast_entries(store, &all, comm.as_ref(), 0)?;
         let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
@@ -127,6 +126,11 @@ impl DistributedDataParallel {
         &self.timings
     }
 
+    /// The communicator's device collectives, when the gradients are on their device.
+    fn native(&self) -> Option<&dyn DeviceCollectives> {
+        self.comm.device_collectives().filter(|_| self.on_device)
+    }
+
     fn launch(&mut self, bucket: usize, grads: &FlatBuffer) -> Result<()> {
         let range = self.plan.buckets()[bucket].range.clone();
         let bucket_view = grads.tensor().narrow(0, range.start, range.len())?;
@@ -136,8 +140,8 @@ impl DistributedDataParallel {
             None => None,
         };
         let data = write_back.as_ref().map_or(&bucket_view, |(copy, _)| copy);
-        let work = match self.comm.device_collectives().filter(|_| self.on_device) {
-            Some(device) => Reduction::Device(device.all_reduce_ordered(data, ReduceOp::Avg)?),
+        let work = match self.native() {
+            Some(device) => Reduction::Device(all_reduce_ordered(device, data, ReduceOp::Avg)?),
             None => Reduction::Host(Box::new(
                 self.comm.all_reduce_tensor_in_place(data, ReduceOp::Avg)?,
             )),
@@ -248,7 +252,7 @@ impl Strategy for DistributedDataParallel {
 
     /// The flag's maximum over the ranks (an all-reduce the host waits for).
     fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
-        Ok(self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()?)
+        self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()
     }
 
     fn set_require_sync(&mut self, sync: bool) {
@@ -259,7 +263,7 @@ impl Strategy for DistributedDataParallel {
     /// Every step on the device ends here, also one replayed from a CUDA graph (whose
     /// operations this strategy never sees issued).
     fn wait_for_device(&mut self) -> Result<()> {
-        match self.comm.device_collectives().filter(|_| self.on_device) {
+        match self.native() {
             Some(device) => {
                 device.fence()?.wait()?;
                 Ok(())

@@ -2,10 +2,11 @@
 //! (names, shapes, dtypes), and broadcasting parameters or buffers from one rank.
 
 use candle_core::{DType, Tensor};
-use weft_collectives::{Buffer, Communicator, TensorCollectives};
+use weft_collectives::{Buffer, Communicator};
 use weft_tensor::ops::copy_tensors;
 use weft_tensor::{EntryId, ParamStore};
 
+use crate::collectives::{broadcast_ordered, native_for, TensorCollectives};
 use crate::error::{ParallelError, Result};
 
 /// FNV-1a over every entry's name, shape and dtype, in order.
@@ -64,13 +65,10 @@ pub fn broadcast_entries(
         let joined = Tensor::zeros(total, dtype, store.device())?;
         let views = views_of(&joined, &group)?;
         copy_tensors(&group.iter().copied().zip(&views).collect::<Vec<_>>())?;
-        let received = match comm
-            .device_collectives()
-            .filter(|d| d.handles(joined.device()))
-        {
+        let received = match native_for(comm, joined.device()) {
             // In place, ordered on the device (see DistributedDataParallel).
             Some(device) => {
-                device.broadcast_ordered(&joined, root)?.join()?;
+                broadcast_ordered(device, &joined, root)?.join()?;
                 joined
             }
             None => comm.broadcast_tensor(&joined, root)?.wait()?,

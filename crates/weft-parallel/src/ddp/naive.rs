@@ -5,10 +5,11 @@
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use weft_collectives::{Communicator, ReduceOp, TensorCollectives};
+use weft_collectives::{Communicator, ReduceOp};
 use weft_tensor::{BlockModel, EntryId, FlatBuffer};
 
 use super::{broadcast_entries, check_same_model};
+use crate::collectives::TensorCollectives;
 use crate::error::Result;
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -66,7 +67,7 @@ impl Strategy for NaiveDataParallel {
 
     /// The flag's maximum over the ranks (an all-reduce the host waits for).
     fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
-        Ok(self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()?)
+        self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()
     }
 
     fn set_require_sync(&mut self, sync: bool) {

@@ -1,11 +1,8 @@
-//! Point-to-point messages, sub-groups through `split`, and tensor collectives.
-
-use candle_core::{DType as CandleDType, Device, Shape, Tensor};
+//! Point-to-point messages and sub-groups through `split`.
 
 use crate::communicator::Communicator;
 use crate::error::CommError;
 use crate::reduce_op::ReduceOp;
-use crate::tensor::TensorCollectives;
 use crate::testing::{random_values, run_ranks, small_slot_config};
 
 #[test]
@@ -136,71 +133,5 @@ fn nested_splits_of_eight_ranks_work() {
             .wait_vec::<i64>()
             .unwrap();
         assert_eq!(alone, vec![rank as i64]);
-    });
-}
-
-#[test]
-fn tensor_collectives_keep_shapes_and_values() {
-    run_ranks(2, &small_slot_config(), |comm| {
-        let rank = comm.rank() as f32;
-        let tensor = (Tensor::arange(0f32, 6.0, &Device::Cpu)
-            .unwrap()
-            .reshape((2, 3))
-            .unwrap()
-            + rank as f64)
-            .unwrap();
-        let summed = comm
-            .all_reduce_tensor(&tensor, ReduceOp::Sum)
-            .unwrap()
-            .wait()
-            .unwrap();
-        assert_eq!(
-            summed.to_vec2::<f32>().unwrap(),
-            vec![vec![1.0, 3.0, 5.0], vec![7.0, 9.0, 11.0]]
-        );
-        let gathered = comm.all_gather_tensor(&tensor).unwrap().wait().unwrap();
-        assert_eq!(gathered.dims(), &[4, 3]);
-        let scattered = comm
-            .reduce_scatter_tensor(&tensor, ReduceOp::Max)
-            .unwrap()
-            .wait()
-            .unwrap();
-        assert_eq!(scattered.dims(), &[1, 3]);
-        let expected_row = if comm.rank() == 0 {
-            [1.0, 2.0, 3.0]
-        } else {
-            [4.0, 5.0, 6.0]
-        };
-        assert_eq!(
-            scattered.to_vec2::<f32>().unwrap(),
-            vec![expected_row.to_vec()]
-        );
-        let from_one = comm.broadcast_tensor(&tensor, 1).unwrap().wait().unwrap();
-        assert_eq!(from_one.to_vec2::<f32>().unwrap()[0], vec![1.0, 2.0, 3.0]);
-        let shape = Shape::from((3, 2));
-        if comm.rank() == 0 {
-            let ints = Tensor::arange(0i64, 6, &Device::Cpu)
-                .unwrap()
-                .reshape((3, 2))
-                .unwrap();
-            comm.send_tensor(&ints, 1).unwrap().wait().unwrap();
-        } else {
-            let got = comm
-                .recv_tensor(&shape, CandleDType::I64, &candle_core::Device::Cpu, 0)
-                .unwrap()
-                .wait()
-                .unwrap();
-            assert_eq!(
-                got.to_vec2::<i64>().unwrap(),
-                vec![vec![0, 1], vec![2, 3], vec![4, 5]]
-            );
-        }
-        let odd = Tensor::zeros((3, 2), CandleDType::F32, &Device::Cpu).unwrap();
-        let err = comm
-            .reduce_scatter_tensor(&odd, ReduceOp::Sum)
-            .unwrap()
-            .wait()
-            .unwrap_err();
-        assert!(matches!(err, CommError::InvalidTensor { .. }), "{err}");
     });
 }
