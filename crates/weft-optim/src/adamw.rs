@@ -4,7 +4,7 @@
 use crate::adamw_kernel::{update, AdamWLanes, AdamWScalars};
 use crate::chunked::run_chunked;
 use crate::optimizer::check_step_lengths;
-use crate::{validate, OptimError, Optimizer, OptimizerState, ParamGroups, Real};
+use crate::{validate, OptimError, Optimizer, OptimizerState, ParamGroups, Real, Shard};
 
 const NAME: &str = "adamw";
 const EXP_AVG: &str = "exp_avg";
@@ -111,7 +111,7 @@ impl<T: Real> AdamW<T> {
 }
 
 impl<T: Real> Optimizer<T> for AdamW<T> {
-    fn step(&mut self, params: &mut [T], grads: &[T]) -> Result<(), OptimError> {
+    fn step_at(&mut self, shard: Shard, params: &mut [T], grads: &[T]) -> Result<(), OptimError> {
         let state_lens: Vec<_> = self
             .named_buffers()
             .into_iter()
@@ -120,7 +120,7 @@ impl<T: Real> Optimizer<T> for AdamW<T> {
         check_step_lengths(NAME, params.len(), grads.len(), &state_lens)?;
         let segments = self
             .groups
-            .segments(params.len(), self.config.weight_decay)?;
+            .segments_at(shard, params.len(), self.config.weight_decay)?;
         let len = params.len();
         let amsgrad = self.config.amsgrad;
         let moments = self.moments.get_or_insert_with(|| Moments {

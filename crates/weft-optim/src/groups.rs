@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use crate::{validate, OptimError};
+use crate::{validate, OptimError, Shard};
 
 /// Hyperparameters for one contiguous range of the flat buffer.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +83,23 @@ impl ParamGroups {
             })
             .collect();
         Self { groups }
+    }
+
+    /// [`Self::segments`] for the `len` elements of `shard`, re-based to start at 0: the
+    /// groups are checked against the whole buffer, then restricted to the shard.
+    pub(crate) fn segments_at(
+        &self,
+        shard: Shard,
+        len: usize,
+        default_weight_decay: f64,
+    ) -> Result<Vec<Segment>, OptimError> {
+        let whole = shard.buffer_len;
+        if let Some(group) = self.groups.iter().find(|g| g.range.end > whole) {
+            let range = group.range.clone();
+            return Err(OptimError::GroupOutOfBounds { range, len: whole });
+        }
+        self.restricted_to(shard.offset..shard.offset + len)
+            .segments(len, default_weight_decay)
     }
 
     /// Tiles `0..len` with segments: the groups, and the gaps between them carrying

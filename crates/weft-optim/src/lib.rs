@@ -39,7 +39,7 @@ pub use error::OptimError;
 pub use groups::{ParamGroup, ParamGroups};
 pub use model_optimizer::{ModelOptimizer, OptimizerConfig};
 pub use named_state::{NamedState, NamedStateEntry};
-pub use optimizer::Optimizer;
+pub use optimizer::{Optimizer, Shard};
 pub use real::Real;
 pub use schedule::{Constant, CosineAnnealing, LinearWarmup, LrSchedule, MultiStepLr, StepLr};
 pub use schedule_name::{schedule_from_name, ScheduleParams, SCHEDULE_NAMES};

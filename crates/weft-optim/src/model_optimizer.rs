@@ -13,7 +13,7 @@ use candle_core::{DType, Device};
 use weft_tensor::flat::HostElement;
 use weft_tensor::{FlatBuffer, ParamStore};
 
-use crate::{AdamW, AdamWConfig, OptimError, Optimizer, ParamGroups, Real, Sgd, SgdConfig};
+use crate::{AdamW, AdamWConfig, OptimError, Optimizer, ParamGroups, Real, Sgd, SgdConfig, Shard};
 
 const NAME: &str = "model optimizer";
 
@@ -145,6 +145,17 @@ impl ModelOptimizer {
         }
     }
 
+    /// Elements held in the optimizer's state buffers (momentum, moments; 0 before the first
+    /// step): over the stepped range only, so a ZeRO shard's state is the shard's size.
+    pub fn state_len(&self) -> usize {
+        match self {
+            ModelOptimizer::F32(opt) => opt.state_len(),
+            ModelOptimizer::F64(opt) => opt.state_len(),
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(opt) => opt.state().iter().map(|(_, t)| t.elem_count()).sum(),
+        }
+    }
+
     /// Steps the parameters of `store` in `range` of the flat buffers with `grads`: through
     /// the flat master copy `params` (then written back into the store), or in place on the
     /// device. The optimizer's state covers `range`, which must stay the same from step to
@@ -181,9 +192,13 @@ fn step_master<T: Real + HostElement>(
     range: Range<usize>,
 ) -> Result<(), OptimError> {
     let mut result = Ok(());
+    let shard = Shard {
+        offset: range.start,
+        buffer_len: grads.layout().len(),
+    };
     params
         .update_with(grads, range, |p: &mut [T], g: &[T]| {
-            result = optimizer.step(p, g)
+            result = optimizer.step_at(shard, p, g)
         })
         .map_err(tensor_error)?;
     result?;

@@ -11,7 +11,13 @@ pub trait Optimizer<T: Real = f32> {
     /// Applies one update. State buffers are created (zeroed) at the first step, sized to
     /// `params.len()`; afterwards every step must pass buffers of that length. On error
     /// nothing (params, state, step count) is modified.
-    fn step(&mut self, params: &mut [T], grads: &[T]) -> Result<(), OptimError>;
+    fn step(&mut self, params: &mut [T], grads: &[T]) -> Result<(), OptimError> {
+        self.step_at(Shard::whole(params.len()), params, grads)
+    }
+    /// [`Optimizer::step`] of one shard of the flat buffer the param groups are defined over
+    /// (ZeRO): the groups, checked against the whole buffer, are clipped to the shard and
+    /// re-based ([`crate::ParamGroups::restricted_to`]).
+    fn step_at(&mut self, shard: Shard, params: &mut [T], grads: &[T]) -> Result<(), OptimError>;
     /// The base learning rate (param groups scale it per range).
     fn lr(&self) -> f64;
     /// Sets the base learning rate, e.g. from an `LrSchedule`; it must be finite and `>= 0`.
@@ -25,6 +31,25 @@ pub trait Optimizer<T: Real = f32> {
     /// Replaces the state with one exported by `state` from an optimizer of the same kind
     /// and configuration. On error the current state is kept.
     fn load_state(&mut self, state: OptimizerState<T>) -> Result<(), OptimError>;
+}
+
+/// Where the slice an optimizer steps lies in the flat buffer its param groups cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// Index of the slice's first element in the buffer.
+    pub offset: usize,
+    /// Elements in the whole buffer.
+    pub buffer_len: usize,
+}
+
+impl Shard {
+    /// The whole buffer of `len` elements.
+    pub fn whole(len: usize) -> Self {
+        Self {
+            offset: 0,
+            buffer_len: len,
+        }
+    }
 }
 
 /// Checks that `grads` and every existing state buffer (`(name, len)`) match `params_len`.

@@ -3,7 +3,7 @@
 
 use crate::chunked::{run_chunked, Lanes};
 use crate::optimizer::check_step_lengths;
-use crate::{validate, OptimError, Optimizer, OptimizerState, ParamGroups, Real};
+use crate::{validate, OptimError, Optimizer, OptimizerState, ParamGroups, Real, Shard};
 
 const NAME: &str = "sgd";
 const MOMENTUM_BUFFER: &str = "momentum_buffer";
@@ -93,7 +93,7 @@ impl<T: Real> Sgd<T> {
 }
 
 impl<T: Real> Optimizer<T> for Sgd<T> {
-    fn step(&mut self, params: &mut [T], grads: &[T]) -> Result<(), OptimError> {
+    fn step_at(&mut self, shard: Shard, params: &mut [T], grads: &[T]) -> Result<(), OptimError> {
         let state_lens: Vec<_> = self
             .momentum_buffer
             .iter()
@@ -102,7 +102,7 @@ impl<T: Real> Optimizer<T> for Sgd<T> {
         check_step_lengths(NAME, params.len(), grads.len(), &state_lens)?;
         let segments = self
             .groups
-            .segments(params.len(), self.config.weight_decay)?;
+            .segments_at(shard, params.len(), self.config.weight_decay)?;
         let first_step = self.momentum_buffer.is_none();
         if self.config.momentum != 0.0 && first_step {
             self.momentum_buffer = Some(vec![T::ZERO; params.len()]);

@@ -1,12 +1,13 @@
 //! The ZeRO-shard property: stepping disjoint pieces of a flat buffer with separate optimizers
 //! is bit-identical to stepping the whole buffer with one, for any split, param groups
-//! included, and whether or not the whole-buffer step runs in parallel chunks.
+//! included (restricted to the piece, or the whole buffer's stepped at the piece's offset), and
+//! whether or not the whole-buffer step runs in parallel chunks.
 
 use std::ops::Range;
 
 use proptest::prelude::*;
 use proptest::sample::Index;
-use weft_optim::{AdamW, AdamWConfig, Optimizer, ParamGroup, ParamGroups, Sgd, SgdConfig};
+use weft_optim::{AdamW, AdamWConfig, Optimizer, ParamGroup, ParamGroups, Sgd, SgdConfig, Shard};
 
 /// Steps `params` with one optimizer over the whole buffer and with one optimizer per piece
 /// (`cuts` split the buffer), and asserts the results are bit-identical.
@@ -32,6 +33,21 @@ fn assert_pieces_match_whole<O: Optimizer>(
         }
     }
     assert_eq!(whole, pieces);
+    // The same with the whole buffer's groups, each piece stepped at its offset.
+    let mut at_offsets = params.to_vec();
+    for piece in pieces_of(params.len(), cuts) {
+        let mut optimizer = make(groups.clone());
+        let shard = Shard {
+            offset: piece.start,
+            buffer_len: params.len(),
+        };
+        for grad in grads {
+            optimizer
+                .step_at(shard, &mut at_offsets[piece.clone()], &grad[piece.clone()])
+                .unwrap();
+        }
+    }
+    assert_eq!(whole, at_offsets);
 }
 
 fn pieces_of(len: usize, cuts: &[usize]) -> Vec<Range<usize>> {

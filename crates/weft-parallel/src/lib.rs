@@ -15,6 +15,8 @@
 //!   buckets in reverse order, each bucket all-reduced asynchronously the moment backward has
 //!   produced all its gradients, overlapping communication with the rest of backward).
 //! - [`sync_bn`]: SyncBatchNorm, batch statistics of the global batch over all ranks.
+//! - [`zero`]: ZeRO — the optimizer's states sharded over the data-parallel ranks (stages 1
+//!   and 2, beside a naive reference).
 
 pub mod clip;
 pub mod collectives;
@@ -25,6 +27,7 @@ pub mod single;
 pub mod step;
 pub mod strategy;
 pub mod sync_bn;
+pub mod zero;
 
 pub use clip::clip_grad_norm;
 pub use collectives::{init_for_device, TensorCollectives, TensorWork};

@@ -114,6 +114,11 @@ pub struct TrainArgs {
     /// On one GPU, replay the training step from a CUDA graph after two warm-up steps
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub cuda_graph: bool,
+    /// ZeRO stage over the data-parallel ranks: 0 (plain DDP), 1 (optimizer states sharded:
+    /// each rank steps its 1/N of the flat buffers and all-gathers the parameters), 2 (also
+    /// each gradient bucket reduced into the ranks that own its parts)
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub zero: u8,
     /// DDP: broadcast rank 0's buffers (BatchNorm running statistics) before every forward,
     /// as PyTorch's DistributedDataParallel does by default
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

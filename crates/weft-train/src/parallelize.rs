@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use weft_collectives::Communicator;
-use weft_parallel::{DdpConfig, DistributedDataParallel, SingleProcess, Trainer};
+use weft_parallel::zero::{zero_stage1, zero_stage2};
+use weft_parallel::{DdpConfig, DistributedDataParallel, SingleProcess, Strategy, Trainer};
 use weft_tensor::Timeline;
 
 /// How a ResNet is parallelised.
@@ -15,6 +16,8 @@ use weft_tensor::Timeline;
 pub struct ResNetParallelism {
     /// SyncBatchNorm: batch statistics over the global batch.
     pub sync_bn: bool,
+    /// ZeRO stage (0: plain DDP; 1, 2: the optimizer sharded over the ranks).
+    pub zero: u8,
     /// Settings of data parallelism (when there is more than one rank).
     pub ddp: DdpConfig,
     /// Replay the step from a CUDA graph where the strategy allows it.
@@ -23,7 +26,8 @@ pub struct ResNetParallelism {
     pub timeline: Option<Arc<Timeline>>,
 }
 
-/// Data parallelism over `comm`'s ranks (one process without it), SyncBatchNorm if asked,
+/// Data parallelism over `comm`'s ranks (one process without it; ZeRO's sharded optimizer
+/// with `plan.zero` 1 or 2), SyncBatchNorm if asked,
 /// and the CUDA graph where it can capture the step (SyncBatchNorm waits on the host for its
 /// statistics: not capturable).
 pub fn resnet(
@@ -36,16 +40,20 @@ pub fn resnet(
             if plan.sync_bn {
                 weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
             }
-            let mut ddp = DistributedDataParallel::new(
-                trainer.model(),
-                trainer.grads(),
-                comm.clone(),
-                plan.ddp.clone(),
-            )?;
-            if let Some(timeline) = &plan.timeline {
-                ddp = ddp.with_timeline(timeline.clone());
-            }
-            trainer.with_strategy(Box::new(ddp))
+            let (model, grads, config) = (trainer.model(), trainer.grads(), plan.ddp.clone());
+            let strategy: Box<dyn Strategy> = match plan.zero {
+                0 => {
+                    let mut ddp = DistributedDataParallel::new(model, grads, comm.clone(), config)?;
+                    if let Some(timeline) = &plan.timeline {
+                        ddp = ddp.with_timeline(timeline.clone());
+                    }
+                    Box::new(ddp)
+                }
+                1 => Box::new(zero_stage1(model, grads, comm.clone(), config)?),
+                2 => Box::new(zero_stage2(model, grads, comm.clone(), config)?),
+                other => bail!("--zero {other}: stages 0, 1 and 2 exist"),
+            };
+            trainer.with_strategy(strategy)
         }
         None => {
             let single = SingleProcess::new(trainer.model(), plan.ddp.find_unused_parameters);

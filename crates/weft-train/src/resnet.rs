@@ -97,6 +97,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     }
     let plan = ResNetParallelism {
         sync_bn: args.sync_bn,
+        zero: args.zero,
         ddp: DdpConfig {
             bucket_cap_mb: args.bucket_cap_mb,
             broadcast_buffers: args.broadcast_buffers,

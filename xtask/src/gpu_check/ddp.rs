@@ -83,20 +83,27 @@ pub fn run_rank() -> Result<()> {
     #[cfg(feature = "cudnn")]
     weft_tensor::ops::set_allow_tf32(false);
     let comm: Arc<dyn Communicator> = Arc::from(init_for_device(&device)?);
-    for (sync_bn, graph) in [(false, false), (true, false), (false, true)] {
-        scenario(&comm, &device, sync_bn, graph)?;
+    let scenarios = [
+        (false, false, 0),
+        (true, false, 0),
+        (false, true, 0),
+        (false, false, 1),
+        (false, false, 2),
+    ];
+    for (sync_bn, graph, zero) in scenarios {
+        scenario(&comm, &device, (sync_bn, graph), zero)?;
     }
     comm.barrier().wait()?;
     Ok(())
 }
 
-/// DDP on every rank (replaying its step from a CUDA graph with `graph`) against one process
-/// on rank 0's GPU; rank 0 prints two rows.
+/// DDP (ZeRO stage `zero` over it) on every rank (replaying its step from a CUDA graph with
+/// `graph`) against one process on rank 0's GPU; rank 0 prints two rows.
 fn scenario(
     comm: &Arc<dyn Communicator>,
     device: &Device,
-    sync_bn: bool,
-    graph: bool,
+    (sync_bn, graph): (bool, bool),
+    zero: u8,
 ) -> Result<()> {
     // Two eager warm-up steps, the captured one, then replays.
     let steps = if graph { 6 } else { STEPS };
@@ -106,6 +113,7 @@ fn scenario(
     let ddp = trainer(1 + rank as u64, device, mode)?;
     let plan = ResNetParallelism {
         sync_bn,
+        zero,
         ddp: DdpConfig {
             bucket_cap_mb: 0.5,
             first_bucket_cap_mb: 0.1,
@@ -153,8 +161,14 @@ fn scenario(
             println!("gpu-check-ddp: only {replayed} of {steps} steps were replayed");
             error = f64::INFINITY;
         }
-        println!("{ROW}\tDDP {world} GPUs = 1 GPU, {what}, {buckets} buckets\t{error:e}\t1e-9");
-        println!("{ROW}\tDDP {world} GPUs, {what}: replicas identical\t{spread:e}\t0");
+        let strategy = match zero {
+            0 => "DDP".to_string(),
+            stage => format!("ZeRO-{stage}"),
+        };
+        println!(
+            "{ROW}\t{strategy} {world} GPUs = 1 GPU, {what}, {buckets} buckets\t{error:e}\t1e-9"
+        );
+        println!("{ROW}\t{strategy} {world} GPUs, {what}: replicas identical\t{spread:e}\t0");
     }
     Ok(())
 }

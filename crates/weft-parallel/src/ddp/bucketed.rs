@@ -24,6 +24,7 @@ use crate::collectives::{all_reduce_ordered, native_for, TensorCollectives, Tens
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
+use crate::zero::ShardLayout;
 
 /// When one bucket's all-reduce was launched and when it was seen complete.
 #[derive(Debug, Clone, Copy)]
@@ -40,12 +41,30 @@ enum Reduction {
     Device(Box<dyn DeviceJoin>),
 }
 
+/// What goes back into the flat gradient buffer once a reduction is done.
+enum WriteBack {
+    /// Nothing: the bucket was reduced where it lies (or this rank does not own the part).
+    Nothing,
+    /// With gradient compression: the reduced 16-bit copy, and where its values go.
+    Copy(Tensor, usize),
+    /// The operation's result (a part of the bucket reduced into this rank), and where it goes.
+    Result(usize),
+}
+
+/// How each bucket is reduced.
+#[derive(Debug, Clone)]
+pub(crate) enum BucketReduction {
+    /// Averaged on every rank, in place (DDP, ZeRO-1).
+    AllReduce,
+    /// Each part averaged into the rank whose shard holds it (ZeRO-2, DeepSpeed's
+    /// `average_tensor`): the other ranks' copies of that part are left unreduced.
+    ToOwners(ShardLayout),
+}
+
 struct InFlight {
     bucket: usize,
     work: Reduction,
-    /// With gradient compression: the 16-bit copy being reduced, and where in the flat
-    /// gradient buffer its values go back once it is.
-    write_back: Option<(Tensor, usize)>,
+    write_back: WriteBack,
     launched: Instant,
     completed: Option<Instant>,
 }
@@ -66,6 +85,7 @@ pub struct DistributedDataParallel {
     /// Whether the communicator runs the gradients' device natively: operations are then
     /// ordered on the device, and every step ends with a watched fence.
     on_device: bool,
+    reduction: BucketReduction,
 }
 
 impl DistributedDataParallel {
@@ -107,7 +127,17 @@ impl DistributedDataParallel {
             require_sync: true,
             timeline: None,
             on_device,
+            reduction: BucketReduction::AllReduce,
         })
+    }
+
+    /// Reduces each part of a bucket into the rank whose shard of `shards` holds it instead of
+    /// all-reducing it (ZeRO-2). The host waits for these reductions, so such a step is not
+    /// captured in a CUDA graph.
+    pub(crate) fn reducing_to_owners(mut self, shards: ShardLayout) -> Self {
+        self.reduction = BucketReduction::ToOwners(shards);
+        self.on_device = false;
+        self
     }
 
     /// Records each bucket's all-reduce (launch to completion) on `timeline`.
@@ -135,17 +165,39 @@ impl DistributedDataParallel {
         let range = self.plan.buckets()[bucket].range.clone();
         let bucket_view = grads.tensor().narrow(0, range.start, range.len())?;
         // PyTorch's bf16/fp16 compress hooks: the bucket is reduced as a 16-bit copy.
-        let write_back = match self.config.grad_compression.dtype() {
-            Some(dtype) => Some((bucket_view.to_dtype(dtype)?, range.start)),
+        let compressed = match self.config.grad_compression.dtype() {
+            Some(dtype) => Some(bucket_view.to_dtype(dtype)?),
             None => None,
         };
-        let data = write_back.as_ref().map_or(&bucket_view, |(copy, _)| copy);
+        let data = compressed.as_ref().unwrap_or(&bucket_view);
+        if let BucketReduction::ToOwners(shards) = &self.reduction {
+            let rank = self.comm.rank();
+            for (owner, part) in shards.owners(range.clone()) {
+                let view = data.narrow(0, part.start - range.start, part.len())?;
+                let work = self.comm.reduce_tensor(&view, ReduceOp::Avg, owner)?;
+                let write_back = match owner == rank {
+                    true => WriteBack::Result(part.start),
+                    false => WriteBack::Nothing,
+                };
+                self.push(bucket, Reduction::Host(Box::new(work)), write_back);
+            }
+            return Ok(());
+        }
         let work = match self.native() {
             Some(device) => Reduction::Device(all_reduce_ordered(device, data, ReduceOp::Avg)?),
             None => Reduction::Host(Box::new(
                 self.comm.all_reduce_tensor_in_place(data, ReduceOp::Avg)?,
             )),
         };
+        let write_back = match compressed {
+            Some(copy) => WriteBack::Copy(copy, range.start),
+            None => WriteBack::Nothing,
+        };
+        self.push(bucket, work, write_back);
+        Ok(())
+    }
+
+    fn push(&mut self, bucket: usize, work: Reduction, write_back: WriteBack) {
         self.in_flight.push(InFlight {
             bucket,
             work,
@@ -153,7 +205,6 @@ impl DistributedDataParallel {
             launched: Instant::now(),
             completed: None,
         });
-        Ok(())
     }
 
     /// Stamps the completion time of buckets that finished since the last look.
@@ -209,20 +260,25 @@ impl Strategy for DistributedDataParallel {
         self.poll();
         self.timings.clear();
         for f in std::mem::take(&mut self.in_flight) {
-            let on_device = matches!(f.work, Reduction::Device(_));
-            match f.work {
-                Reduction::Host(work) => {
-                    work.wait()?;
-                }
+            let result = match f.work {
+                Reduction::Host(work) => Some(work.wait()?),
                 // Ordered on the device: the host never sees it finish (and the write-back
                 // below is queued after it on the compute stream).
-                Reduction::Device(join) => join.join()?,
+                Reduction::Device(join) => {
+                    join.join()?;
+                    None
+                }
+            };
+            let reduced = match (&f.write_back, &result) {
+                (WriteBack::Copy(copy, start), _) => Some((copy, *start)),
+                (WriteBack::Result(start), Some(result)) => Some((result, *start)),
+                _ => None,
+            };
+            if let Some((values, start)) = reduced {
+                let values = values.flatten_all()?.to_dtype(grads.dtype())?;
+                grads.tensor().slice_set(&values, 0, start)?;
             }
-            if let Some((reduced, start)) = &f.write_back {
-                let values = reduced.to_dtype(grads.dtype())?;
-                grads.tensor().slice_set(&values, 0, *start)?;
-            }
-            if on_device {
+            if result.is_none() {
                 continue;
             }
             let completed = f.completed.unwrap_or_else(Instant::now);

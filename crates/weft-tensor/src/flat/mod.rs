@@ -17,6 +17,7 @@ use crate::error::{Result, TensorError};
 use crate::params::{EntryId, ParamStore};
 
 mod host_update;
+mod ranges;
 
 pub use host_update::HostElement;
 

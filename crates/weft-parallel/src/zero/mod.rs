@@ -1,0 +1,71 @@
+//! ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+//! Models"): data parallelism without the redundant optimizer state. Every rank still holds
+//! the whole model and trains on its slice of the batch, but the flat buffers are cut into one
+//! shard per rank ([`ShardLayout`]) and each rank keeps the optimizer state of its shard only,
+//! steps it, and all-gathers the updated parameters ([`ZeroRedundancy`]).
+//!
+//! - [`naive_zero`]: the reference — every gradient all-reduced after backward, one blocking
+//!   call each, then the sharded step and the all-gather. The oracle of the tests.
+//! - [`zero_stage1`]: the gradients averaged by DDP's buckets, overlapped with backward.
+//! - [`zero_stage2`]: each bucket's parts averaged into the rank that owns them (a reduce per
+//!   owner, DeepSpeed's `average_tensor`), overlapped with backward: half the traffic of an
+//!   all-reduce. The full-size gradient buffer the step writes into is still allocated on
+//!   every rank; releasing all but the shard is the next step of ZeRO-2's memory saving.
+//!
+//! All of them give the parameters of one process training on the whole batch, up to the
+//! order of the gradient sums (tests/zero_equivalence.rs).
+
+mod gather;
+mod sharded;
+mod shards;
+
+use std::sync::Arc;
+
+use weft_collectives::Communicator;
+use weft_tensor::{BlockModel, FlatBuffer};
+
+use crate::ddp::{DdpConfig, DistributedDataParallel, NaiveDataParallel};
+use crate::error::Result;
+
+pub use sharded::ZeroRedundancy;
+pub use shards::ShardLayout;
+
+/// The reference ZeRO: naive data parallelism's gradient all-reduce, the optimizer sharded.
+pub fn naive_zero(
+    model: &BlockModel,
+    grads: &FlatBuffer,
+    comm: Arc<dyn Communicator>,
+    find_unused_parameters: bool,
+) -> Result<ZeroRedundancy> {
+    let sync = NaiveDataParallel::new(model, comm.clone(), find_unused_parameters)?;
+    Ok(ZeroRedundancy::new(
+        "naive-zero",
+        Box::new(sync),
+        grads,
+        comm,
+    ))
+}
+
+/// ZeRO stage 1: optimizer states sharded; gradients all-reduced in DDP's buckets.
+pub fn zero_stage1(
+    model: &BlockModel,
+    grads: &FlatBuffer,
+    comm: Arc<dyn Communicator>,
+    config: DdpConfig,
+) -> Result<ZeroRedundancy> {
+    let sync = DistributedDataParallel::new(model, grads, comm.clone(), config)?;
+    Ok(ZeroRedundancy::new("zero1", Box::new(sync), grads, comm))
+}
+
+/// ZeRO stage 2: as stage 1, but each bucket is reduced into the ranks that own its parts.
+pub fn zero_stage2(
+    model: &BlockModel,
+    grads: &FlatBuffer,
+    comm: Arc<dyn Communicator>,
+    config: DdpConfig,
+) -> Result<ZeroRedundancy> {
+    let shards = ShardLayout::new(grads.layout().len(), comm.world_size());
+    let sync = DistributedDataParallel::new(model, grads, comm.clone(), config)?
+        .reducing_to_owners(shards);
+    Ok(ZeroRedundancy::new("zero2", Box::new(sync), grads, comm))
+}
