@@ -39,15 +39,8 @@ fn trainer(seed: u64) -> Trainer {
     .with_mode(Mode::EVAL)
 }
 
-/// `STEPS` global batches of `n` samples: images and labels.
 fn batches(n: usize) -> Vec<(Tensor, Tensor)> {
-    (0..STEPS)
-        .map(|s| {
-            let x = Tensor::randn(0f64, 1.0, (n, 3, 6, 6), &Device::Cpu).unwrap();
-            let y: Vec<u32> = (0..n).map(|i| ((i + s) % 3) as u32).collect();
-            (x, Tensor::from_vec(y, n, &Device::Cpu).unwrap())
-        })
-        .collect()
+    weft_testing::image_batches(STEPS, n)
 }
 
 fn params(t: &Trainer) -> Vec<f64> {

@@ -6,10 +6,8 @@
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-use std::thread;
 
 use candle_core::{DType, Device, Tensor};
-use weft_collectives::{Communicator, ShmCommunicator};
 use weft_models::loss::Classification;
 use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
 use weft_parallel::{
@@ -50,25 +48,6 @@ fn tied_batch(n: usize, step: usize) -> (Tensor, Tensor) {
 
 fn rows(t: &Tensor, rank: usize, per_rank: usize) -> Tensor {
     t.narrow(0, rank * per_rank, per_rank).unwrap()
-}
-
-/// Runs `body` on `world` thread ranks and returns what each returned.
-fn on_ranks<T: Send>(
-    world: usize,
-    body: impl Fn(usize, Arc<dyn Communicator>) -> T + Sync,
-) -> Vec<T> {
-    let comms = ShmCommunicator::new_thread_group(world).unwrap();
-    thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                let body = &body;
-                scope.spawn(move || body(rank, Arc::new(comm)))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
 
 /// A strategy recording every call into a shared log, around a single-process strategy.
@@ -180,7 +159,7 @@ fn a_gradient_reported_twice_is_an_error_naming_it() {
         err.contains("`middle.weight`") && err.contains("twice"),
         "{err}"
     );
-    let errors = on_ranks(2, |_, comm| {
+    let errors = weft_testing::on_thread_ranks(2, |_, comm| {
         let t = trainer(tied_model(0, DType::F64, false), 0.0);
         let mut ddp =
             DistributedDataParallel::new(t.model(), t.grads(), comm, DdpConfig::default()).unwrap();
@@ -212,7 +191,7 @@ fn ddp_with_find_unused_parameters_trains_like_one_process() {
     let reference = flat_params(single.model().store());
     let unused = single.model().store().get("middle.unused").unwrap();
     assert_eq!(unused.tensor().dims(), [1, 3]);
-    let results = on_ranks(2, |rank, comm| {
+    let results = weft_testing::on_thread_ranks(2, |rank, comm| {
         let t = trainer(tied_model(0, DType::F64, true), 0.9);
         let config = DdpConfig {
             find_unused_parameters: true,
@@ -247,7 +226,7 @@ fn tied_weights_train_under_ddp_like_one_process() {
         single.step(&x, &y, 0.1).unwrap();
     }
     let reference = flat_params(single.model().store());
-    let results = on_ranks(2, |rank, comm| {
+    let results = weft_testing::on_thread_ranks(2, |rank, comm| {
         let t = trainer(tied_model(1, DType::F64, false), 0.9);
         let ddp =
             DistributedDataParallel::new(t.model(), t.grads(), comm, DdpConfig::default()).unwrap();

@@ -8,16 +8,15 @@
 //! reference, the reference against one process).
 
 use std::sync::Arc;
-use std::thread;
 
 use candle_core::{DType, Device, Tensor};
-use weft_collectives::{Communicator, ShmCommunicator};
+use weft_collectives::Communicator;
 use weft_models::loss::Classification;
 use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroup, ParamGroups};
 use weft_parallel::zero::{naive_zero, zero_stage1, zero_stage2};
 use weft_parallel::{DdpConfig, Strategy, Trainer};
 use weft_tensor::{Checkpointing, FlatLayout, Mode};
-use weft_testing::{assert_close, flat_params, tiny_resnet};
+use weft_testing::{assert_close, flat_params, image_batches, on_thread_ranks, tiny_resnet};
 
 const B: usize = 2;
 const STEPS: usize = 3;
@@ -59,16 +58,6 @@ fn trainer(clip: Option<f64>) -> Trainer {
     }
 }
 
-fn batches(n: usize) -> Vec<(Tensor, Tensor)> {
-    (0..STEPS)
-        .map(|s| {
-            let x = Tensor::randn(0f64, 1.0, (n, 3, 6, 6), &Device::Cpu).unwrap();
-            let y: Vec<u32> = (0..n).map(|i| ((i + s) % 3) as u32).collect();
-            (x, Tensor::from_vec(y, n, &Device::Cpu).unwrap())
-        })
-        .collect()
-}
-
 type MakeStrategy = dyn Fn(&Trainer, Arc<dyn Communicator>) -> Box<dyn Strategy> + Sync;
 
 /// Every rank's parameters and optimizer-state length after training on its rows of each
@@ -79,34 +68,23 @@ fn run_ranks(
     (micro, clip): (usize, Option<f64>),
     make: &MakeStrategy,
 ) -> Vec<(Vec<f64>, usize)> {
-    let comms = ShmCommunicator::new_thread_group(world).unwrap();
-    thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                scope.spawn(move || {
-                    let comm: Arc<dyn Communicator> = Arc::new(comm);
-                    let plain = trainer(clip);
-                    let strategy = make(&plain, comm);
-                    let mut t = plain.with_strategy(strategy);
-                    let per_rank = data[0].1.elem_count() / world;
-                    let per_micro = per_rank / micro;
-                    for (x, y) in data {
-                        let parts: Vec<(Tensor, Tensor)> = (0..micro)
-                            .map(|m| {
-                                let start = rank * per_rank + m * per_micro;
-                                let mine = |t: &Tensor| t.narrow(0, start, per_micro).unwrap();
-                                (mine(x), mine(y))
-                            })
-                            .collect();
-                        t.step_accumulated(&parts, 0.01).unwrap();
-                    }
-                    (flat_params(t.model().store()), t.optimizer().state_len())
+    on_thread_ranks(world, |rank, comm| {
+        let plain = trainer(clip);
+        let strategy = make(&plain, comm);
+        let mut t = plain.with_strategy(strategy);
+        let per_rank = data[0].1.elem_count() / world;
+        let per_micro = per_rank / micro;
+        for (x, y) in data {
+            let parts: Vec<(Tensor, Tensor)> = (0..micro)
+                .map(|m| {
+                    let start = rank * per_rank + m * per_micro;
+                    let mine = |t: &Tensor| t.narrow(0, start, per_micro).unwrap();
+                    (mine(x), mine(y))
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+                .collect();
+            t.step_accumulated(&parts, 0.01).unwrap();
+        }
+        (flat_params(t.model().store()), t.optimizer().state_len())
     })
 }
 
@@ -127,7 +105,7 @@ fn small_buckets() -> DdpConfig {
 }
 
 fn check(world: usize, micro: usize, clip: Option<f64>) {
-    let data = batches(world * B);
+    let data = image_batches(STEPS, world * B);
     let (reference, full_state) = single_process(&data, clip);
     let naive = run_ranks(world, &data, (micro, clip), &|t, comm| {
         Box::new(naive_zero(t.model(), t.grads(), comm, false).unwrap())

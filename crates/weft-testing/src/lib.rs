@@ -1,12 +1,49 @@
 //! Helpers shared by weft's test suites (a dev-dependency only): tiny models that run in
-//! milliseconds on thread ranks, parameters flattened for comparison, and a relative
-//! tolerance check that names the element that fails.
+//! milliseconds on thread ranks, random batches for them, thread ranks joined by the shm
+//! backend, parameters flattened for comparison, and a relative tolerance check that names
+//! the element that fails.
 
 pub mod models;
 
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use weft_collectives::{Communicator, ShmCommunicator};
 use weft_tensor::ParamStore;
 
 pub use models::{tied_model, tiny_resnet, tiny_resnet_config};
+
+/// `steps` batches of `n` random 3×6×6 f64 images (the tiny ResNet's input) with labels
+/// cycling through 3 classes.
+pub fn image_batches(steps: usize, n: usize) -> Vec<(Tensor, Tensor)> {
+    (0..steps)
+        .map(|s| {
+            let x = Tensor::randn(0f64, 1.0, (n, 3, 6, 6), &Device::Cpu).unwrap();
+            let y: Vec<u32> = (0..n).map(|i| ((i + s) % 3) as u32).collect();
+            (x, Tensor::from_vec(y, n, &Device::Cpu).unwrap())
+        })
+        .collect()
+}
+
+/// Runs `body(rank, communicator)` on `world` thread ranks joined by the shared-memory
+/// backend and returns what each rank returned, in rank order.
+pub fn on_thread_ranks<T: Send>(
+    world: usize,
+    body: impl Fn(usize, Arc<dyn Communicator>) -> T + Sync,
+) -> Vec<T> {
+    let comms = ShmCommunicator::new_thread_group(world).unwrap();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let body = &body;
+                scope.spawn(move || body(rank, Arc::new(comm)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
 
 /// Every trainable parameter of `store`, flattened and concatenated in store order, as f64.
 pub fn flat_params(store: &ParamStore) -> Vec<f64> {
