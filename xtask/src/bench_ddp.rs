@@ -51,6 +51,13 @@ pub struct BenchDdpArgs {
     /// same execution
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     cuda_graph: bool,
+    /// ZeRO stages of the N-rank run on the CPU, each a run of its own against the same
+    /// one-rank runs (0: plain DDP)
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    zero: Vec<u8>,
+    /// Optimizer of every run: sgd or adamw
+    #[arg(long, default_value = "sgd")]
+    optimizer: String,
     /// Data loader threads per rank (default: 1 on the CPU; on GPUs the host's cores shared
     /// out, at most 8, so that no rank waits for its images and stalls the others)
     #[arg(long)]
@@ -64,6 +71,9 @@ struct Measured {
 
 pub fn run(args: &BenchDdpArgs) -> Result<()> {
     if args.device.starts_with("cuda") {
+        if args.zero != [0] {
+            bail!("--zero: the GPU comparison runs plain DDP only so far (ZeRO on GPUs goes with the multi-GPU runs)");
+        }
         return run_gpu(args);
     }
     let cores = std::thread::available_parallelism()
@@ -74,9 +84,8 @@ pub fn run(args: &BenchDdpArgs) -> Result<()> {
         "bench-ddp: {} batch {} per rank at {}x{}, {} steps ({} warm-up), {cores} cores",
         args.model, args.batch_size, args.image_size, args.image_size, args.steps, args.warmup
     );
-    let single_narrow = measure(args, 1, per_rank_threads, "1rank-narrow")?;
-    let single_wide = measure(args, 1, cores, "1rank-wide")?;
-    let multi = measure(args, args.nproc, per_rank_threads, "nrank")?;
+    let single_narrow = measure(args, (1, 0), per_rank_threads, "1rank-narrow")?;
+    let single_wide = measure(args, (1, 0), cores, "1rank-wide")?;
     let row = |label: String, m: &Measured| {
         let hidden = m
             .comm_hidden
@@ -92,16 +101,27 @@ pub fn run(args: &BenchDdpArgs) -> Result<()> {
         &single_narrow,
     );
     row(format!("1 rank x {cores} thread(s)"), &single_wide);
-    row(
-        format!("{} ranks x {per_rank_threads} thread(s)", args.nproc),
-        &multi,
-    );
-    println!(
-        "scaling efficiency {} ranks vs 1 rank of the same threads: {:.1}%; throughput vs 1 rank on all cores: {:.2}x",
-        args.nproc,
-        100.0 * multi.images_per_sec / (args.nproc as f64 * single_narrow.images_per_sec),
-        multi.images_per_sec / single_wide.images_per_sec
-    );
+    for &zero in &args.zero {
+        let tag = format!("nrank-zero{zero}");
+        let multi = measure(args, (args.nproc, zero), per_rank_threads, &tag)?;
+        let strategy = match zero {
+            0 => "DDP".to_string(),
+            stage => format!("ZeRO-{stage}"),
+        };
+        row(
+            format!(
+                "{} ranks x {per_rank_threads} thread(s), {strategy}",
+                args.nproc
+            ),
+            &multi,
+        );
+        println!(
+            "scaling efficiency ({strategy}) {} ranks vs 1 rank of the same threads: {:.1}%; throughput vs 1 rank on all cores: {:.2}x",
+            args.nproc,
+            100.0 * multi.images_per_sec / (args.nproc as f64 * single_narrow.images_per_sec),
+            multi.images_per_sec / single_wide.images_per_sec
+        );
+    }
     Ok(())
 }
 
@@ -128,7 +148,10 @@ fn run_gpu(args: &BenchDdpArgs) -> Result<()> {
     for &world in std::iter::once(&1).chain(&worlds) {
         let tag = format!("{world}gpu");
         announce_phase(&format!("weft-{tag}"));
-        weft.push((world, measure(args, world, (cores / world).max(1), &tag)?));
+        weft.push((
+            world,
+            measure(args, (world, 0), (cores / world).max(1), &tag)?,
+        ));
     }
     let single = weft[0].1.images_per_sec;
     for (world, m) in &weft {
@@ -204,7 +227,13 @@ fn workers(args: &BenchDdpArgs, nproc: usize) -> usize {
     })
 }
 
-fn measure(args: &BenchDdpArgs, nproc: usize, threads: usize, tag: &str) -> Result<Measured> {
+/// One training run of `nproc` ranks under ZeRO stage `zero`.
+fn measure(
+    args: &BenchDdpArgs,
+    (nproc, zero): (usize, u8),
+    threads: usize,
+    tag: &str,
+) -> Result<Measured> {
     let global_batch = args.batch_size * nproc;
     let out = workspace_root().join("target/bench-runs");
     let name = format!("bench-ddp-{tag}-{}", std::process::id());
@@ -216,7 +245,8 @@ fn measure(args: &BenchDdpArgs, nproc: usize, threads: usize, tag: &str) -> Resu
     }
     let status = command
         .args(["--device", &args.device])
-        .args(["--optimizer", "sgd", "--lr", &args.lr.to_string()])
+        .args(["--optimizer", &args.optimizer, "--lr", &args.lr.to_string()])
+        .args(["--zero", &zero.to_string()])
         .args(["--momentum", &args.momentum.to_string()])
         .args(["--weight-decay", &args.weight_decay.to_string()])
         .args(["--batch-size", &global_batch.to_string()])
