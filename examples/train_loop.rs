@@ -30,7 +30,7 @@ fn main() -> anyhow::Result<()> {
         Checkpointing::None,
     )?;
     // Data parallelism: .with_strategy(Box::new(DistributedDataParallel::new(trainer.model(),
-    // trainer.grads(), communicator, DdpConfig::default())?))
+    // trainer.grads(), communicator, DdpConfig::default())?))?
     let images = Tensor::randn(0f32, 1.0, (16, 3, 32, 32), &device)?;
     let labels = Tensor::from_vec((0..16u32).map(|i| i % 10).collect(), 16, &device)?;
     for step in 0..5 {

@@ -80,7 +80,7 @@ pub fn run(args: &BenchOptimizerArgs) -> Result<()> {
         DType::F32,
     )?;
     let master = match optimizer.needs_master_copy() {
-        true => Some(FlatBuffer::from_store(store, layout, DType::F32)?),
+        true => Some(layout.read_range(store, 0..n, DType::F32)?),
         false => None,
     };
     let mut timed = 0.0;

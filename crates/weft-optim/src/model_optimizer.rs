@@ -9,8 +9,8 @@
 
 use std::ops::Range;
 
-use candle_core::{DType, Device};
-use weft_tensor::flat::HostElement;
+use candle_core::{DType, Device, Tensor};
+use weft_tensor::flat::{zip_update, HostElement};
 use weft_tensor::{FlatBuffer, ParamStore};
 
 use crate::{AdamW, AdamWConfig, OptimError, Optimizer, ParamGroups, Real, Sgd, SgdConfig, Shard};
@@ -157,18 +157,18 @@ impl ModelOptimizer {
     }
 
     /// Steps the parameters of `store` in `range` of the flat buffers with `grads`: through
-    /// the flat master copy `params` (then written back into the store), or in place on the
-    /// device. The optimizer's state covers `range`, which must stay the same from step to
-    /// step.
+    /// `master`, the flat master copy of the parameters over `range` (a 1-D tensor of the
+    /// optimizer's dtype; then written into the store), or in place on the device. The
+    /// optimizer's state covers `range`, which must stay the same from step to step.
     pub fn step(
         &mut self,
-        params: Option<&FlatBuffer>,
+        master: Option<&Tensor>,
         grads: &FlatBuffer,
         store: &ParamStore,
         range: Range<usize>,
     ) -> Result<(), OptimError> {
         let master = || {
-            params.ok_or(OptimError::Tensor {
+            master.ok_or(OptimError::Tensor {
                 optimizer: NAME,
                 reason: "this optimizer steps a flat master copy, but none was given".into(),
             })
@@ -182,11 +182,11 @@ impl ModelOptimizer {
     }
 }
 
-/// Steps `range` of the flat master copy `params` in place with a slice optimizer, then
-/// writes the master copy into the model's variables.
+/// Steps the master copy `master` of `range` in place with a slice optimizer, then writes it
+/// into the model's variables.
 fn step_master<T: Real + HostElement>(
     optimizer: &mut (dyn Optimizer<T> + Send),
-    params: &FlatBuffer,
+    master: &Tensor,
     grads: &FlatBuffer,
     store: &ParamStore,
     range: Range<usize>,
@@ -196,11 +196,14 @@ fn step_master<T: Real + HostElement>(
         offset: range.start,
         buffer_len: grads.layout().len(),
     };
-    params
-        .update_with(grads, range, |p: &mut [T], g: &[T]| {
-            result = optimizer.step_at(shard, p, g)
-        })
-        .map_err(tensor_error)?;
+    let ranges = (0..range.len(), range.clone());
+    zip_update(master, grads.tensor(), ranges, |p: &mut [T], g: &[T]| {
+        result = optimizer.step_at(shard, p, g)
+    })
+    .map_err(tensor_error)?;
     result?;
-    params.copy_to_store(store).map_err(tensor_error)
+    grads
+        .layout()
+        .write_range(store, range.start, master)
+        .map_err(tensor_error)
 }

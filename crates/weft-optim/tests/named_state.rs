@@ -40,7 +40,9 @@ fn optimizer(config: &OptimizerConfig) -> ModelOptimizer {
 fn train(opt: &mut ModelOptimizer, store: &ParamStore, from: usize, to: usize) -> Vec<f64> {
     let layout = FlatLayout::parameters(store);
     let len = layout.len();
-    let master = FlatBuffer::from_store(store, layout.clone(), DType::F64).unwrap();
+    let master = layout
+        .read_range(store, 0..layout.len(), DType::F64)
+        .unwrap();
     let grads = FlatBuffer::zeros(layout, DType::F64, &Device::Cpu).unwrap();
     for step in from..to {
         let g: Vec<f64> = (0..len)
@@ -52,7 +54,7 @@ fn train(opt: &mut ModelOptimizer, store: &ParamStore, from: usize, to: usize) -
             .unwrap();
         opt.step(Some(&master), &grads, store, 0..len).unwrap();
     }
-    master.to_vec_f64().unwrap()
+    master.to_vec1::<f64>().unwrap()
 }
 
 fn configs() -> Vec<OptimizerConfig> {

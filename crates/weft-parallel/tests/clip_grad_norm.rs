@@ -100,7 +100,7 @@ fn clipping_under_ddp_equals_one_process_on_the_global_batch() {
                         DdpConfig::default(),
                     )
                     .unwrap();
-                    let mut t = t.with_strategy(Box::new(ddp));
+                    let mut t = t.with_strategy(Box::new(ddp)).unwrap();
                     let rows = |t: &Tensor| t.narrow(0, rank * 2, 2).unwrap();
                     t.step(&rows(x), &rows(y), LR).unwrap();
                     flat_params(t.model().store())

@@ -73,7 +73,7 @@ where
                     let comm: Arc<dyn Communicator> = Arc::new(comm);
                     let plain = trainer(0);
                     let sync = make_sync(&plain, comm);
-                    let mut t = plain.with_strategy(sync);
+                    let mut t = plain.with_strategy(sync).unwrap();
                     let per_rank = data[0].1.elem_count() / world;
                     for (x, y) in data {
                         let mine = |t: &Tensor, start, len| t.narrow(0, start, len).unwrap();
@@ -250,7 +250,7 @@ fn first_bucket_all_reduce_starts_before_backward_finishes() {
                 let ddp = DistributedDataParallel::new(plain.model(), plain.grads(), Arc::new(comm), config)
                     .unwrap()
                     .with_timeline(timeline.clone());
-                let mut t = plain.with_strategy(Box::new(ddp)).with_timeline(timeline.clone());
+                let mut t = plain.with_strategy(Box::new(ddp)).unwrap().with_timeline(timeline.clone());
                 let (x, y) = &data[0];
                 t.step(&x.narrow(0, rank * B, B).unwrap(), &y.narrow(0, rank * B, B).unwrap(), 0.1).unwrap();
                 let spans = timeline.spans();
@@ -292,7 +292,7 @@ fn sync_batch_norm_in_training_mode_matches_one_process() {
                         DdpConfig::default(),
                     )
                     .unwrap();
-                    let mut t = plain.with_strategy(Box::new(ddp));
+                    let mut t = plain.with_strategy(Box::new(ddp)).unwrap();
                     for (x, y) in data {
                         t.step(
                             &x.narrow(0, rank * B, B).unwrap(),

@@ -69,7 +69,7 @@ fn update(compression: GradCompression) -> Vec<f64> {
                     };
                     let ddp =
                         DistributedDataParallel::new(t.model(), t.grads(), comm, config).unwrap();
-                    let mut t = t.with_strategy(Box::new(ddp));
+                    let mut t = t.with_strategy(Box::new(ddp)).unwrap();
                     let rows = |t: &Tensor| t.narrow(0, rank * 2, 2).unwrap();
                     delta(&mut t, &rows(x), &rows(y))
                 })

@@ -140,7 +140,9 @@ fn every_rank_skips_when_one_rank_finds_an_inf() {
                     )
                     .unwrap();
                     let before = flat_params(t.model().store());
-                    let mut t = t.with_strategy(Box::new(InfOnRankOne { inner, rank }));
+                    let mut t = t
+                        .with_strategy(Box::new(InfOnRankOne { inner, rank }))
+                        .unwrap();
                     let (x, y) = batch(0);
                     let rows = |t: &Tensor| t.narrow(0, rank * 2, 2).unwrap();
                     let outcome = t.step(&rows(&x), &rows(&y), 0.1).unwrap();

@@ -84,7 +84,9 @@ fn bf16_and_fp16_working_copies_train_like_f32_with_fp32_masters() {
         let master = mixed
             .master_weights()
             .expect("a master copy")
-            .to_vec_f64()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_vec1::<f64>()
             .unwrap();
         let rounded: Vec<f64> = Tensor::new(master.as_slice(), &Device::Cpu)
             .unwrap()

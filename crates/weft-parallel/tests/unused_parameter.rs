@@ -89,7 +89,7 @@ fn unused_parameter_is_named_on_every_rank_of_a_ddp_job() {
                         DdpConfig::default(),
                     )
                     .unwrap();
-                    step_error(&mut plain.with_strategy(Box::new(ddp)))
+                    step_error(&mut plain.with_strategy(Box::new(ddp)).unwrap())
                 })
             })
             .collect();

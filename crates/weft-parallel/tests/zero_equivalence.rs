@@ -5,7 +5,9 @@
 //! shards that cut through a group, or through a parameter, are exercised. BatchNorm runs in
 //! evaluation mode (every rank normalises alike), so the runs differ only in the order of the
 //! f64 gradient sums: 1e-10 relative after several steps (the ZeRO variants against the naive
-//! reference, the reference against one process).
+//! reference, the reference against one process). Every rank starts from another
+//! initialisation, which the strategy replaces with rank 0's; each rank's master copy and
+//! optimizer state cover its shard only.
 
 use std::sync::Arc;
 
@@ -13,7 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use weft_collectives::Communicator;
 use weft_models::loss::Classification;
 use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroup, ParamGroups};
-use weft_parallel::zero::{naive_zero, zero_stage1, zero_stage2};
+use weft_parallel::zero::{naive_zero, zero_stage1, zero_stage2, ShardLayout};
 use weft_parallel::{DdpConfig, Strategy, Trainer};
 use weft_tensor::{Checkpointing, FlatLayout, Mode};
 use weft_testing::{assert_close, flat_params, image_batches, on_thread_ranks, tiny_resnet};
@@ -36,8 +38,8 @@ fn groups(model: &weft_tensor::BlockModel) -> ParamGroups {
     .unwrap()
 }
 
-fn trainer(clip: Option<f64>) -> Trainer {
-    let model = tiny_resnet(0, 3, DType::F64);
+fn trainer(seed: u64, clip: Option<f64>) -> Trainer {
+    let model = tiny_resnet(seed, 3, DType::F64);
     let config = OptimizerConfig::AdamW(AdamWConfig {
         lr: 0.01,
         weight_decay: 0.05,
@@ -60,18 +62,19 @@ fn trainer(clip: Option<f64>) -> Trainer {
 
 type MakeStrategy = dyn Fn(&Trainer, Arc<dyn Communicator>) -> Box<dyn Strategy> + Sync;
 
-/// Every rank's parameters and optimizer-state length after training on its rows of each
-/// batch, in `micro` micro-batches.
+/// Every rank's parameters, and the lengths of its master copy and optimizer state, after
+/// training on its rows of each batch, in `micro` micro-batches.
 fn run_ranks(
     world: usize,
     data: &[(Tensor, Tensor)],
     (micro, clip): (usize, Option<f64>),
     make: &MakeStrategy,
-) -> Vec<(Vec<f64>, usize)> {
+) -> Vec<(Vec<f64>, usize, usize)> {
     on_thread_ranks(world, |rank, comm| {
-        let plain = trainer(clip);
+        // Another initialisation on every other rank: the strategy broadcasts rank 0's.
+        let plain = trainer(rank as u64, clip);
         let strategy = make(&plain, comm);
-        let mut t = plain.with_strategy(strategy);
+        let mut t = plain.with_strategy(strategy).unwrap();
         let per_rank = data[0].1.elem_count() / world;
         let per_micro = per_rank / micro;
         for (x, y) in data {
@@ -84,16 +87,26 @@ fn run_ranks(
                 .collect();
             t.step_accumulated(&parts, 0.01).unwrap();
         }
-        (flat_params(t.model().store()), t.optimizer().state_len())
+        let master = t.master_weights().map_or(0, |m| m.elem_count());
+        (
+            flat_params(t.model().store()),
+            master,
+            t.optimizer().state_len(),
+        )
     })
 }
 
-fn single_process(data: &[(Tensor, Tensor)], clip: Option<f64>) -> (Vec<f64>, usize) {
-    let mut t = trainer(clip);
+fn single_process(data: &[(Tensor, Tensor)], clip: Option<f64>) -> (Vec<f64>, usize, usize) {
+    let mut t = trainer(0, clip);
     for (x, y) in data {
         t.step(x, y, 0.01).unwrap();
     }
-    (flat_params(t.model().store()), t.optimizer().state_len())
+    let master = t.master_weights().map_or(0, |m| m.elem_count());
+    (
+        flat_params(t.model().store()),
+        master,
+        t.optimizer().state_len(),
+    )
 }
 
 fn small_buckets() -> DdpConfig {
@@ -106,7 +119,7 @@ fn small_buckets() -> DdpConfig {
 
 fn check(world: usize, micro: usize, clip: Option<f64>) {
     let data = image_batches(STEPS, world * B);
-    let (reference, full_state) = single_process(&data, clip);
+    let (reference, full_master, full_state) = single_process(&data, clip);
     let naive = run_ranks(world, &data, (micro, clip), &|t, comm| {
         Box::new(naive_zero(t.model(), t.grads(), comm, false).unwrap())
     });
@@ -116,25 +129,27 @@ fn check(world: usize, micro: usize, clip: Option<f64>) {
     let stage2 = run_ranks(world, &data, (micro, clip), &|t, comm| {
         Box::new(zero_stage2(t.model(), t.grads(), comm, small_buckets()).unwrap())
     });
-    let shard_state = full_state / world.max(1);
     for rank in 0..world {
         let what =
             |name| format!("{name}, world {world}, micro {micro}, clip {clip:?}, rank {rank}");
+        assert_eq!(
+            full_state,
+            2 * full_master,
+            "one process: AdamW's two moments"
+        );
         assert_close(&naive[rank].0, &reference, 1e-10, &what("naive"));
         assert_close(&stage1[rank].0, &naive[rank].0, 1e-10, &what("stage 1"));
         assert_close(&stage2[rank].0, &naive[rank].0, 1e-10, &what("stage 2"));
-        // AdamW's two moments over this rank's shard only (the last shard may be shorter).
+        // The master copy and AdamW's two moments over this rank's shard only.
+        let shard = ShardLayout::new(full_master, world).range(rank).len();
         for (name, run) in [
             ("naive", &naive),
             ("stage 1", &stage1),
             ("stage 2", &stage2),
         ] {
-            let state = run[rank].1;
-            assert!(
-                state <= shard_state + 2 * world && state * world + 2 * world >= full_state,
-                "{}: state of {state} elements, one process holds {full_state}",
-                what(name)
-            );
+            let (_, master, state) = run[rank];
+            assert_eq!(master, shard, "{}: master copy", what(name));
+            assert_eq!(state, 2 * shard, "{}: optimizer state", what(name));
         }
     }
 }

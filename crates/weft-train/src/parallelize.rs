@@ -53,11 +53,11 @@ pub fn resnet(
                 2 => Box::new(zero_stage2(model, grads, comm.clone(), config)?),
                 other => bail!("--zero {other}: stages 0, 1 and 2 exist"),
             };
-            trainer.with_strategy(strategy)
+            trainer.with_strategy(strategy)?
         }
         None => {
             let single = SingleProcess::new(trainer.model(), plan.ddp.find_unused_parameters);
-            trainer.with_strategy(Box::new(single))
+            trainer.with_strategy(Box::new(single))?
         }
     };
     if plan.cuda_graph && !plan.sync_bn {

@@ -98,7 +98,7 @@ fn run(config: &OptimizerConfig, device: &Device, params: DType, grads: DType) -
     let layout = FlatLayout::parameters(&store);
     let len = layout.len();
     let gradients = FlatBuffer::zeros(layout.clone(), grads, device)?;
-    let master = FlatBuffer::from_store(&store, layout, grads)?;
+    let master = layout.read_range(&store, 0..len, grads)?;
     let mut optimizer = ModelOptimizer::new(config.clone(), groups(len)?, device, grads)?;
     for step in 0..STEPS {
         let values: Vec<f64> = (0..len)

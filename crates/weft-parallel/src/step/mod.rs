@@ -30,11 +30,13 @@ use crate::strategy::Strategy;
 use outcome::{outcome, BatchResult};
 
 /// A model with its objective, flat gradients, optimizer (with a flat master copy of the
-/// parameters where it needs one) and strategy.
+/// parameters it steps where it needs one) and strategy.
 pub struct Trainer {
     model: BlockModel,
     objective: Box<dyn Objective>,
-    params: Option<FlatBuffer>,
+    /// The flat master copy of the parameters over the range the optimizer steps
+    /// ([`Strategy::optimizer_range`]: all of them, or this rank's ZeRO shard).
+    params: Option<Tensor>,
     grads: FlatBuffer,
     optimizer: ModelOptimizer,
     options: TapeOptions,
@@ -62,7 +64,8 @@ pub struct EvalOutcome {
 
 impl Trainer {
     /// Lays out `model`'s parameters in flat buffers. An optimizer that steps a flat master
-    /// copy gets one in its own dtype, and the gradients are kept in that dtype too (fp32
+    /// copy gets one in its own dtype, over the range of the flat buffers it steps (all of
+    /// them until [`Self::with_strategy`]), and the gradients are kept in that dtype too (fp32
     /// master weights and gradients for a 16-bit model: mixed precision, Megatron's
     /// `main_grad`); an optimizer on the parameters' device updates them in place, with
     /// gradients of the model's dtype (fp32 for a 16-bit model, the optimizer keeping fp32
@@ -76,14 +79,9 @@ impl Trainer {
     ) -> Result<Self> {
         let layout = FlatLayout::parameters(model.store());
         let dtype = optimizer.gradient_dtype(model.store().dtype());
-        let params = if optimizer.needs_master_copy() {
-            Some(FlatBuffer::from_store(
-                model.store(),
-                layout.clone(),
-                dtype,
-            )?)
-        } else {
-            None
+        let params = match optimizer.needs_master_copy() {
+            true => Some(layout.read_range(model.store(), 0..layout.len(), dtype)?),
+            false => None,
         };
         let grads = FlatBuffer::zeros(layout, dtype, model.store().device())?;
         let strategy = Box::new(SingleProcess::new(&model, false));
@@ -139,10 +137,16 @@ impl Trainer {
     }
 
     /// Spreads the step over ranks with `strategy` (built for this trainer's model and
-    /// gradient buffer).
-    pub fn with_strategy(mut self, strategy: Box<dyn Strategy>) -> Self {
+    /// gradient buffer, after it made the replicas identical). The master copy is read again
+    /// from the model, over the range the strategy gives this rank's optimizer.
+    pub fn with_strategy(mut self, strategy: Box<dyn Strategy>) -> Result<Self> {
         self.strategy = strategy;
-        self
+        if let Some(master) = &self.params {
+            let layout = self.grads.layout();
+            let range = self.strategy.optimizer_range(layout.len());
+            self.params = Some(layout.read_range(self.model.store(), range, master.dtype())?);
+        }
+        Ok(self)
     }
 
     /// Clips the gradients to the global norm `max_norm` before every update
@@ -217,8 +221,9 @@ impl Trainer {
         &self.optimizer
     }
 
-    /// The flat master copy of the parameters the optimizer steps, where it keeps one.
-    pub fn master_weights(&self) -> Option<&FlatBuffer> {
+    /// The flat master copy of the parameters the optimizer steps (over its range of the flat
+    /// buffers), where it keeps one.
+    pub fn master_weights(&self) -> Option<&Tensor> {
         self.params.as_ref()
     }
 

@@ -34,36 +34,56 @@ impl FlatBuffer {
                 self.layout.len()
             )));
         }
-        if !self.data.device().is_cpu() {
-            return self.update_via_host(other, range, f);
-        }
+        zip_update(&self.data, &other.data, (range.clone(), range), f)
+    }
+}
+
+/// Runs `f` over `target`'s elements in the first range as a mutable slice, together with
+/// `source`'s elements in the second (of the same length): a ZeRO shard of the master weights
+/// stepped with its range of the flat gradients. Both 1-D tensors hold `T` (f32 or f64). On
+/// the CPU the closure runs in place inside Candle's storage; on a GPU the ranges are copied
+/// to the host and back.
+pub fn zip_update<T, F>(
+    target: &Tensor,
+    source: &Tensor,
+    (target_range, source_range): (Range<usize>, Range<usize>),
+    mut f: F,
+) -> Result<()>
+where
+    T: HostElement,
+    F: FnMut(&mut [T], &[T]),
+{
+    let fits = |range: &Range<usize>, t: &Tensor| range.end <= t.elem_count();
+    if target_range.len() != source_range.len()
+        || !fits(&target_range, target)
+        || !fits(&source_range, source)
+    {
+        return Err(TensorError::Flat(format!(
+            "cannot update elements {target_range:?} of {} with elements {source_range:?} of {}",
+            target.elem_count(),
+            source.elem_count()
+        )));
+    }
+    if target.device().is_cpu() {
         let op = ZipUpdate {
-            range,
+            ranges: (target_range, source_range),
             f: std::sync::Mutex::new(f),
             element: std::marker::PhantomData,
         };
-        self.data.inplace_op2(&other.data, &op)?;
-        Ok(())
+        target.inplace_op2(source, &op)?;
+        return Ok(());
     }
-
-    fn update_via_host<T, F>(&self, other: &FlatBuffer, range: Range<usize>, mut f: F) -> Result<()>
-    where
-        T: HostElement,
-        F: FnMut(&mut [T], &[T]),
-    {
-        let host = |t: &Tensor| -> Result<Vec<T>> {
-            Ok(t.narrow(0, range.start, range.len())?
-                .to_device(&Device::Cpu)?
-                .to_vec1::<T>()?)
-        };
-        let mut mine = host(&self.data)?;
-        let theirs = host(&other.data)?;
-        f(&mut mine, &theirs);
-        let updated =
-            Tensor::from_vec(mine, range.len(), &Device::Cpu)?.to_device(self.data.device())?;
-        self.data.slice_set(&updated, 0, range.start)?;
-        Ok(())
-    }
+    let host = |t: &Tensor, range: &Range<usize>| -> Result<Vec<T>> {
+        Ok(t.narrow(0, range.start, range.len())?
+            .to_device(&Device::Cpu)?
+            .to_vec1::<T>()?)
+    };
+    let mut mine = host(target, &target_range)?;
+    let theirs = host(source, &source_range)?;
+    f(&mut mine, &theirs);
+    let updated = Tensor::from_vec(mine, target_range.len(), &Device::Cpu)?;
+    target.slice_set(&updated.to_device(target.device())?, 0, target_range.start)?;
+    Ok(())
 }
 
 /// Element types a flat buffer can expose to host code as slices.
@@ -93,9 +113,9 @@ macro_rules! host_element {
 host_element!(f32, F32);
 host_element!(f64, F64);
 
-/// In-place `f(&mut self[range], &other[range])` over two CPU tensors of element type `T`.
+/// In-place `f(&mut dst[ranges.0], &src[ranges.1])` over two CPU tensors of element type `T`.
 struct ZipUpdate<T, F> {
-    range: Range<usize>,
+    ranges: (Range<usize>, Range<usize>),
     f: std::sync::Mutex<F>,
     element: std::marker::PhantomData<fn(T)>,
 }
@@ -121,8 +141,8 @@ impl<T: HostElement, F: FnMut(&mut [T], &[T])> candle_core::InplaceOp2 for ZipUp
                 std::any::type_name::<T>()
             );
         };
-        let dst = &mut dst[dst_range][self.range.clone()];
-        let src = &src[src_range][self.range.clone()];
+        let dst = &mut dst[dst_range][self.ranges.0.clone()];
+        let src = &src[src_range][self.ranges.1.clone()];
         let mut f = self.f.lock().expect("update closure panicked before");
         f(dst, src);
         Ok(())

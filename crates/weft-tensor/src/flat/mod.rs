@@ -19,7 +19,7 @@ use crate::params::{EntryId, ParamStore};
 mod host_update;
 mod ranges;
 
-pub use host_update::HostElement;
+pub use host_update::{zip_update, HostElement};
 
 /// Where each entry lives in a flat buffer.
 #[derive(Debug, Clone, PartialEq)]
