@@ -70,6 +70,10 @@ def main() -> None:
             bwd.append(t2 - t1)
             step.append(t3 - t0)
     peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    device_bytes = None
+    if dev.type == "cuda":
+        free, total = torch.cuda.mem_get_info(dev)
+        device_bytes = total - free
     print(json.dumps({
         "framework": "pytorch",
         "torch": torch.__version__,
@@ -78,6 +82,7 @@ def main() -> None:
         "backward_s": statistics.median(bwd),
         "step_s": statistics.median(step),
         "peak_bytes": peak,
+        "device_bytes": device_bytes,
         "tf32_convolutions": torch.backends.cudnn.allow_tf32 if dev.type == "cuda" else None,
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32 if dev.type == "cuda" else None,
     }))

@@ -78,6 +78,8 @@ struct Measured {
     images_per_sec: f64,
     /// Peak bytes in use by tensors on the device (GPU only).
     peak_bytes: Option<u64>,
+    /// Bytes in use on the device as it sees it (context and pools included), after the steps.
+    device_bytes: Option<u64>,
 }
 
 pub fn run(args: &BenchStepArgs) -> Result<()> {
@@ -115,6 +117,9 @@ fn print_row(name: &str, m: &Measured) {
         m.images_per_sec,
         m.peak_bytes.map_or(String::new(), |b| format!(
             "  peak memory {:.0} MiB",
+            b as f64 / (1u64 << 20) as f64
+        )) + &m.device_bytes.map_or(String::new(), |b| format!(
+            ", device in use {:.0} MiB",
             b as f64 / (1u64 << 20) as f64
         ))
     );
@@ -234,6 +239,7 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
         step,
         images_per_sec: args.batch_size as f64 / step,
         peak_bytes: peak_memory(&device)?,
+        device_bytes: device_memory(&device)?,
     })
 }
 
@@ -258,6 +264,17 @@ fn set_profiler_collection(device: &candle_core::Device, on: bool) -> Result<()>
 fn peak_memory(device: &candle_core::Device) -> Result<Option<u64>> {
     #[cfg(feature = "cuda")]
     return Ok(weft_tensor::cuda_runtime::memory_usage(device)?.map(|u| u.used_peak));
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        Ok(None)
+    }
+}
+
+/// Bytes in use on the device as it sees it (GPU only).
+fn device_memory(device: &candle_core::Device) -> Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    return Ok(weft_tensor::cuda_runtime::device_memory_in_use(device)?);
     #[cfg(not(feature = "cuda"))]
     {
         let _ = device;
@@ -325,5 +342,6 @@ fn measure_torch(args: &BenchStepArgs, threads: usize) -> Result<Measured> {
         step,
         images_per_sec: args.batch_size as f64 / step,
         peak_bytes: json["peak_bytes"].as_u64(),
+        device_bytes: json["device_bytes"].as_u64(),
     })
 }

@@ -8,6 +8,7 @@ mod cuda_build;
 mod gpu_bundle;
 mod gpu_check;
 mod launch;
+mod memory_plan;
 mod python;
 
 use anyhow::Result;
@@ -33,6 +34,9 @@ enum Command {
     BenchDdp(bench_ddp::BenchDdpArgs),
     /// Collective bandwidth and latency (nccl-tests style), beside PyTorch gloo
     BenchCollectives(bench_collectives::BenchCollectivesArgs),
+    /// Predict a training run's memory per rank, by category with formulas, before any GPU
+    /// is touched
+    MemoryPlan(memory_plan::MemoryPlanArgs),
     /// The CUDA path against the CPU reference, as a pass/fail table (needs a GPU)
     GpuCheck,
     /// Build the CUDA binaries and write a folder that runs on a GPU machine without Rust
@@ -86,6 +90,7 @@ fn main() {
         },
         Command::GpuBundle(args) => gpu_bundle::run(&args),
         Command::GpuCheckDdp => gpu_check::ddp::run_rank(),
+        Command::MemoryPlan(args) => memory_plan::run(&args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -126,6 +126,15 @@ pub trait DeviceCollectives: Send + Sync {
     /// An all-reduce over `data` in place, ordered on the device only (see the module docs).
     fn all_reduce_ordered(&self, data: &DeviceBuffer, op: ReduceOp) -> Result<Box<dyn DeviceJoin>>;
 
+    /// A reduction of `data` into `root`'s, in place, ordered on the device only; the other
+    /// ranks' `data` is left as it was.
+    fn reduce_ordered(
+        &self,
+        data: &DeviceBuffer,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Box<dyn DeviceJoin>>;
+
     /// Broadcast of `root`'s `data` over every rank's, in place, ordered on the device only.
     fn broadcast_ordered(&self, data: &DeviceBuffer, root: usize) -> Result<Box<dyn DeviceJoin>>;
 

@@ -156,6 +156,30 @@ impl ModelOptimizer {
         }
     }
 
+    /// Bytes of the optimizer's state buffers (see [`Self::state_len`]).
+    pub fn state_bytes(&self) -> usize {
+        match self {
+            ModelOptimizer::F32(opt) => opt.state_len() * 4,
+            ModelOptimizer::F64(opt) => opt.state_len() * 8,
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(opt) => opt
+                .state()
+                .iter()
+                .map(|(_, t)| t.elem_count() * t.dtype().size_in_bytes())
+                .sum(),
+        }
+    }
+
+    /// Bytes of master weights the optimizer keeps itself (on a GPU, the fp32 copy of 16-bit
+    /// parameters; the CPU rules step a master copy their caller keeps).
+    pub fn own_master_bytes(&self) -> usize {
+        match self {
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(opt) => opt.master_bytes(),
+            _ => 0,
+        }
+    }
+
     /// Steps the parameters of `store` in `range` of the flat buffers with `grads`: through
     /// `master`, the flat master copy of the parameters over `range` (a 1-D tensor of the
     /// optimizer's dtype; then written into the store), or in place on the device. The

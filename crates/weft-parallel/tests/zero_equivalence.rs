@@ -156,7 +156,7 @@ fn check(world: usize, micro: usize, clip: Option<f64>) {
 
 #[test]
 fn zero_stages_match_one_process_on_the_global_batch() {
-    for world in [2, 4] {
+    for world in [1, 2, 4] {
         check(world, 1, None);
     }
 }

@@ -14,6 +14,7 @@
 //! allocations (a replayed training step allocates there): the equivalents of PyTorch's
 //! `memory_allocated`, `max_memory_allocated`, `memory_reserved` and `max_memory_reserved`
 //! (peaks as the sum of both peaks, an upper bound of the combined one).
+//! [`device_memory_in_use`] is the device's own count, as nvidia-smi shows it.
 //! [`set_profiler_collection`] brackets the part of a run an attached profiler records.
 
 use candle_core::Device;
@@ -132,6 +133,23 @@ pub fn memory_usage(device: &Device) -> Result<Option<MemoryUsage>> {
         reserved_peak: pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?
             + graph(G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?,
     }))
+}
+
+/// Bytes in use on the whole device as the driver sees it (total minus free): every process's
+/// allocations, the CUDA context and libraries, the memory pool's reserve and CUDA graphs'
+/// memory; `None` for other devices.
+pub fn device_memory_in_use(device: &Device) -> Result<Option<u64>> {
+    if !device.is_cuda() {
+        return Ok(None);
+    }
+    device
+        .as_cuda_device()?
+        .cuda_stream()
+        .context()
+        .bind_to_thread()
+        .map_err(|e| cuda_error("binding the CUDA context", e))?;
+    let (free, total) = result::mem_get_info().map_err(|e| cuda_error("reading free memory", e))?;
+    Ok(Some((total - free) as u64))
 }
 
 /// A memory attribute of the device's CUDA graphs (their allocations live apart from the

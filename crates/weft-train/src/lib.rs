@@ -2,12 +2,14 @@
 //!
 //! [`resnet::run`] is the image-classification trainer behind `cargo xtask train-resnet`; the
 //! training step itself is weft-parallel's [`weft_parallel::Trainer`], set up per model by
-//! [`parallelize`].
+//! [`parallelize`]. [`memory_plan`] predicts a run's memory per rank (`cargo xtask memory-plan`).
 
 pub mod args;
 pub mod data;
 pub mod device;
 pub mod distributed;
+pub mod memory_plan;
+pub mod memory_report;
 pub mod optim_setup;
 pub mod parallelize;
 pub mod progress;

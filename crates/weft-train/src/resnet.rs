@@ -20,6 +20,7 @@ use weft_tensor::{timeline, Checkpointing, Timeline};
 use crate::args::TrainArgs;
 use crate::data::{self, DataSets};
 use crate::distributed::RankContext;
+use crate::memory_report;
 use crate::optim_setup::{build_optimizer, build_schedule};
 use crate::parallelize::{self, ResNetParallelism};
 use crate::progress::Progress;
@@ -181,6 +182,10 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             }
             skipped += usize::from(outcome.skipped);
             accumulate(&mut totals, &outcome);
+            if step == 0 && ctx.is_main() && !args.quiet {
+                let settings = memory_report::plan_settings(args, policy, ctx.world_size);
+                print!("{}", memory_report::model_state_table(&trainer, &settings)?);
+            }
             step += 1;
             progress.step(
                 epoch,

@@ -237,6 +237,16 @@ impl DeviceCollectives for NcclCommunicator {
         self.ordered("all_reduce", data, |l, d| l.all_reduce(d, d, op))
     }
 
+    fn reduce_ordered(
+        &self,
+        data: &DeviceBuffer,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Box<dyn DeviceJoin>> {
+        self.check_rank("reduce", "root", root)?;
+        self.ordered("reduce", data, |l, d| l.reduce(d, d, op, root))
+    }
+
     fn broadcast_ordered(&self, data: &DeviceBuffer, root: usize) -> Result<Box<dyn DeviceJoin>> {
         self.check_rank("broadcast", "root", root)?;
         self.ordered("broadcast", data, |l, d| l.broadcast(d, d, root))

@@ -257,6 +257,25 @@ fn device_tensors(comm: &dyn Communicator, device: &Device) -> std::result::Resu
     check("device reduce_scatter", &got, |i| {
         (0..n).map(|r| value(r, rank * len + i)).sum()
     })?;
+    // A reduce of a range of a larger tensor (a part of a ZeRO-2 bucket).
+    let wider = Tensor::zeros(len + 10, candle_core::DType::F32, device).map_err(tensor_fail)?;
+    let part = wider.narrow(0, 7, len).map_err(tensor_fail)?;
+    part.slice_set(&x, 0, 0).map_err(tensor_fail)?;
+    let reduced = comm
+        .reduce_tensor(&part, ReduceOp::Avg, n - 1)
+        .map_err(fail)?;
+    let got = read(reduced.wait().map_err(fail)?).map_err(tensor_fail)?;
+    if rank == n - 1 {
+        if let Some(i) = (0..len).find(|&i| {
+            let expected = (0..n).map(|r| value(r, i)).sum::<f32>() / n as f32;
+            (got[i] - expected).abs() > 1e-6
+        }) {
+            return Err(format!(
+                "device reduce of a view: element {i} is {}",
+                got[i]
+            ));
+        }
+    }
     // In place, over a range of a larger tensor (a DDP bucket of the flat gradient buffer).
     let flat = Tensor::zeros(len + 10, candle_core::DType::F32, device).map_err(tensor_fail)?;
     let bucket = flat.narrow(0, 5, len).map_err(tensor_fail)?;

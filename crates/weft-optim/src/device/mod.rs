@@ -158,6 +158,13 @@ impl DeviceOptimizer {
             .collect()
     }
 
+    /// Bytes of the fp32 master weights it keeps for 16-bit parameters (0 otherwise).
+    pub fn master_bytes(&self) -> usize {
+        self.master
+            .as_ref()
+            .map_or(0, |(t, _)| t.elem_count() * t.dtype().size_in_bytes())
+    }
+
     /// Replaces the state: buffers by name over `range` (on any device; moved to the
     /// parameters'), and the step count.
     pub fn load_state(

@@ -54,6 +54,17 @@ pub fn all_reduce_ordered(
     Ok(native.all_reduce_ordered(&device_buffer("all_reduce", tensor)?, op)?)
 }
 
+/// A reduction of `tensor` (contiguous, on `native`'s GPU) into `root`'s, in place, ordered on
+/// the device only; the other ranks' tensors are left as they were.
+pub fn reduce_ordered(
+    native: &dyn DeviceCollectives,
+    tensor: &Tensor,
+    op: ReduceOp,
+    root: usize,
+) -> Result<Box<dyn DeviceJoin>> {
+    Ok(native.reduce_ordered(&device_buffer("reduce", tensor)?, op, root)?)
+}
+
 /// A broadcast of `root`'s `tensor` over every rank's, in place, ordered on the device only.
 pub fn broadcast_ordered(
     native: &dyn DeviceCollectives,

@@ -3,7 +3,8 @@
 //! asynchronously while backward goes on with earlier blocks, in place: a bucket is a range of
 //! the flat gradient buffer, and on a GPU NCCL averages it where it lies (no copy, PyTorch's
 //! `gradient_as_bucket_view`). `finish` waits for every bucket. The result equals all-reducing
-//! every gradient after backward.
+//! every gradient after backward. For ZeRO-2 ([`crate::zero`]) each part of a bucket is instead
+//! averaged into the rank whose shard holds it (a reduce per owner).
 //!
 //! On a device whose collectives the backend runs natively (NCCL on GPUs) every operation is
 //! *ordered on the device*: queued on a communication stream after the gradients' kernels, and
@@ -20,7 +21,9 @@ use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
 use weft_tensor::{BlockModel, EntryId, FlatBuffer, Timeline};
 
 use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig};
-use crate::collectives::{all_reduce_ordered, native_for, TensorCollectives, TensorWork};
+use crate::collectives::{
+    all_reduce_ordered, native_for, reduce_ordered, TensorCollectives, TensorWork,
+};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -132,11 +135,10 @@ impl DistributedDataParallel {
     }
 
     /// Reduces each part of a bucket into the rank whose shard of `shards` holds it instead of
-    /// all-reducing it (ZeRO-2). The host waits for these reductions, so such a step is not
-    /// captured in a CUDA graph.
+    /// all-reducing it (ZeRO-2): in place, ordered on the device where the communicator runs
+    /// it natively, through the host otherwise.
     pub(crate) fn reducing_to_owners(mut self, shards: ShardLayout) -> Self {
         self.reduction = BucketReduction::ToOwners(shards);
-        self.on_device = false;
         self
     }
 
@@ -174,12 +176,25 @@ impl DistributedDataParallel {
             let rank = self.comm.rank();
             for (owner, part) in shards.owners(range.clone()) {
                 let view = data.narrow(0, part.start - range.start, part.len())?;
-                let work = self.comm.reduce_tensor(&view, ReduceOp::Avg, owner)?;
-                let write_back = match owner == rank {
-                    true => WriteBack::Result(part.start),
-                    false => WriteBack::Nothing,
+                let (work, write_back) = match self.native() {
+                    Some(device) => {
+                        let join = reduce_ordered(device, &view, ReduceOp::Avg, owner)?;
+                        let write_back = match (&compressed, owner == rank) {
+                            (Some(_), true) => WriteBack::Copy(view, part.start),
+                            _ => WriteBack::Nothing,
+                        };
+                        (Reduction::Device(join), write_back)
+                    }
+                    None => {
+                        let work = self.comm.reduce_tensor(&view, ReduceOp::Avg, owner)?;
+                        let write_back = match owner == rank {
+                            true => WriteBack::Result(part.start),
+                            false => WriteBack::Nothing,
+                        };
+                        (Reduction::Host(Box::new(work)), write_back)
+                    }
                 };
-                self.push(bucket, Reduction::Host(Box::new(work)), write_back);
+                self.push(bucket, work, write_back);
             }
             return Ok(());
         }

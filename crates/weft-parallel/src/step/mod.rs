@@ -10,6 +10,7 @@
 
 #[cfg(feature = "cuda")]
 mod cuda_graph;
+mod memory;
 mod outcome;
 mod run;
 
@@ -22,6 +23,7 @@ use weft_precision::DynamicLossScaler;
 use weft_tensor::tape::{self, TapeOptions};
 use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Objective, Timeline};
 
+pub use memory::ModelStateBytes;
 pub use outcome::{StepOutcome, StepTimings};
 
 use crate::error::{ParallelError, Result};

@@ -9,7 +9,8 @@
 //! - [`zero_stage1`]: the gradients averaged by DDP's buckets, overlapped with backward.
 //! - [`zero_stage2`]: each bucket's parts averaged into the rank that owns them (a reduce per
 //!   owner, DeepSpeed's `average_tensor`), overlapped with backward: half the traffic of an
-//!   all-reduce. The full-size gradient buffer the step writes into is still allocated on
+//!   all-reduce. Under NCCL the reduces run in place, ordered on the device like DDP's
+//!   all-reduces; through the host on the CPU. The full-size gradient buffer the step writes into is still allocated on
 //!   every rank; releasing all but the shard is the next step of ZeRO-2's memory saving.
 //!
 //! All of them give the parameters of one process training on the whole batch, up to the

@@ -1,0 +1,203 @@
+//! The memory planner: the seed documents' worked examples reproduced, its JSON and its advice,
+//! and its model-state rows against what the trainer actually holds per rank under each ZeRO
+//! stage (counted from the live tensors on thread ranks).
+
+use candle_core::{DType, Device};
+use weft_models::loss::Classification;
+use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups};
+use weft_parallel::zero::{zero_stage1, zero_stage2};
+use weft_parallel::{DdpConfig, DistributedDataParallel, Strategy, Trainer};
+use weft_precision::PrecisionPolicy;
+use weft_tensor::Checkpointing;
+use weft_testing::{image_batches, on_thread_ranks, tiny_resnet};
+use weft_train::memory_plan::{
+    self, Device as PlanDevice, ModelShape, PlanSettings, PlannedOptimizer,
+};
+
+fn settings(precision: &str, world: usize, zero: u8) -> PlanSettings {
+    PlanSettings {
+        device: PlanDevice::Cuda,
+        world,
+        zero,
+        offload_optimizer: false,
+        tp: 1,
+        pp: 1,
+        precision: PrecisionPolicy::from_name(precision).unwrap(),
+        optimizer: PlannedOptimizer::AdamW,
+        batch_size: 2,
+        checkpoint_activations: false,
+        grad_dtype: None,
+        state_dtype: None,
+    }
+}
+
+fn phi3_mini() -> ModelShape {
+    ModelShape::transformer(Some(3_800_000_000), (32, 3072, 32), (256, 32064)).unwrap()
+}
+
+#[test]
+fn phi3_mini_on_one_gpu_matches_the_seed_documents() {
+    // bf16 weights and gradients, AdamW's moments in fp32, no master copy.
+    let seed = PlanSettings {
+        state_dtype: Some(DType::F32),
+        ..settings("bf16-true", 1, 0)
+    };
+    let plan = memory_plan::plan(&phi3_mini(), &seed).unwrap();
+    assert_eq!(plan.bytes("parameters"), 7_600_000_000);
+    assert_eq!(plan.bytes("gradients"), 7_600_000_000);
+    assert_eq!(plan.bytes("optimizer_states"), 30_400_000_000);
+    assert_eq!(plan.bytes("master_weights"), 0);
+    // Korthikanti et al.: 32 layers × s·b·h·(34 + 5·a·s/h) + the fp32 logits.
+    let (s, b, h, a) = (256u64, 2u64, 3072u64, 32u64);
+    let expected = 32 * (s * b * h * 34 + 5 * a * s * s * b) + 4 * s * b * 32064;
+    assert_eq!(plan.bytes("activations"), expected);
+    // weft's bf16-mixed: fp32 master weights, and gradients accumulated in fp32.
+    let mixed = memory_plan::plan(&phi3_mini(), &settings("bf16-mixed", 1, 0)).unwrap();
+    assert_eq!(mixed.bytes("parameters"), 7_600_000_000);
+    assert_eq!(mixed.bytes("master_weights"), 15_200_000_000);
+    assert_eq!(mixed.bytes("gradients"), 15_200_000_000);
+    assert_eq!(mixed.bytes("optimizer_states"), 30_400_000_000);
+    let table = mixed.table();
+    assert!(
+        table.contains("Ψ·4 B (f32)") && table.contains("two moments"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_100b_model_on_64_gpus_follows_the_zero_paper() {
+    let psi: u64 = 100_000_000_000;
+    let model = ModelShape::transformer(Some(psi), (80, 8192, 64), (2048, 51200)).unwrap();
+    // The paper's mixed precision: fp16 parameters and gradients, fp32 master and moments.
+    let paper = |zero| PlanSettings {
+        grad_dtype: Some(DType::F16),
+        ..settings("fp16-mixed", 64, zero)
+    };
+    let states = |zero| -> u64 {
+        let plan = memory_plan::plan(&model, &paper(zero)).unwrap();
+        [
+            "parameters",
+            "gradients",
+            "master_weights",
+            "optimizer_states",
+        ]
+        .iter()
+        .map(|c| plan.bytes(c))
+        .sum()
+    };
+    let n = 64;
+    assert_eq!(states(0), 16 * psi, "16Ψ = 1.6 TB");
+    assert_eq!(states(0), 1_600_000_000_000);
+    assert_eq!(states(1), 4 * psi + 12 * psi.div_ceil(n));
+    assert_eq!(states(3), 16 * psi.div_ceil(n));
+    // weft's stage 2 keeps the full gradient buffer: stage 1's figure, and the table says so
+    // beside the paper's 2Ψ + 14Ψ/N.
+    assert_eq!(states(2), states(1));
+    let table = memory_plan::plan(&model, &paper(2)).unwrap().table();
+    assert!(
+        table.contains("stage 2: 2Ψ + 14Ψ/N") && table.contains("full-size gradient buffer"),
+        "{table}"
+    );
+    assert!(table.contains("4·largest layer + 18Ψ/N"), "{table}");
+}
+
+#[test]
+fn json_has_the_categories_and_advice_names_changes_that_fit() {
+    let plan = memory_plan::plan(&phi3_mini(), &settings("bf16-mixed", 1, 0)).unwrap();
+    let json = plan.json();
+    let per_rank = &json["per_rank_bytes"];
+    for key in [
+        "parameters",
+        "gradients",
+        "master_weights",
+        "optimizer_states",
+        "activations",
+        "total_bytes",
+    ] {
+        assert!(per_rank[key].as_u64().is_some(), "missing {key}: {json}");
+    }
+    assert_eq!(per_rank["total_bytes"], json["total_bytes"]);
+    let total: u64 = per_rank
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "total_bytes")
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(json["total_bytes"].as_u64().unwrap(), total);
+    // 71.7 GB planned: not in 40 GB; eight-way tensor parallelism would fit.
+    let advice = plan.fit(40_000_000_000);
+    assert!(
+        advice.starts_with("does not fit") && advice.contains("--tp 8"),
+        "{advice}"
+    );
+    assert!(plan.fit(200_000_000_000).starts_with("fits"));
+    let bad = memory_plan::plan(
+        &phi3_mini(),
+        &PlanSettings {
+            offload_optimizer: true,
+            ..settings("fp32", 1, 0)
+        },
+    );
+    assert!(bad.unwrap_err().to_string().contains("--offload-optimizer"));
+}
+
+/// One step of the tiny ResNet in f32 with AdamW under ZeRO stage `zero` (0: DDP) on `world`
+/// thread ranks; each rank's measured model-state bytes.
+fn measured(world: usize, zero: u8) -> (u64, Vec<[(&'static str, usize); 4]>) {
+    let data = image_batches(1, 2 * world);
+    let psi = tiny_resnet(0, 3, DType::F32).store().num_parameters() as u64;
+    let ranks = on_thread_ranks(world, |rank, comm| {
+        let model = tiny_resnet(0, 3, DType::F32);
+        let config = OptimizerConfig::AdamW(AdamWConfig::default());
+        let optimizer =
+            ModelOptimizer::new(config, ParamGroups::default(), &Device::Cpu, DType::F32).unwrap();
+        let t = Trainer::new(
+            model,
+            Box::new(Classification),
+            optimizer,
+            Checkpointing::None,
+        )
+        .unwrap();
+        let (model, grads, config) = (t.model(), t.grads(), DdpConfig::default());
+        let strategy: Box<dyn Strategy> = match zero {
+            0 => Box::new(DistributedDataParallel::new(model, grads, comm, config).unwrap()),
+            1 => Box::new(zero_stage1(model, grads, comm, config).unwrap()),
+            _ => Box::new(zero_stage2(model, grads, comm, config).unwrap()),
+        };
+        let mut t = t.with_strategy(strategy).unwrap();
+        let (x, y) = &data[0];
+        let x = x
+            .narrow(0, 2 * rank, 2)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        t.step(&x, &y.narrow(0, 2 * rank, 2).unwrap(), 0.01)
+            .unwrap();
+        t.model_state_bytes().by_category()
+    });
+    (psi, ranks)
+}
+
+#[test]
+fn the_trainer_holds_the_planned_model_states_on_every_rank() {
+    for world in [2, 4] {
+        for zero in 0..=2 {
+            let (psi, ranks) = measured(world, zero);
+            let cpu = PlanSettings {
+                device: PlanDevice::Cpu,
+                ..settings("fp32", world, zero)
+            };
+            let planned = memory_plan::model_states(&cpu, psi).unwrap();
+            for (rank, measured) in ranks.iter().enumerate() {
+                for ((category, got), (_, want)) in measured.iter().zip(&planned) {
+                    let (got, want) = (*got as f64, *want as f64);
+                    assert!(
+                        (got - want).abs() <= 0.05 * want,
+                        "world {world}, zero {zero}, rank {rank}: {category} measured {got}, planned {want}"
+                    );
+                }
+            }
+        }
+    }
+}
