@@ -135,6 +135,16 @@ pub fn memory_usage(device: &Device) -> Result<Option<MemoryUsage>> {
     }))
 }
 
+/// Makes `device`'s CUDA context current on this thread.
+fn bind_context(device: &Device) -> Result<()> {
+    device
+        .as_cuda_device()?
+        .cuda_stream()
+        .context()
+        .bind_to_thread()
+        .map_err(|e| cuda_error("binding the CUDA context", e))
+}
+
 /// Bytes in use on the whole device as the driver sees it (total minus free): every process's
 /// allocations, the CUDA context and libraries, the memory pool's reserve and CUDA graphs'
 /// memory; `None` for other devices.
@@ -142,12 +152,7 @@ pub fn device_memory_in_use(device: &Device) -> Result<Option<u64>> {
     if !device.is_cuda() {
         return Ok(None);
     }
-    device
-        .as_cuda_device()?
-        .cuda_stream()
-        .context()
-        .bind_to_thread()
-        .map_err(|e| cuda_error("binding the CUDA context", e))?;
+    bind_context(device)?;
     let (free, total) = result::mem_get_info().map_err(|e| cuda_error("reading free memory", e))?;
     Ok(Some((total - free) as u64))
 }
@@ -207,12 +212,7 @@ pub fn set_profiler_collection(device: &Device, on: bool) -> Result<()> {
     if !device.is_cuda() {
         return Ok(());
     }
-    device
-        .as_cuda_device()?
-        .cuda_stream()
-        .context()
-        .bind_to_thread()
-        .map_err(|e| cuda_error("binding the CUDA context", e))?;
+    bind_context(device)?;
     // SAFETY: the context is bound to this thread; both calls take no arguments.
     unsafe {
         if on {
