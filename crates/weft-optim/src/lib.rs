@@ -38,7 +38,7 @@ pub use device::{DeviceOptimizer, DeviceRule};
 pub use error::OptimError;
 pub use groups::{ParamGroup, ParamGroups};
 pub use model_optimizer::{ModelOptimizer, OptimizerConfig};
-pub use named_state::{NamedState, NamedStateEntry};
+pub use named_state::{FlatState, NamedState, NamedStateEntry};
 pub use optimizer::{Optimizer, Shard};
 pub use real::Real;
 pub use schedule::{Constant, CosineAnnealing, LinearWarmup, LrSchedule, MultiStepLr, StepLr};

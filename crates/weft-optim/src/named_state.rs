@@ -30,11 +30,16 @@ pub struct NamedState {
     pub entries: Vec<NamedStateEntry>,
 }
 
-/// An optimizer's state as flat buffers over its range, on the CPU.
-struct FlatState {
-    optimizer: String,
-    step: u64,
-    buffers: Vec<(String, Tensor)>,
+/// An optimizer's state as flat buffers over its range, on the CPU (a ZeRO shard's, in a
+/// sharded checkpoint).
+#[derive(Debug, Clone)]
+pub struct FlatState {
+    /// Which optimizer saved it (`sgd`, `adamw`).
+    pub optimizer: String,
+    /// Steps taken.
+    pub step: u64,
+    /// Each state buffer by name, 1-D over the range.
+    pub buffers: Vec<(String, Tensor)>,
 }
 
 fn invalid(parameter: &str, buffer: &str, reason: impl Into<String>) -> OptimError {
@@ -174,8 +179,9 @@ impl ModelOptimizer {
         self.load_flat_state(&state.optimizer, state.step, range, flat)
     }
 
-    /// The optimizer's name, step count and state buffers (flat, on the CPU, `len` long).
-    fn flat_state(&self, len: usize) -> Result<FlatState, OptimError> {
+    /// The optimizer's name, step count and state buffers (flat, on the CPU, `len` long: the
+    /// range it steps).
+    pub fn flat_state(&self, len: usize) -> Result<FlatState, OptimError> {
         fn host<T: candle_core::WithDType>(
             state: OptimizerState<T>,
             len: usize,
@@ -219,9 +225,10 @@ impl ModelOptimizer {
         }
     }
 
-    /// Replaces the state with flat buffers over `range` (on the CPU).
+    /// Replaces the state with flat buffers over `range` (on the CPU), as
+    /// [`Self::flat_state`] gives them.
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    fn load_flat_state(
+    pub fn load_flat_state(
         &mut self,
         optimizer: &str,
         step: u64,

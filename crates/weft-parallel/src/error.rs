@@ -18,6 +18,8 @@ pub enum ParallelError {
     CudaGraph(String),
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     #[error(transparent)]
     Comm(#[from] CommError),
     #[error(transparent)]

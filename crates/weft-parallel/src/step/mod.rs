@@ -143,12 +143,19 @@ impl Trainer {
     /// from the model, over the range the strategy gives this rank's optimizer.
     pub fn with_strategy(mut self, strategy: Box<dyn Strategy>) -> Result<Self> {
         self.strategy = strategy;
+        self.reload_master_weights()?;
+        Ok(self)
+    }
+
+    /// Reads the master copy again from the model's parameters, over the range the strategy
+    /// gives this rank's optimizer (after the model was loaded or made identical to rank 0's).
+    pub fn reload_master_weights(&mut self) -> Result<()> {
         if let Some(master) = &self.params {
             let layout = self.grads.layout();
             let range = self.strategy.optimizer_range(layout.len());
             self.params = Some(layout.read_range(self.model.store(), range, master.dtype())?);
         }
-        Ok(self)
+        Ok(())
     }
 
     /// Clips the gradients to the global norm `max_norm` before every update
@@ -221,6 +228,31 @@ impl Trainer {
 
     pub fn optimizer(&self) -> &ModelOptimizer {
         &self.optimizer
+    }
+
+    /// The optimizer, to load a checkpoint's state into.
+    pub fn optimizer_mut(&mut self) -> &mut ModelOptimizer {
+        &mut self.optimizer
+    }
+
+    /// Replaces the master copy (over the optimizer's range) with `values`, e.g. a
+    /// checkpoint's: more precise than the 16-bit parameters it was rounded into.
+    pub fn load_master_weights(&mut self, values: &Tensor) -> Result<()> {
+        let Some(master) = &self.params else {
+            return Err(ParallelError::Config(
+                "this optimizer keeps no master copy to load".into(),
+            ));
+        };
+        if values.elem_count() != master.elem_count() {
+            return Err(ParallelError::Config(format!(
+                "master weights of {} elements, the optimizer's range holds {}",
+                values.elem_count(),
+                master.elem_count()
+            )));
+        }
+        let values = values.flatten_all()?.to_dtype(master.dtype())?;
+        self.params = Some(values.to_device(master.device())?.copy()?);
+        Ok(())
     }
 
     /// The flat master copy of the parameters the optimizer steps (over its range of the flat

@@ -13,10 +13,16 @@
 //!   all-reduces; through the host on the CPU. The full-size gradient buffer the step writes into is still allocated on
 //!   every rank; releasing all but the shard is the next step of ZeRO-2's memory saving.
 //!
+//! - [`checkpoint`]: sharded checkpoints (a file per rank and a [`manifest`]), read back by any
+//!   number of ranks; [`full_state`]: exported to and imported from a full state dict.
+//!
 //! All of them give the parameters of one process training on the whole batch, up to the
 //! order of the gradient sums (tests/zero_equivalence.rs).
 
+pub mod checkpoint;
+pub mod full_state;
 mod gather;
+pub mod manifest;
 mod sharded;
 mod shards;
 

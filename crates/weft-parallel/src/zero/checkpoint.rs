@@ -1,0 +1,181 @@
+//! Sharded checkpoints of a ZeRO run: every rank writes the optimizer state (and master
+//! weights) of its shard to a file of its own, rank 0 the model and the manifest
+//! ([`super::manifest`]), and any number of ranks reads them back: each reads the parts of the
+//! shard files that overlap its new range. One process reads the whole; [`super::full_state`]
+//! converts to and from a full state dict by parameter name.
+//!
+//! Writing is atomic: the ranks write into `DIR.partial`, and once all have written (a
+//! barrier), rank 0 writes the manifest and renames the folder to `DIR`; a folder without a
+//! manifest is never read.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use weft_collectives::Communicator;
+use weft_optim::FlatState;
+use weft_tensor::state_dict::{load_safetensors, save_safetensors, temporary_sibling};
+
+use super::manifest::{Manifest, ManifestShard, FORMAT};
+use super::ShardLayout;
+use crate::error::{ParallelError, Result};
+use crate::Trainer;
+
+const MODEL_FILE: &str = "model.safetensors";
+pub(super) const MASTER: &str = "master_weights";
+
+pub(super) fn fail(path: &Path, e: impl std::fmt::Display) -> ParallelError {
+    ParallelError::Checkpoint(format!("{}: {e}", path.display()))
+}
+
+fn shard_file(rank: usize, world: usize) -> String {
+    format!("shard-{rank:05}-of-{world:05}.safetensors")
+}
+
+fn partial(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.with_file_name(format!("{name}.partial"))
+}
+
+pub(super) fn save_atomic(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    let tmp = temporary_sibling(path);
+    candle_core::safetensors::save(tensors, &tmp).map_err(|e| fail(path, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| fail(path, e))
+}
+
+/// Writes `trainer`'s checkpoint to `dir` from every rank of `comm` (a collective: every rank
+/// calls it). `shards` are the cuts its optimizer steps (one shard of all for one process).
+pub fn save_sharded(
+    trainer: &Trainer,
+    comm: &dyn Communicator,
+    shards: &ShardLayout,
+    dir: &Path,
+) -> Result<()> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    if dir.exists() {
+        return Err(fail(dir, "the checkpoint folder exists already"));
+    }
+    let staging = partial(dir);
+    std::fs::create_dir_all(&staging).map_err(|e| fail(&staging, e))?;
+    let range = shards.range(rank);
+    let FlatState {
+        optimizer,
+        step,
+        buffers,
+    } = trainer.optimizer().flat_state(range.len())?;
+    let mut tensors: HashMap<String, Tensor> = buffers.iter().cloned().collect();
+    if let Some(master) = trainer.master_weights() {
+        tensors.insert(MASTER.into(), master.to_device(&Device::Cpu)?);
+    }
+    save_atomic(&tensors, &staging.join(shard_file(rank, world)))?;
+    if rank == 0 {
+        save_safetensors(trainer.model().store(), &staging.join(MODEL_FILE))?;
+    }
+    comm.barrier().wait()?;
+    if rank == 0 {
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            optimizer,
+            step,
+            buffers: buffers.into_iter().map(|(name, _)| name).collect(),
+            master_weights: trainer.master_weights().is_some(),
+            flat_len: shards.len(),
+            entries: Manifest::entries_of(trainer.grads().layout()),
+            shards: (0..world)
+                .map(|r| {
+                    let Range { start, end } = shards.range(r);
+                    ManifestShard {
+                        file: shard_file(r, world),
+                        start,
+                        end,
+                    }
+                })
+                .collect(),
+            model_file: MODEL_FILE.into(),
+        };
+        let path = staging.join("manifest.json");
+        let text = serde_json::to_string_pretty(&manifest).map_err(|e| fail(&path, e))?;
+        let tmp = temporary_sibling(&path);
+        std::fs::write(&tmp, text).map_err(|e| fail(&path, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| fail(&path, e))?;
+        std::fs::rename(&staging, dir).map_err(|e| fail(dir, e))?;
+    }
+    comm.barrier().wait()?;
+    Ok(())
+}
+
+/// The flat values of `name` over `range`, read from the shard files that overlap it.
+pub(super) fn read_range(
+    dir: &Path,
+    manifest: &Manifest,
+    name: &str,
+    range: &Range<usize>,
+) -> Result<Tensor> {
+    let mut parts = Vec::new();
+    for shard in &manifest.shards {
+        let (start, end) = (shard.start.max(range.start), shard.end.min(range.end));
+        if start >= end {
+            continue;
+        }
+        let path = dir.join(&shard.file);
+        let mut tensors =
+            candle_core::safetensors::load(&path, &Device::Cpu).map_err(|e| fail(&path, e))?;
+        let values = tensors
+            .remove(name)
+            .ok_or_else(|| fail(&path, format!("no tensor {name:?}")))?;
+        if values.elem_count() != shard.end - shard.start {
+            return Err(fail(
+                &path,
+                format!(
+                    "{name} has {} elements, the shard {}",
+                    values.elem_count(),
+                    shard.end - shard.start
+                ),
+            ));
+        }
+        parts.push(values.narrow(0, start - shard.start, end - start)?);
+    }
+    match parts.is_empty() {
+        true => Err(fail(dir, format!("no shard holds elements {range:?}"))),
+        false => Ok(Tensor::cat(&parts, 0)?),
+    }
+}
+
+/// Loads the checkpoint in `dir` into `trainer`, on every rank of `comm` (any number of ranks:
+/// each reads its range of `shards` from the files that hold it): the model whole, the
+/// optimizer state and master weights of this rank's range.
+pub fn load_sharded(
+    trainer: &mut Trainer,
+    comm: &dyn Communicator,
+    shards: &ShardLayout,
+    dir: &Path,
+) -> Result<()> {
+    let manifest = Manifest::read(dir)?;
+    manifest.check_layout(trainer.grads().layout(), dir)?;
+    load_safetensors(trainer.model().store(), &dir.join(&manifest.model_file))?;
+    let range = shards.range(comm.rank());
+    if range.is_empty() {
+        return Ok(());
+    }
+    let buffers = manifest
+        .buffers
+        .iter()
+        .map(|name| Ok((name.clone(), read_range(dir, &manifest, name, &range)?)))
+        .collect::<Result<Vec<_>>>()?;
+    trainer.optimizer_mut().load_flat_state(
+        &manifest.optimizer,
+        manifest.step,
+        range.clone(),
+        buffers,
+    )?;
+    match (manifest.master_weights, trainer.master_weights().is_some()) {
+        (true, true) => trainer.load_master_weights(&read_range(dir, &manifest, MASTER, &range)?),
+        // Without saved master weights the copy is the model's values, read above.
+        (false, true) => trainer.reload_master_weights(),
+        (_, false) => Ok(()),
+    }
+}

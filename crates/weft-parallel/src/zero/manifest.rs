@@ -1,0 +1,121 @@
+//! The manifest of a sharded checkpoint (`manifest.json`): how the flat buffers were laid out
+//! and cut, so that any number of ranks can read them back. The entries give each parameter's
+//! place in the flat buffers (name, shape, dtype, offset); the shards give each file's range.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use weft_tensor::FlatLayout;
+
+use crate::error::{ParallelError, Result};
+
+/// The format written by this version.
+pub const FORMAT: &str = "weft-sharded-v1";
+
+/// One parameter's place in the flat buffers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+}
+
+/// One shard file and the elements of the flat buffers it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestShard {
+    pub file: String,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// What a sharded checkpoint holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    /// The optimizer (`sgd`, `adamw`) and its step count.
+    pub optimizer: String,
+    pub step: u64,
+    /// The state buffers each shard file holds, flat over its range.
+    pub buffers: Vec<String>,
+    /// Whether each shard file holds the master weights over its range too.
+    pub master_weights: bool,
+    /// Elements of the flat buffers.
+    pub flat_len: usize,
+    pub entries: Vec<ManifestEntry>,
+    pub shards: Vec<ManifestShard>,
+    /// The model's parameters and buffers, whole (`model.safetensors`).
+    pub model_file: String,
+}
+
+impl Manifest {
+    /// The entries of `layout`.
+    pub fn entries_of(layout: &FlatLayout) -> Vec<ManifestEntry> {
+        layout
+            .slots()
+            .iter()
+            .map(|slot| ManifestEntry {
+                name: slot.name.clone(),
+                shape: slot.shape.clone(),
+                offset: slot.offset,
+            })
+            .collect()
+    }
+
+    /// Reads `dir/manifest.json`.
+    pub fn read(dir: &Path) -> Result<Self> {
+        let path = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| ParallelError::Checkpoint(format!("{}: {e}", path.display())))?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .map_err(|e| ParallelError::Checkpoint(format!("{}: {e}", path.display())))?;
+        if manifest.format != FORMAT {
+            return Err(ParallelError::Checkpoint(format!(
+                "{}: format {:?}, this version reads {FORMAT:?}",
+                path.display(),
+                manifest.format
+            )));
+        }
+        Ok(manifest)
+    }
+
+    /// Checks that the checkpoint was written for a model laid out as `layout`: the same
+    /// parameters, shapes and offsets; the first difference is named.
+    pub fn check_layout(&self, layout: &FlatLayout, dir: &Path) -> Result<()> {
+        let mine = Self::entries_of(layout);
+        let differ = |what: String| {
+            ParallelError::Checkpoint(format!("{}/manifest.json: {what}", dir.display()))
+        };
+        if let Some((theirs, ours)) = self.entries.iter().zip(&mine).find(|(a, b)| a != b) {
+            return Err(differ(format!(
+                "parameter {} {:?} at {}, the model has {} {:?} at {}",
+                theirs.name, theirs.shape, theirs.offset, ours.name, ours.shape, ours.offset
+            )));
+        }
+        if self.entries.len() != mine.len() || self.flat_len != layout.len() {
+            return Err(differ(format!(
+                "{} parameters in {} elements, the model has {} in {}",
+                self.entries.len(),
+                self.flat_len,
+                mine.len(),
+                layout.len()
+            )));
+        }
+        let mut covered = 0;
+        for shard in &self.shards {
+            if shard.start != covered || shard.end < shard.start {
+                return Err(differ(format!(
+                    "shard {} does not continue at element {covered}",
+                    shard.file
+                )));
+            }
+            covered = shard.end;
+        }
+        if covered != self.flat_len {
+            return Err(differ(format!(
+                "the shards cover {covered} of {} elements",
+                self.flat_len
+            )));
+        }
+        Ok(())
+    }
+}
