@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
@@ -60,6 +60,10 @@ pub struct BenchStepArgs {
     /// fused AdamW on a GPU)
     #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
     optimizer: OptimizerKind,
+    /// ZeRO-Offload on one GPU: the optimizer's master weights and states in host memory, its
+    /// step on the CPU (the gradients copied over, the parameters back; no CUDA graph)
+    #[arg(long, default_value_t = false)]
+    offload_optimizer: bool,
 }
 
 /// Whose kernels CUDA tensors take for batch norm, ReLU and max-pool.
@@ -185,7 +189,16 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
             ..AdamWConfig::default()
         }),
     };
-    let optimizer = ModelOptimizer::new(config, ParamGroups::default(), &device, DType::F32)?;
+    let optimizer_device = match args.offload_optimizer {
+        true => Device::Cpu,
+        false => device.clone(),
+    };
+    let optimizer = ModelOptimizer::new(
+        config,
+        ParamGroups::default(),
+        &optimizer_device,
+        DType::F32,
+    )?;
     let mut trainer = Trainer::new(
         model,
         Box::new(Classification),

@@ -44,7 +44,9 @@ pub enum ModelOptimizer {
 
 impl ModelOptimizer {
     /// The optimizer `config` for parameters of `dtype` on `device`, with `groups`: the CPU
-    /// rule over a master copy on the CPU, the CUDA kernels on a GPU.
+    /// rule over a master copy on the CPU, the CUDA kernels on a GPU. Built for the CPU while
+    /// the model is on a GPU, the optimizer is offloaded: its master copy and state stay in
+    /// host memory and each step copies the gradients over and the parameters back.
     pub fn new(
         config: OptimizerConfig,
         groups: ParamGroups,
@@ -206,8 +208,9 @@ impl ModelOptimizer {
     }
 }
 
-/// Steps the master copy `master` of `range` in place with a slice optimizer, then writes it
-/// into the model's variables.
+/// Steps the master copy `master` of `range` (in host memory) in place with a slice
+/// optimizer, then writes it into the model's variables. Gradients on a GPU are copied to the
+/// host first, and the updated values go back in the parameters' dtype (ZeRO-Offload).
 fn step_master<T: Real + HostElement>(
     optimizer: &mut (dyn Optimizer<T> + Send),
     master: &Tensor,
@@ -220,14 +223,37 @@ fn step_master<T: Real + HostElement>(
         offset: range.start,
         buffer_len: grads.layout().len(),
     };
-    let ranges = (0..range.len(), range.clone());
-    zip_update(master, grads.tensor(), ranges, |p: &mut [T], g: &[T]| {
-        result = optimizer.step_at(shard, p, g)
-    })
+    let on_host = grads.tensor().device().is_cpu();
+    let host_grads = match on_host {
+        true => grads.tensor().clone(),
+        false => grads
+            .tensor()
+            .narrow(0, range.start, range.len())
+            .and_then(|g| g.to_device(&Device::Cpu))
+            .map_err(tensor_error)?,
+    };
+    let source_range = if on_host {
+        range.clone()
+    } else {
+        0..range.len()
+    };
+    zip_update(
+        master,
+        &host_grads,
+        (0..range.len(), source_range),
+        |p: &mut [T], g: &[T]| result = optimizer.step_at(shard, p, g),
+    )
     .map_err(tensor_error)?;
     result?;
+    let updated = match store.device().is_cpu() {
+        true => master.clone(),
+        false => master
+            .to_dtype(store.dtype())
+            .and_then(|m| m.to_device(store.device()))
+            .map_err(tensor_error)?,
+    };
     grads
         .layout()
-        .write_range(store, range.start, master)
+        .write_range(store, range.start, &updated)
         .map_err(tensor_error)
 }

@@ -119,6 +119,11 @@ pub struct TrainArgs {
     /// each gradient bucket reduced into the ranks that own its parts)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
     pub zero: u8,
+    /// ZeRO-Offload: keep the fp32 master weights and optimizer states in host memory and run
+    /// the optimizer step on the CPU (multi-threaded), copying the gradients over and the
+    /// parameters back each step; exact (not the one-step-delayed variant). GPU only
+    #[arg(long, default_value_t = false)]
+    pub offload_optimizer: bool,
     /// DDP: broadcast rank 0's buffers (BatchNorm running statistics) before every forward,
     /// as PyTorch's DistributedDataParallel does by default
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

@@ -17,7 +17,7 @@ pub fn plan_settings(args: &TrainArgs, policy: PrecisionPolicy, world: usize) ->
         },
         world,
         zero: args.zero,
-        offload_optimizer: false,
+        offload_optimizer: args.offload_optimizer,
         tp: 1,
         pp: 1,
         precision: policy,

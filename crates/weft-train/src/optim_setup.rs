@@ -1,6 +1,6 @@
 //! Building the optimizer and learning-rate schedule from the trainer's flags.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use weft_optim::{
     schedule_from_name, AdamWConfig, LrSchedule, ModelOptimizer, OptimizerConfig, ParamGroups,
@@ -11,7 +11,8 @@ use crate::args::{OptimizerKind, TrainArgs};
 
 /// The optimizer named by `--optimizer`, with `--lr`, `--momentum`, `--weight-decay`, for
 /// parameters of `dtype` on `device`: the CPU rule over a flat master copy on the CPU, the
-/// multi-tensor CUDA kernels (the same rule, in place) on a GPU.
+/// multi-tensor CUDA kernels (the same rule, in place) on a GPU; with `--offload-optimizer` the
+/// CPU rule in fp32 for a model on a GPU.
 pub fn build_optimizer(args: &TrainArgs, device: &Device, dtype: DType) -> Result<ModelOptimizer> {
     let config = match args.optimizer {
         OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
@@ -25,6 +26,14 @@ pub fn build_optimizer(args: &TrainArgs, device: &Device, dtype: DType) -> Resul
             weight_decay: args.weight_decay,
             ..AdamWConfig::default()
         }),
+    };
+    // Offloaded: the optimizer is built for the host, in fp32, whatever the model's device.
+    let (device, dtype) = match args.offload_optimizer {
+        true if !device.is_cuda() => {
+            bail!("--offload-optimizer: the model is on the CPU already (offload is for GPUs)")
+        }
+        true => (&Device::Cpu, DType::F32),
+        false => (device, dtype),
     };
     Ok(ModelOptimizer::new(
         config,

@@ -131,11 +131,24 @@ fn json_has_the_categories_and_advice_names_changes_that_fit() {
         advice.starts_with("does not fit") && advice.contains("--tp 8"),
         "{advice}"
     );
+    assert!(advice.contains("--offload-optimizer"), "{advice}");
     assert!(plan.fit(200_000_000_000).starts_with("fits"));
+    // Offloaded, the master weights and moments are in host memory.
+    let offloaded = PlanSettings {
+        offload_optimizer: true,
+        ..settings("bf16-mixed", 1, 0)
+    };
+    let offloaded = memory_plan::plan(&phi3_mini(), &offloaded).unwrap();
+    assert_eq!(offloaded.host_total(), 15_200_000_000 + 30_400_000_000);
+    assert_eq!(
+        offloaded.device_total() + offloaded.host_total(),
+        plan.device_total()
+    );
     let bad = memory_plan::plan(
         &phi3_mini(),
         &PlanSettings {
             offload_optimizer: true,
+            device: PlanDevice::Cpu,
             ..settings("fp32", 1, 0)
         },
     );

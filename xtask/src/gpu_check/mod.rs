@@ -307,6 +307,11 @@ pub fn run() -> Result<()> {
         error: compare_graph_replay(&gpu)?,
         tolerance: 1e-12,
     });
+    checks.push(Check {
+        name: "ResNet-18 f64 3 steps: offloaded optimizer = on GPU".into(),
+        error: resnet::compare_offload(&gpu)?,
+        tolerance: 1e-12,
+    });
     if multi_gpu::has_two_gpus() {
         multi_gpu::run(&mut checks)?;
     } else {

@@ -212,6 +212,36 @@ pub(super) fn compare_graph_replay(gpu: &Device) -> Result<f64> {
     relative_error(&eager, &graphed)
 }
 
+/// ResNet-18 in f64, three SGD steps with the optimizer on the GPU and offloaded (its master
+/// copy and momentum in host memory, the CPU rule): the parameters' relative difference (the
+/// kernels compute the CPU rule's operations in the same order).
+pub(super) fn compare_offload(gpu: &Device) -> Result<f64> {
+    let images = Tensor::randn(0f64, 1.0, (4, 3, 64, 64), gpu)?;
+    let labels = Tensor::new(&[1u32, 7, 3, 9], gpu)?;
+    let run = |optimizer_device: &Device| -> Result<Tensor> {
+        let model = resnet(&ResNetConfig::from_name("resnet18", 10)?, DType::F64, gpu)?;
+        let sgd = OptimizerConfig::Sgd(SgdConfig {
+            lr: 0.01,
+            momentum: 0.9,
+            weight_decay: 1e-4,
+            ..SgdConfig::default()
+        });
+        let sgd = ModelOptimizer::new(sgd, ParamGroups::default(), optimizer_device, DType::F64)?;
+        let mut trainer = Trainer::new(model, Box::new(Classification), sgd, Checkpointing::None)?;
+        for step in 0..3 {
+            trainer.step(&images, &labels, 0.01 / (1 + step) as f64)?;
+        }
+        let store = trainer.model().store();
+        let params: Vec<Tensor> = store
+            .parameter_ids()
+            .into_iter()
+            .map(|id| store.entries()[id].tensor().flatten_all())
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Tensor::cat(&params, 0)?.to_device(&Device::Cpu)?)
+    };
+    relative_error(&run(gpu)?, &run(&Device::Cpu)?)
+}
+
 /// One whole-graph `backward()` of ResNet-50 (no block-wise tape) on the CPU and on the GPU:
 /// the largest per-parameter relative gradient difference (the worst six are printed).
 pub(super) fn compare_whole_graph(gpu: &Device) -> Result<f64> {

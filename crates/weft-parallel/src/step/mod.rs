@@ -66,8 +66,10 @@ pub struct EvalOutcome {
 
 impl Trainer {
     /// Lays out `model`'s parameters in flat buffers. An optimizer that steps a flat master
-    /// copy gets one in its own dtype, over the range of the flat buffers it steps (all of
-    /// them until [`Self::with_strategy`]), and the gradients are kept in that dtype too (fp32
+    /// copy gets one in its own dtype, in host memory, over the range of the flat buffers it
+    /// steps (all of them until [`Self::with_strategy`]); built for the CPU while the model is
+    /// on a GPU, it is offloaded (ZeRO-Offload: gradients copied to the host, the update run
+    /// there, the parameters copied back), and the gradients are kept in that dtype too (fp32
     /// master weights and gradients for a 16-bit model: mixed precision, Megatron's
     /// `main_grad`); an optimizer on the parameters' device updates them in place, with
     /// gradients of the model's dtype (fp32 for a 16-bit model, the optimizer keeping fp32
@@ -81,8 +83,14 @@ impl Trainer {
     ) -> Result<Self> {
         let layout = FlatLayout::parameters(model.store());
         let dtype = optimizer.gradient_dtype(model.store().dtype());
+        // A host optimizer steps its master copy in host memory, wherever the model is: on a
+        // GPU that is ZeRO-Offload's arrangement.
         let params = match optimizer.needs_master_copy() {
-            true => Some(layout.read_range(model.store(), 0..layout.len(), dtype)?),
+            true => Some(
+                layout
+                    .read_range(model.store(), 0..layout.len(), dtype)?
+                    .to_device(&candle_core::Device::Cpu)?,
+            ),
             false => None,
         };
         let grads = FlatBuffer::zeros(layout, dtype, model.store().device())?;
@@ -110,7 +118,8 @@ impl Trainer {
     /// On a GPU, captures a step into a CUDA graph after a few eager warm-up steps and replays
     /// it for every later batch of the same shape: one launch per step instead of a thousand.
     /// Only under a strategy whose operations can be captured ([`Strategy::capturable`]:
-    /// one process, or data parallelism over NCCL, ordered on the device). If capturing fails
+    /// one process, or data parallelism over NCCL, ordered on the device), with the optimizer
+    /// on the device (not offloaded). If capturing fails
     /// the trainer says why once and stays eager. Without the `cuda` feature, or on other
     /// devices, nothing changes. Call it after [`Self::with_strategy`].
     ///
@@ -132,6 +141,7 @@ impl Trainer {
         if self.model.store().device().is_cuda()
             && self.strategy.capturable()
             && self.scaler.is_none()
+            && !self.optimizer.needs_master_copy()
         {
             self.graph = Some(cuda_graph::StepGraph::default());
         }
@@ -153,7 +163,8 @@ impl Trainer {
         if let Some(master) = &self.params {
             let layout = self.grads.layout();
             let range = self.strategy.optimizer_range(layout.len());
-            self.params = Some(layout.read_range(self.model.store(), range, master.dtype())?);
+            let values = layout.read_range(self.model.store(), range, master.dtype())?;
+            self.params = Some(values.to_device(master.device())?);
         }
         Ok(())
     }

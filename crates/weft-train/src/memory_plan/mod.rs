@@ -148,8 +148,8 @@ impl PlanSettings {
         if self.zero > 3 {
             bail!("--zero {}: stages are 0, 1, 2 and 3", self.zero);
         }
-        if self.offload_optimizer && self.zero == 0 {
-            bail!("--offload-optimizer needs --zero 1 or more (the offloaded states are a shard)");
+        if self.offload_optimizer && self.device == Device::Cpu {
+            bail!("--offload-optimizer: the model is on the CPU already (offload is for GPUs)");
         }
         Ok(())
     }

@@ -24,10 +24,13 @@ impl StateDtypes {
     pub fn of(settings: &PlanSettings) -> Self {
         let policy = settings.precision;
         // weft's step keeps a flat master copy on the CPU even in fp32 (the slice optimizer
-        // steps it); on a GPU an fp32 model is updated in place.
+        // steps it), and so does an offloaded optimizer; on a GPU an fp32 model is updated in
+        // place.
         let master = match (policy.master, settings.device) {
             (Some(dtype), _) => Some(dtype),
             (None, Device::Cpu) => Some(policy.param),
+            // An offloaded optimizer steps an fp32 master copy in host memory.
+            (None, Device::Cuda) if settings.offload_optimizer => Some(DType::F32),
             (None, Device::Cuda) => None,
         };
         Self {

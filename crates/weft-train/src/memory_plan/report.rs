@@ -136,7 +136,7 @@ impl MemoryPlan {
             notes.push("stage 3 (parameters sharded, gathered per block) is planned here but not built in weft yet".into());
         }
         if s.offload_optimizer {
-            notes.push("optimizer offload is planned here but not built in weft yet".into());
+            notes.push("weft's offload is exact: each step waits for the host's update (no one-step-delayed overlap yet)".into());
         }
         if s.tp > 1 || s.pp > 1 {
             notes.push(
