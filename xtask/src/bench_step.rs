@@ -64,6 +64,10 @@ pub struct BenchStepArgs {
     /// step on the CPU (the gradients copied over, the parameters back; no CUDA graph)
     #[arg(long, default_value_t = false)]
     offload_optimizer: bool,
+    /// On a GPU, use at most this much of its memory (e.g. 4GiB; the rest is held by a
+    /// blocker allocation): a run against a smaller GPU
+    #[arg(long)]
+    gpu_memory_cap: Option<String>,
 }
 
 /// Whose kernels CUDA tensors take for batch norm, ReLU and max-pool.
@@ -154,6 +158,21 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
             },
         )?;
         weft_tensor::ops::set_cuda_kernels(args.cuda_kernels == CudaKernels::Weft);
+    }
+    #[cfg(feature = "cuda")]
+    let _blocker = match &args.gpu_memory_cap {
+        Some(cap) => {
+            let cap = crate::memory_plan::parse_bytes("--gpu-memory-cap", cap)?;
+            weft_tensor::cuda_runtime::cap_device_memory(&device, cap)?
+        }
+        None => None,
+    };
+    #[cfg(not(feature = "cuda"))]
+    if args.gpu_memory_cap.is_some() {
+        anyhow::bail!("--gpu-memory-cap: this build has no CUDA support");
+    }
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
         println!(
             "CUDA: {:?} kernels, event tracking {}, freed memory {}, TF32 convolutions {} and matmuls off",
             args.cuda_kernels,

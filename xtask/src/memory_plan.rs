@@ -89,8 +89,8 @@ fn dtype(flag: &str, name: &str) -> Result<DType> {
     })
 }
 
-/// Bytes from `80GB`, `80GiB`, `512MiB` or a plain number.
-fn parse_bytes(text: &str) -> Result<u64> {
+/// Bytes from `80GB`, `80GiB`, `512MiB` or a plain number, for `flag`.
+pub fn parse_bytes(flag: &str, text: &str) -> Result<u64> {
     let t = text.trim();
     if let Ok(plain) = t.parse::<f64>() {
         return Ok(plain as u64);
@@ -100,7 +100,7 @@ fn parse_bytes(text: &str) -> Result<u64> {
     let value: f64 = number
         .trim()
         .parse()
-        .with_context(|| format!("--gpu-memory {text}: not a size such as 80GB or 80GiB"))?;
+        .with_context(|| format!("{flag} {text}: not a size such as 80GB or 80GiB"))?;
     let scale = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" => 1e3,
@@ -190,7 +190,7 @@ pub fn run(args: &MemoryPlanArgs) -> Result<()> {
     let fit = args
         .gpu_memory
         .as_deref()
-        .map(parse_bytes)
+        .map(|m| parse_bytes("--gpu-memory", m))
         .transpose()?
         .map(|c| plan.fit(c));
     if args.json {
@@ -214,12 +214,12 @@ mod tests {
 
     #[test]
     fn sizes_parse_with_units_and_bad_ones_name_the_flag() {
-        assert_eq!(parse_bytes("80GB").unwrap(), 80_000_000_000);
-        assert_eq!(parse_bytes("8 GiB").unwrap(), 8 << 30);
-        assert_eq!(parse_bytes("1.5e9").unwrap(), 1_500_000_000);
-        let bad = parse_bytes("lots").unwrap_err().to_string();
+        assert_eq!(parse_bytes("--gpu-memory", "80GB").unwrap(), 80_000_000_000);
+        assert_eq!(parse_bytes("--gpu-memory", "8 GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes("--gpu-memory", "1.5e9").unwrap(), 1_500_000_000);
+        let bad = parse_bytes("--gpu-memory", "lots").unwrap_err().to_string();
         assert!(bad.contains("--gpu-memory lots"), "{bad}");
-        assert!(parse_bytes("8 parsecs")
+        assert!(parse_bytes("--gpu-memory", "8 parsecs")
             .unwrap_err()
             .to_string()
             .contains("unknown unit"));

@@ -245,15 +245,8 @@ fn step_master<T: Real + HostElement>(
     )
     .map_err(tensor_error)?;
     result?;
-    let updated = match store.device().is_cpu() {
-        true => master.clone(),
-        false => master
-            .to_dtype(store.dtype())
-            .and_then(|m| m.to_device(store.device()))
-            .map_err(tensor_error)?,
-    };
     grads
         .layout()
-        .write_range(store, range.start, &updated)
+        .write_range(store, range.start, master)
         .map_err(tensor_error)
 }

@@ -157,6 +157,29 @@ pub fn device_memory_in_use(device: &Device) -> Result<Option<u64>> {
     Ok(Some((total - free) as u64))
 }
 
+/// Takes all of the device's free memory but what leaves `cap` bytes in use in total (this
+/// process's context and tensors included), and returns the allocation, which holds it until
+/// dropped: the rest of the process then sees a device of `cap` bytes, to try a run against a
+/// smaller GPU. `None` for other devices.
+pub fn cap_device_memory(device: &Device, cap: u64) -> Result<Option<candle_core::Tensor>> {
+    let Some(in_use) = device_memory_in_use(device)? else {
+        return Ok(None);
+    };
+    let (free, _) = result::mem_get_info().map_err(|e| cuda_error("reading free memory", e))?;
+    if cap <= in_use {
+        return Err(TensorError::Cuda(format!(
+            "a memory cap of {cap} bytes is below the {in_use} bytes in use already"
+        )));
+    }
+    let blocked = (free as u64).saturating_sub(cap - in_use);
+    let len = usize::try_from(blocked).map_err(|e| cuda_error("sizing the blocker", e))?;
+    Ok(Some(candle_core::Tensor::zeros(
+        len,
+        candle_core::DType::U8,
+        device,
+    )?))
+}
+
 /// A memory attribute of the device's CUDA graphs (their allocations live apart from the
 /// default pool).
 fn graph_attribute(device: &Device, attr: sys::CUgraphMem_attribute) -> Result<u64> {

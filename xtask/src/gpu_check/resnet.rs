@@ -170,41 +170,65 @@ pub(super) struct F32Losses {
     pub all_steps_tolerance: f64,
 }
 
-/// ResNet-18 in f64 on the GPU, trained for 6 steps (learning rate changing every step) by
-/// an eager trainer and by one replaying a CUDA graph after its warm-up: the largest relative
-/// difference of the parameters after the steps (the same kernels run in the same order, so
-/// it should be 0), or infinity when fewer than 3 steps were replayed.
-pub(super) fn compare_graph_replay(gpu: &Device) -> Result<f64> {
+/// How one ResNet-18 run of the step comparisons trains.
+struct Resnet18Run<'a> {
+    /// Where the optimizer runs: the GPU, or the CPU (offloaded).
+    optimizer_device: &'a Device,
+    graph: bool,
+    steps: usize,
+}
+
+/// ResNet-18 in f64 on `gpu`, trained with SGD (momentum, weight decay) on one fixed batch,
+/// the learning rate changing every step: its parameters afterwards (on the CPU) and the steps
+/// replayed from a CUDA graph.
+fn train_resnet18(gpu: &Device, run: Resnet18Run) -> Result<(Tensor, usize)> {
     let images = Tensor::randn(0f64, 1.0, (4, 3, 64, 64), gpu)?;
     let labels = Tensor::new(&[1u32, 7, 3, 9], gpu)?;
-    let run = |graph: bool| -> Result<(Tensor, usize)> {
-        let model = resnet(&ResNetConfig::from_name("resnet18", 10)?, DType::F64, gpu)?;
-        let sgd = OptimizerConfig::Sgd(SgdConfig {
-            lr: 0.01,
-            momentum: 0.9,
-            weight_decay: 1e-4,
-            ..SgdConfig::default()
-        });
-        let sgd = ModelOptimizer::new(sgd, ParamGroups::default(), gpu, DType::F64)?;
-        let mut trainer = Trainer::new(model, Box::new(Classification), sgd, Checkpointing::None)?;
-        if graph {
-            trainer = trainer.with_cuda_graph();
-        }
-        let mut replayed = 0;
-        for step in 0..6 {
-            let outcome = trainer.step(&images, &labels, 0.01 / (1 + step) as f64)?;
-            replayed += usize::from(outcome.graphed);
-        }
-        let store = trainer.model().store();
-        let params: Vec<Tensor> = store
-            .parameter_ids()
-            .into_iter()
-            .map(|id| store.entries()[id].tensor().flatten_all())
-            .collect::<candle_core::Result<_>>()?;
-        Ok((Tensor::cat(&params, 0)?.to_device(&Device::Cpu)?, replayed))
+    let model = resnet(&ResNetConfig::from_name("resnet18", 10)?, DType::F64, gpu)?;
+    let sgd = OptimizerConfig::Sgd(SgdConfig {
+        lr: 0.01,
+        momentum: 0.9,
+        weight_decay: 1e-4,
+        ..SgdConfig::default()
+    });
+    let sgd = ModelOptimizer::new(
+        sgd,
+        ParamGroups::default(),
+        run.optimizer_device,
+        DType::F64,
+    )?;
+    let mut trainer = Trainer::new(model, Box::new(Classification), sgd, Checkpointing::None)?;
+    if run.graph {
+        trainer = trainer.with_cuda_graph();
+    }
+    let mut replayed = 0;
+    for step in 0..run.steps {
+        let outcome = trainer.step(&images, &labels, 0.01 / (1 + step) as f64)?;
+        replayed += usize::from(outcome.graphed);
+    }
+    let store = trainer.model().store();
+    let params: Vec<Tensor> = store
+        .parameter_ids()
+        .into_iter()
+        .map(|id| store.entries()[id].tensor().flatten_all())
+        .collect::<candle_core::Result<_>>()?;
+    Ok((Tensor::cat(&params, 0)?.to_device(&Device::Cpu)?, replayed))
+}
+
+/// ResNet-18 in f64 trained for 6 steps by an eager trainer and by one replaying a CUDA graph
+/// after its warm-up: the largest relative difference of the parameters after the steps (the
+/// same kernels run in the same order, so it should be 0), or infinity when fewer than 3 steps
+/// were replayed. Both draw the same batch (the generator is seeded per run).
+pub(super) fn compare_graph_replay(gpu: &Device) -> Result<f64> {
+    let run = |graph| Resnet18Run {
+        optimizer_device: gpu,
+        graph,
+        steps: 6,
     };
-    let (eager, _) = run(false)?;
-    let (graphed, replayed) = run(true)?;
+    gpu.set_seed(0)?;
+    let (eager, _) = train_resnet18(gpu, run(false))?;
+    gpu.set_seed(0)?;
+    let (graphed, replayed) = train_resnet18(gpu, run(true))?;
     println!("CUDA graph: {replayed} of 6 steps replayed");
     if replayed < 3 {
         return Ok(f64::INFINITY);
@@ -216,30 +240,16 @@ pub(super) fn compare_graph_replay(gpu: &Device) -> Result<f64> {
 /// copy and momentum in host memory, the CPU rule): the parameters' relative difference (the
 /// kernels compute the CPU rule's operations in the same order).
 pub(super) fn compare_offload(gpu: &Device) -> Result<f64> {
-    let images = Tensor::randn(0f64, 1.0, (4, 3, 64, 64), gpu)?;
-    let labels = Tensor::new(&[1u32, 7, 3, 9], gpu)?;
-    let run = |optimizer_device: &Device| -> Result<Tensor> {
-        let model = resnet(&ResNetConfig::from_name("resnet18", 10)?, DType::F64, gpu)?;
-        let sgd = OptimizerConfig::Sgd(SgdConfig {
-            lr: 0.01,
-            momentum: 0.9,
-            weight_decay: 1e-4,
-            ..SgdConfig::default()
-        });
-        let sgd = ModelOptimizer::new(sgd, ParamGroups::default(), optimizer_device, DType::F64)?;
-        let mut trainer = Trainer::new(model, Box::new(Classification), sgd, Checkpointing::None)?;
-        for step in 0..3 {
-            trainer.step(&images, &labels, 0.01 / (1 + step) as f64)?;
-        }
-        let store = trainer.model().store();
-        let params: Vec<Tensor> = store
-            .parameter_ids()
-            .into_iter()
-            .map(|id| store.entries()[id].tensor().flatten_all())
-            .collect::<candle_core::Result<_>>()?;
-        Ok(Tensor::cat(&params, 0)?.to_device(&Device::Cpu)?)
+    let run = |optimizer_device| Resnet18Run {
+        optimizer_device,
+        graph: false,
+        steps: 3,
     };
-    relative_error(&run(gpu)?, &run(&Device::Cpu)?)
+    gpu.set_seed(0)?;
+    let (on_gpu, _) = train_resnet18(gpu, run(gpu))?;
+    gpu.set_seed(0)?;
+    let (offloaded, _) = train_resnet18(gpu, run(&Device::Cpu))?;
+    relative_error(&on_gpu, &offloaded)
 }
 
 /// One whole-graph `backward()` of ResNet-50 (no block-wise tape) on the CPU and on the GPU:

@@ -62,11 +62,21 @@ impl FlatLayout {
         Ok(Tensor::cat(&parts, 0)?)
     }
 
-    /// Writes `values` (1-D, any dtype) over the elements `start..start + values.len()` of
-    /// this layout into `store`'s variables, in place, converted to each variable's dtype.
+    /// Writes `values` (1-D, any dtype, on any device) over the elements
+    /// `start..start + values.len()` of this layout into `store`'s variables, in place,
+    /// converted to each variable's dtype. Values on another device (an offloaded optimizer's
+    /// host copy) are converted to the store's dtype there and moved over in one copy.
     pub fn write_range(&self, store: &ParamStore, start: usize, values: &Tensor) -> Result<()> {
         let range = start..start + values.elem_count();
         self.check_range(&range)?;
+        let moved;
+        let values = match values.device().same_device(store.device()) {
+            true => values,
+            false => {
+                moved = values.to_dtype(store.dtype())?.to_device(store.device())?;
+                &moved
+            }
+        };
         for (i, within) in pieces(self, &range) {
             let slot = &self.slots()[i];
             let var = &store.entries()[slot.entry].var;
