@@ -1,6 +1,6 @@
 //! A per-rank timeline of a training step — data wait, forward and backward per block, each
-//! bucket's all-reduce from launch to completion, optimizer — written as Chrome trace JSON
-//! (open it in Perfetto or `chrome://tracing`).
+//! bucket's all-reduce from launch to completion, optimizer, and counters such as memory by
+//! category — written as Chrome trace JSON (open it in Perfetto or `chrome://tracing`).
 //!
 //! Spans sit on named tracks (`compute`, `comm`, …), one Chrome-trace thread per track, so
 //! communication that overlaps backward shows as two bars side by side.
@@ -28,12 +28,22 @@ impl Span {
     }
 }
 
-/// A thread-safe recorder of spans for one rank.
+/// Values of one counter at one moment (a Chrome-trace `C` event: one stacked chart per
+/// counter name, one series per value).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Counter {
+    pub name: &'static str,
+    pub at_us: f64,
+    pub values: Vec<(&'static str, f64)>,
+}
+
+/// A thread-safe recorder of spans (and counters) for one rank.
 #[derive(Debug)]
 pub struct Timeline {
     rank: usize,
     origin: Instant,
     spans: Mutex<Vec<Span>>,
+    counters: Mutex<Vec<Counter>>,
 }
 
 impl Timeline {
@@ -42,6 +52,7 @@ impl Timeline {
             rank,
             origin: Instant::now(),
             spans: Mutex::new(Vec::new()),
+            counters: Mutex::new(Vec::new()),
         }
     }
 
@@ -68,6 +79,21 @@ impl Timeline {
         self.spans.lock().expect("timeline lock").push(span);
     }
 
+    /// Records the values of counter `name` (e.g. memory by category) at `at`.
+    pub fn record_counter(
+        &self,
+        name: &'static str,
+        at: Instant,
+        values: Vec<(&'static str, f64)>,
+    ) {
+        let counter = Counter {
+            name,
+            at_us: self.micros(at),
+            values,
+        };
+        self.counters.lock().expect("timeline lock").push(counter);
+    }
+
     /// All spans recorded so far, in recording order.
     pub fn spans(&self) -> Vec<Span> {
         self.spans.lock().expect("timeline lock").clone()
@@ -88,12 +114,14 @@ impl Timeline {
         spans.get(start..).map(<[Span]>::to_vec).unwrap_or_default()
     }
 
-    /// Forgets every span (e.g. after writing a step out).
+    /// Forgets every span and counter (e.g. after writing a step out).
     pub fn clear(&self) {
         self.spans.lock().expect("timeline lock").clear();
+        self.counters.lock().expect("timeline lock").clear();
     }
 
-    /// The spans as a Chrome trace (`traceEvents` of complete `X` events; process = rank).
+    /// The spans as a Chrome trace (`traceEvents` of complete `X` events, counters as `C`
+    /// events; process = rank).
     pub fn to_chrome_trace(&self) -> serde_json::Value {
         let spans = self.spans();
         let mut tracks: Vec<&'static str> = Vec::new();
@@ -114,6 +142,12 @@ impl Timeline {
                 "ph": "X", "name": s.name, "cat": s.category, "pid": self.rank, "tid": tid(s.track),
                 "ts": s.start_us, "dur": s.duration_us,
             })
+        }));
+        let counters = self.counters.lock().expect("timeline lock").clone();
+        events.extend(counters.iter().map(|c| {
+            let args: serde_json::Map<String, serde_json::Value> =
+                c.values.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
+            serde_json::json!({"ph": "C", "name": c.name, "pid": self.rank, "ts": c.at_us, "args": args})
         }));
         serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
     }
@@ -190,6 +224,10 @@ mod tests {
         let events = trace["traceEvents"].as_array().unwrap();
         let spans: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
         assert_eq!(spans.len(), 2);
+        assert!(
+            events.iter().all(|e| e["ph"] != "C"),
+            "no counters recorded yet"
+        );
         assert_eq!(spans[0]["pid"], 3);
         assert_ne!(spans[0]["tid"], spans[1]["tid"]);
         assert!((spans[0]["dur"].as_f64().unwrap() - 2000.0).abs() < 1.0);
@@ -199,5 +237,34 @@ mod tests {
         let read: serde_json::Value =
             serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         assert_eq!(read, trace);
+    }
+
+    #[test]
+    fn counters_become_chrome_counter_events() {
+        let timeline = Timeline::new(1);
+        let at = Instant::now();
+        timeline.record_counter(
+            "memory MiB",
+            at,
+            vec![("parameters", 4.0), ("activations", 9.5)],
+        );
+        let trace = timeline.to_chrome_trace();
+        let counters: Vec<_> = trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "C")
+            .cloned()
+            .collect();
+        assert_eq!(counters.len(), 1);
+        assert_eq!(counters[0]["name"], "memory MiB");
+        assert_eq!(counters[0]["pid"], 1);
+        assert_eq!(counters[0]["args"]["activations"], 9.5);
+        timeline.clear();
+        assert!(timeline.to_chrome_trace()["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["ph"] != "C"));
     }
 }

@@ -1,8 +1,11 @@
-//! The per-rank memory table a trainer prints after its first step: the model states the
-//! trainer holds, counted from its tensors, beside what `memory_plan` predicts for the run.
+//! The per-rank memory a trainer reports: after its first step the model states it holds,
+//! counted from its tensors, beside what `memory_plan` predicts for the run, and the peak so
+//! far; and the memory samples of every step as a log in the run folder.
+
+use std::path::Path;
 
 use anyhow::Result;
-use weft_parallel::Trainer;
+use weft_parallel::{MemorySample, Trainer};
 use weft_precision::PrecisionPolicy;
 
 use crate::args::{OptimizerKind, TrainArgs};
@@ -52,4 +55,53 @@ pub fn model_state_table(trainer: &Trainer, settings: &PlanSettings) -> Result<S
         );
     }
     Ok(table)
+}
+
+/// The memory samples of a run, one JSON line each (`memory-rank<R>.jsonl` in the run folder).
+#[derive(Debug, Default)]
+pub struct MemoryLog {
+    lines: Vec<String>,
+}
+
+impl MemoryLog {
+    /// Adds the samples of step `step`.
+    pub fn push(&mut self, step: usize, samples: Vec<MemorySample>) {
+        for s in samples {
+            let m = &s.model_states;
+            let line = serde_json::json!({
+                "step": step,
+                "phase": s.phase,
+                "parameters": m.parameters,
+                "gradients": m.gradients,
+                "master_weights": m.master_weights,
+                "optimizer_states": m.optimizer_states,
+                "activations": s.activations,
+                "total": s.total(),
+                "device_tensors": s.device_tensors,
+                "device_in_use": s.device_in_use,
+            });
+            self.lines.push(line.to_string());
+        }
+    }
+
+    /// Writes the log to `path` (atomically).
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let mut text = self.lines.join("\n");
+        text.push('\n');
+        crate::run_dir::write_atomically(path, text.as_bytes())
+    }
+}
+
+/// One line on the peak: its total, its phase and what it held.
+pub fn peak_line(peak: &MemorySample) -> String {
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    let device = peak.device_in_use.map_or(String::new(), |b| {
+        format!(", device in use {:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    });
+    format!(
+        "memory peak so far: {:.2} MiB after {} (activations {:.2} MiB){device}",
+        mib(peak.total()),
+        peak.phase,
+        mib(peak.activations)
+    )
 }

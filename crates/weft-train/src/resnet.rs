@@ -109,7 +109,9 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         cuda_graph: args.cuda_graph && args.micro_batches == 1,
         timeline: Some(timeline.clone()),
     };
-    let mut trainer = parallelize::resnet(trainer, ctx.comm.as_ref(), &plan)?;
+    let mut trainer =
+        parallelize::resnet(trainer, ctx.comm.as_ref(), &plan)?.with_memory_tracking();
+    let mut memory_log = memory_report::MemoryLog::default();
     let mut run = open_run_dir(args, &ctx)?;
     if ctx.is_main() {
         println!(
@@ -182,9 +184,13 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             }
             skipped += usize::from(outcome.skipped);
             accumulate(&mut totals, &outcome);
+            memory_log.push(step, trainer.take_memory_samples());
             if step == 0 && ctx.is_main() && !args.quiet {
                 let settings = memory_report::plan_settings(args, policy, ctx.world_size);
                 print!("{}", memory_report::model_state_table(&trainer, &settings)?);
+                if let Some(peak) = trainer.memory_peak() {
+                    println!("{}", memory_report::peak_line(peak));
+                }
             }
             step += 1;
             progress.step(
@@ -229,6 +235,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     }
     progress.finish();
     timeline.write_chrome_trace(&run.path.join(format!("trace-rank{}.json", ctx.rank)))?;
+    memory_log.write(&run.path.join(format!("memory-rank{}.jsonl", ctx.rank)))?;
     let summary = RunSummary {
         run_dir: run.path.clone(),
         world_size: ctx.world_size,

@@ -1,8 +1,10 @@
-//! [`ModelStateBytes`]: the model states a [`Trainer`] holds on this rank, counted from the
-//! live tensors themselves (not from a formula): the model's parameters, the flat gradient
-//! buffer, the master weights (the trainer's flat master copy, or the device optimizer's fp32
-//! copy of 16-bit parameters) and the optimizer's state buffers. `memory-plan`'s model-state
-//! rows are tested against these counts.
+//! What a [`Trainer`] holds on this rank, counted from the live tensors themselves (not from
+//! a formula): [`ModelStateBytes`] — the model's parameters, the flat gradient buffer, the
+//! master weights (the trainer's flat master copy, or the device optimizer's fp32 copy of
+//! 16-bit parameters) and the optimizer's state buffers; `memory-plan`'s model-state rows are
+//! tested against these counts — and, with memory tracking, a [`MemorySample`] at the forward,
+//! backward and optimizer points of each step, with the tape's activations and, on a GPU, the
+//! memory pool's and the device's own counts.
 
 use super::Trainer;
 
@@ -47,5 +49,106 @@ impl Trainer {
                 + self.optimizer.own_master_bytes(),
             optimizer_states: self.optimizer.state_bytes(),
         }
+    }
+}
+
+/// This rank's memory at one point of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemorySample {
+    /// `forward` (the tape holds the step's activations), `backward` or `optimizer`.
+    pub phase: &'static str,
+    pub model_states: ModelStateBytes,
+    /// Bytes the block-wise tape keeps for backward (0 once backward has run).
+    pub activations: usize,
+    /// On a GPU: the memory pool's bytes in use by tensors (CUDA graphs' included).
+    pub device_tensors: Option<u64>,
+    /// On a GPU: the device's memory in use as it sees it (context and pools included).
+    pub device_in_use: Option<u64>,
+}
+
+impl MemorySample {
+    /// Model states and activations together.
+    pub fn total(&self) -> usize {
+        let m = &self.model_states;
+        m.parameters + m.gradients + m.master_weights + m.optimizer_states + self.activations
+    }
+}
+
+/// The samples of the steps since they were last taken, and the peak of the run.
+#[derive(Debug, Default)]
+pub(super) struct MemoryTracker {
+    pub samples: Vec<MemorySample>,
+    pub peak: Option<MemorySample>,
+}
+
+impl Trainer {
+    /// Records this rank's memory at the forward, backward and optimizer points of every step
+    /// (not of steps replayed from a CUDA graph): [`Self::take_memory_samples`], the run's
+    /// [`Self::memory_peak`], and counters on the timeline.
+    pub fn with_memory_tracking(mut self) -> Self {
+        self.memory = Some(MemoryTracker::default());
+        self
+    }
+
+    /// The samples recorded since the last call, in order.
+    pub fn take_memory_samples(&mut self) -> Vec<MemorySample> {
+        self.memory
+            .as_mut()
+            .map(|m| std::mem::take(&mut m.samples))
+            .unwrap_or_default()
+    }
+
+    /// The sample with the largest total so far.
+    pub fn memory_peak(&self) -> Option<&MemorySample> {
+        self.memory.as_ref().and_then(|m| m.peak.as_ref())
+    }
+
+    pub(super) fn record_memory(
+        &mut self,
+        phase: &'static str,
+        activations: usize,
+    ) -> crate::error::Result<()> {
+        if self.memory.is_none() {
+            return Ok(());
+        }
+        let device = self.model.store().device().clone();
+        #[cfg(feature = "cuda")]
+        let (device_tensors, device_in_use) = (
+            weft_tensor::cuda_runtime::memory_usage(&device)?.map(|u| u.used),
+            weft_tensor::cuda_runtime::device_memory_in_use(&device)?,
+        );
+        #[cfg(not(feature = "cuda"))]
+        let (device_tensors, device_in_use) = {
+            let _ = &device;
+            (None, None)
+        };
+        let sample = MemorySample {
+            phase,
+            model_states: self.model_state_bytes(),
+            activations,
+            device_tensors,
+            device_in_use,
+        };
+        if let Some(timeline) = &self.options.timeline {
+            let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+            let mut values: Vec<(&'static str, f64)> = sample
+                .model_states
+                .by_category()
+                .iter()
+                .map(|&(c, b)| (c, mib(b)))
+                .collect();
+            values.push(("activations", mib(activations)));
+            timeline.record_counter("memory MiB", std::time::Instant::now(), values);
+        }
+        let tracker = self.memory.as_mut().expect("checked above");
+        if tracker
+            .peak
+            .as_ref()
+            .is_none_or(|p| sample.total() > p.total())
+        {
+            tracker.peak = Some(sample.clone());
+        }
+        tracker.samples.push(sample);
+        Ok(())
     }
 }

@@ -23,7 +23,7 @@ use weft_precision::DynamicLossScaler;
 use weft_tensor::tape::{self, TapeOptions};
 use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Objective, Timeline};
 
-pub use memory::ModelStateBytes;
+pub use memory::{MemorySample, ModelStateBytes};
 pub use outcome::{StepOutcome, StepTimings};
 
 use crate::error::{ParallelError, Result};
@@ -50,6 +50,8 @@ pub struct Trainer {
     /// Whether the last step was skipped by the loss scaler.
     skipped_last: bool,
     pub(crate) synchronized_timings: bool,
+    /// Memory samples of each step, when tracked.
+    memory: Option<memory::MemoryTracker>,
     #[cfg(feature = "cuda")]
     graph: Option<cuda_graph::StepGraph>,
 }
@@ -110,6 +112,7 @@ impl Trainer {
             scaler: None,
             skipped_last: false,
             synchronized_timings: false,
+            memory: None,
             #[cfg(feature = "cuda")]
             graph: None,
         })

@@ -62,6 +62,7 @@ impl Trainer {
         self.optimizer
             .step(self.params.as_ref(), &self.grads, self.model.store(), range)?;
         self.strategy.after_step(&self.model)?;
+        self.record_memory("optimizer", 0)?;
         timings.optimizer = self.lap(start)?;
         if let Some(t) = &self.options.timeline {
             t.record("optimizer", "optimizer", "compute", start, Instant::now());
@@ -87,6 +88,9 @@ impl Trainer {
             strategy.before_block_forward(model, block)
         })?;
         let output = self.objective.loss(tape.output(), targets)?;
+        if self.memory.is_some() {
+            self.record_memory("forward", tape.saved_activation_bytes())?;
+        }
         let factor = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale());
         let scaled = if factor != 1.0 {
             output.loss.affine(factor, 0.0)?
@@ -104,6 +108,7 @@ impl Trainer {
         };
         tape.backward_with(Seed::Loss(&scaled), &self.model, &mut hooks)?;
         timings.backward += self.lap(start)?;
+        self.record_memory("backward", 0)?;
         Ok(BatchResult {
             loss: output.loss.detach(),
             metrics: output.metrics,
