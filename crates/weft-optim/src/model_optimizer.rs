@@ -208,6 +208,18 @@ impl ModelOptimizer {
     }
 }
 
+/// The elements `range` of the device tensor `flat`, copied to the host alone: candle moves a
+/// view's whole allocation, so a shard is first copied into a tensor of its own.
+fn shard_to_host(flat: &Tensor, range: &Range<usize>) -> candle_core::Result<Tensor> {
+    let part = flat.narrow(0, range.start, range.len())?;
+    if range.len() == flat.elem_count() {
+        return part.to_device(&Device::Cpu);
+    }
+    let own = Tensor::zeros(range.len(), flat.dtype(), flat.device())?;
+    own.slice_set(&part, 0, 0)?;
+    own.to_device(&Device::Cpu)
+}
+
 /// Steps the master copy `master` of `range` (in host memory) in place with a slice
 /// optimizer, then writes it into the model's variables. Gradients on a GPU are copied to the
 /// host first, and the updated values go back in the parameters' dtype (ZeRO-Offload).
@@ -226,11 +238,7 @@ fn step_master<T: Real + HostElement>(
     let on_host = grads.tensor().device().is_cpu();
     let host_grads = match on_host {
         true => grads.tensor().clone(),
-        false => grads
-            .tensor()
-            .narrow(0, range.start, range.len())
-            .and_then(|g| g.to_device(&Device::Cpu))
-            .map_err(tensor_error)?,
+        false => shard_to_host(grads.tensor(), &range).map_err(tensor_error)?,
     };
     let source_range = if on_host {
         range.clone()
@@ -249,4 +257,18 @@ fn step_master<T: Real + HostElement>(
         .layout()
         .write_range(store, range.start, master)
         .map_err(tensor_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_comes_to_the_host_alone() {
+        let flat = Tensor::arange(0f32, 10.0, &Device::Cpu).unwrap();
+        let shard = shard_to_host(&flat, &(3..7)).unwrap();
+        assert_eq!(shard.to_vec1::<f32>().unwrap(), vec![3.0, 4.0, 5.0, 6.0]);
+        let whole = shard_to_host(&flat, &(0..10)).unwrap();
+        assert_eq!(whole.elem_count(), 10);
+    }
 }
