@@ -100,3 +100,37 @@ fn unused_parameter_is_named_on_every_rank_of_a_ddp_job() {
         assert!(!err.contains("linear.weight"), "rank {rank}: {err}");
     }
 }
+
+#[test]
+fn under_zero_2_the_unused_parameter_is_named_or_reduced_as_zero() {
+    for find_unused_parameters in [false, true] {
+        let results = weft_testing::on_thread_ranks(2, |_, comm| {
+            let plain = trainer();
+            let config = DdpConfig {
+                find_unused_parameters,
+                ..DdpConfig::default()
+            };
+            let zero = weft_parallel::zero::zero_stage2(plain.model(), plain.grads(), comm, config)
+                .unwrap();
+            let mut t = plain.with_strategy(Box::new(zero)).unwrap();
+            let x = Tensor::ones((2, 4), DType::F32, &Device::Cpu).unwrap();
+            let y = Tensor::new(&[0u32, 1], &Device::Cpu).unwrap();
+            t.step(&x, &y, 0.1)
+                .map(|_| weft_testing::flat_params(t.model().store()))
+        });
+        for (rank, result) in results.iter().enumerate() {
+            match (find_unused_parameters, result) {
+                (false, Err(e)) => assert!(
+                    e.to_string().contains("`linear.unused`"),
+                    "rank {rank}: {e}"
+                ),
+                (true, Ok(params)) => {
+                    assert_eq!(params[12..], [1.0, 1.0], "rank {rank}: unused stays")
+                }
+                (_, other) => panic!(
+                    "rank {rank}, find_unused_parameters {find_unused_parameters}: {other:?}"
+                ),
+            }
+        }
+    }
+}

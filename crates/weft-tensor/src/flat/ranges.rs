@@ -38,7 +38,8 @@ impl FlatLayout {
     }
 
     /// The values of `store`'s entries over `range` of this layout, as one 1-D tensor of
-    /// `dtype` on the store's device.
+    /// `dtype` on the store's device: a copy of its own, never a view of a variable (a range
+    /// inside one parameter would otherwise alias it).
     pub fn read_range(
         &self,
         store: &ParamStore,
@@ -46,20 +47,17 @@ impl FlatLayout {
         dtype: DType,
     ) -> Result<Tensor> {
         self.check_range(&range)?;
-        let parts = pieces(self, &range)
-            .into_iter()
-            .map(|(i, within)| {
-                let entry = &store.entries()[self.slots()[i].entry];
-                let flat = entry.tensor().flatten_all()?;
-                Ok(flat
-                    .narrow(0, within.start, within.len())?
-                    .to_dtype(dtype)?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        if parts.is_empty() {
-            return Ok(Tensor::zeros(0, dtype, store.device())?);
+        let values = Tensor::zeros(range.len(), dtype, store.device())?;
+        for (i, within) in pieces(self, &range) {
+            let slot = &self.slots()[i];
+            let part = store.entries()[slot.entry]
+                .tensor()
+                .flatten_all()?
+                .narrow(0, within.start, within.len())?
+                .to_dtype(dtype)?;
+            values.slice_set(&part, 0, slot.offset + within.start - range.start)?;
         }
-        Ok(Tensor::cat(&parts, 0)?)
+        Ok(values)
     }
 
     /// Writes `values` (1-D, any dtype, on any device) over the elements
@@ -130,6 +128,12 @@ mod tests {
                 .elem_count(),
             0
         );
+        // A range inside one parameter is a copy, not a view of it.
+        let inside = layout.read_range(&store, 1..3, DType::F32).unwrap();
+        layout
+            .write_range(&store, 1, &(inside.clone() + 1.0).unwrap())
+            .unwrap();
+        assert_eq!(inside.to_vec1::<f32>().unwrap(), vec![1.0, 2.0]);
         let beyond = layout.write_range(&store, 8, &values).unwrap_err();
         assert!(beyond.to_string().contains("8..12"), "{beyond}");
     }
