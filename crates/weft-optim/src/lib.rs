@@ -34,7 +34,7 @@ mod validate;
 
 pub use adamw::{AdamW, AdamWConfig};
 #[cfg(feature = "cuda")]
-pub use device::{DeviceOptimizer, DeviceRule};
+pub use device::{DeviceOptimizer, DeviceRule, MASTER_WEIGHTS};
 pub use error::OptimError;
 pub use groups::{ParamGroup, ParamGroups};
 pub use model_optimizer::{ModelOptimizer, OptimizerConfig};

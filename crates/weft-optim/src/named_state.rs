@@ -210,9 +210,11 @@ impl ModelOptimizer {
             ModelOptimizer::F64(opt) => host(opt.state(), len),
             #[cfg(feature = "cuda")]
             ModelOptimizer::Device(opt) => {
+                let master = opt.master().map(|m| (crate::device::MASTER_WEIGHTS, m));
                 let buffers = opt
                     .state()
                     .into_iter()
+                    .chain(master)
                     .map(|(name, t)| Ok((name.to_string(), t.to_device(&Device::Cpu)?)))
                     .collect::<candle_core::Result<_>>()
                     .map_err(tensor_error)?;

@@ -270,6 +270,14 @@ pub fn run() -> Result<()> {
             });
         }
     }
+    // A checkpoint of the optimizer keeps its fp32 master weights: resuming changes nothing.
+    for (name, config) in optimizers::configs() {
+        checks.push(Check {
+            name: format!("optimizer {name}, bf16 params, resumed from its state"),
+            error: optimizers::compare_resumed(&config, &gpu, DType::BF16)?,
+            tolerance: 0.0,
+        });
+    }
     checks.push(Check {
         name: "ResNet-50 f64 whole-graph grads".into(),
         error: compare_whole_graph(&gpu)?,

@@ -101,15 +101,33 @@ fn run(config: &OptimizerConfig, device: &Device, params: DType, grads: DType) -
     let master = layout.read_range(&store, 0..len, grads)?;
     let mut optimizer = ModelOptimizer::new(config.clone(), groups(len)?, device, grads)?;
     for step in 0..STEPS {
-        let values: Vec<f64> = (0..len)
-            .map(|k| ((k * 31 + step * 977) % 1999) as f64 / 999.5 - 1.0)
-            .collect();
-        let g = Tensor::from_vec(values, len, device)?.to_dtype(grads)?;
-        gradients.tensor().slice_set(&g, 0, 0)?;
-        optimizer.set_lr(0.1 / (1 + step) as f64)?;
         let master = optimizer.needs_master_copy().then_some(&master);
-        optimizer.step(master, &gradients, &store, 0..len)?;
+        one_step(&mut optimizer, (&gradients, step), &store, master)?;
     }
+    flat_params(&store)
+}
+
+/// Step `step` of every run: its gradients and learning rate.
+fn one_step(
+    optimizer: &mut ModelOptimizer,
+    (gradients, step): (&FlatBuffer, usize),
+    store: &ParamStore,
+    master: Option<&Tensor>,
+) -> Result<()> {
+    let len = gradients.layout().len();
+    let values: Vec<f64> = (0..len)
+        .map(|k| ((k * 31 + step * 977) % 1999) as f64 / 999.5 - 1.0)
+        .collect();
+    let device = gradients.tensor().device();
+    let g = Tensor::from_vec(values, len, device)?.to_dtype(gradients.dtype())?;
+    gradients.tensor().slice_set(&g, 0, 0)?;
+    optimizer.set_lr(0.1 / (1 + step) as f64)?;
+    optimizer.step(master, gradients, store, 0..len)?;
+    Ok(())
+}
+
+/// The parameters of `store`, flattened, on the CPU as f64.
+fn flat_params(store: &ParamStore) -> Result<Tensor> {
     let flat: Vec<Tensor> = store
         .parameter_ids()
         .into_iter()
@@ -121,6 +139,38 @@ fn run(config: &OptimizerConfig, device: &Device, params: DType, grads: DType) -
         })
         .collect::<candle_core::Result<_>>()?;
     Ok(Tensor::cat(&flat, 0)?.to_device(&Device::Cpu)?)
+}
+
+/// Mixed-precision steps on the GPU (16-bit parameters of `dtype`, fp32 gradients and master
+/// weights kept by the kernels) resumed halfway from the optimizer's saved state, its master
+/// weights included, against the same steps without the break: the largest relative
+/// difference of the parameters (0 when the master weights survive the round trip; a master
+/// rebuilt from the 16-bit parameters would differ).
+pub(super) fn compare_resumed(config: &OptimizerConfig, gpu: &Device, dtype: DType) -> Result<f64> {
+    let go = |resume: bool| -> Result<Tensor> {
+        let store = store(gpu, dtype)?;
+        let len = FlatLayout::parameters(&store).len();
+        let gradients = FlatBuffer::zeros(FlatLayout::parameters(&store), DType::F32, gpu)?;
+        let fresh = || -> Result<ModelOptimizer> {
+            Ok(ModelOptimizer::new(
+                config.clone(),
+                groups(len)?,
+                gpu,
+                DType::F32,
+            )?)
+        };
+        let mut optimizer = fresh()?;
+        for step in 0..STEPS {
+            if resume && step == STEPS / 2 {
+                let saved = optimizer.flat_state(len)?;
+                optimizer = fresh()?;
+                optimizer.load_flat_state(&saved.optimizer, saved.step, 0..len, saved.buffers)?;
+            }
+            one_step(&mut optimizer, (&gradients, step), &store, None)?;
+        }
+        flat_params(&store)
+    };
+    relative_error(&go(false)?, &go(true)?)
 }
 
 /// The largest relative difference of the parameters after `STEPS` steps on the GPU and on

@@ -63,6 +63,9 @@ fn tensor_error(optimizer: &'static str) -> impl Fn(candle_core::Error) -> Optim
     }
 }
 
+/// The name of the fp32 master weights among a device optimizer's state buffers.
+pub const MASTER_WEIGHTS: &str = "master_weights";
+
 /// An optimizer whose state and scalars live on the parameters' CUDA device.
 pub struct DeviceOptimizer {
     rule: DeviceRule,
@@ -82,6 +85,9 @@ pub struct DeviceOptimizer {
     /// For 16-bit parameters with fp32 gradients: the fp32 master weights over the range
     /// (made from the parameters at the first step), and the parameters' dtype.
     master: Option<(Tensor, DType)>,
+    /// Master weights loaded from a checkpoint, taken in place of the parameters' values
+    /// when the master copy is made at the next step.
+    loaded_master: Option<Tensor>,
 }
 
 impl DeviceOptimizer {
@@ -102,6 +108,7 @@ impl DeviceOptimizer {
             state: Vec::new(),
             range: None,
             master: None,
+            loaded_master: None,
         })
     }
 
@@ -158,6 +165,11 @@ impl DeviceOptimizer {
             .collect()
     }
 
+    /// The fp32 master weights it keeps for 16-bit parameters, over the stepped range.
+    pub fn master(&self) -> Option<&Tensor> {
+        self.master.as_ref().map(|(t, _)| t)
+    }
+
     /// Bytes of the fp32 master weights it keeps for 16-bit parameters (0 otherwise).
     pub fn master_bytes(&self) -> usize {
         self.master
@@ -166,7 +178,8 @@ impl DeviceOptimizer {
     }
 
     /// Replaces the state: buffers by name over `range` (on any device; moved to the
-    /// parameters'), and the step count.
+    /// parameters'), and the step count. A buffer named [`MASTER_WEIGHTS`] replaces the fp32
+    /// master weights of 16-bit parameters (kept until the next step makes the master copy).
     pub fn load_state(
         &mut self,
         range: Range<usize>,
@@ -201,7 +214,28 @@ impl DeviceOptimizer {
                 .map_err(tensor_error(optimizer))?;
             state.push(on_device);
         }
-        if let Some(extra) = buffers.iter().find(|(n, _)| !names.contains(&n.as_str())) {
+        let master = buffers.iter().find(|(n, _)| n == MASTER_WEIGHTS);
+        if let Some((_, t)) = master {
+            if t.elem_count() != range.len() {
+                return Err(OptimError::StateLengthMismatch {
+                    optimizer,
+                    buffer: MASTER_WEIGHTS,
+                    state: t.elem_count(),
+                    params: range.len(),
+                });
+            }
+        }
+        let loaded_master = master
+            .map(|(_, t)| {
+                t.flatten_all()
+                    .and_then(|t| t.to_dtype(DType::F32)?.to_device(&self.device)?.copy())
+            })
+            .transpose()
+            .map_err(tensor_error(optimizer))?;
+        if let Some(extra) = buffers
+            .iter()
+            .find(|(n, _)| !names.contains(&n.as_str()) && n != MASTER_WEIGHTS)
+        {
             return Err(OptimError::UnexpectedStateBuffer {
                 optimizer,
                 buffer: extra.0.clone(),
@@ -213,6 +247,8 @@ impl DeviceOptimizer {
         self.step_value = Some(step_value);
         self.state = state;
         self.issued = step;
+        self.master = None;
+        self.loaded_master = loaded_master;
         self.range = Some(range);
         Ok(())
     }
@@ -246,6 +282,9 @@ impl DeviceOptimizer {
         let runs = self.runs(grads, store, &range)?;
         if self.master.is_none() {
             self.master = master_weights(grads, store, &range).map_err(&err)?;
+            if let (Some((made, _)), Some(loaded)) = (&mut self.master, self.loaded_master.take()) {
+                *made = loaded;
+            }
         }
         let flat = grads
             .tensor()
