@@ -17,7 +17,7 @@ mod run;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use weft_optim::ModelOptimizer;
 use weft_precision::DynamicLossScaler;
 use weft_tensor::tape::{self, TapeOptions};
@@ -37,8 +37,11 @@ pub struct Trainer {
     model: BlockModel,
     objective: Box<dyn Objective>,
     /// The flat master copy of the parameters over the range the optimizer steps
-    /// ([`Strategy::optimizer_range`]: all of them, or this rank's ZeRO shard).
+    /// ([`Strategy::optimizer_range`]: all of them, or this rank's ZeRO shard), in host memory;
+    /// made when the strategy is set or at the first step, so only the shard is ever read.
     params: Option<Tensor>,
+    /// The master copy's dtype, for an optimizer that steps one.
+    master_dtype: Option<DType>,
     grads: FlatBuffer,
     optimizer: ModelOptimizer,
     options: TapeOptions,
@@ -69,7 +72,7 @@ pub struct EvalOutcome {
 impl Trainer {
     /// Lays out `model`'s parameters in flat buffers. An optimizer that steps a flat master
     /// copy gets one in its own dtype, in host memory, over the range of the flat buffers it
-    /// steps (all of them until [`Self::with_strategy`]); built for the CPU while the model is
+    /// steps (all of them unless [`Self::with_strategy`] sets another); built for the CPU while the model is
     /// on a GPU, it is offloaded (ZeRO-Offload: gradients copied to the host, the update run
     /// there, the parameters copied back), and the gradients are kept in that dtype too (fp32
     /// master weights and gradients for a 16-bit model: mixed precision, Megatron's
@@ -85,22 +88,14 @@ impl Trainer {
     ) -> Result<Self> {
         let layout = FlatLayout::parameters(model.store());
         let dtype = optimizer.gradient_dtype(model.store().dtype());
-        // A host optimizer steps its master copy in host memory, wherever the model is: on a
-        // GPU that is ZeRO-Offload's arrangement.
-        let params = match optimizer.needs_master_copy() {
-            true => Some(
-                layout
-                    .read_range(model.store(), 0..layout.len(), dtype)?
-                    .to_device(&candle_core::Device::Cpu)?,
-            ),
-            false => None,
-        };
+        let master_dtype = optimizer.needs_master_copy().then_some(dtype);
         let grads = FlatBuffer::zeros(layout, dtype, model.store().device())?;
         let strategy = Box::new(SingleProcess::new(&model, false));
         Ok(Self {
             model,
             objective,
-            params,
+            params: None,
+            master_dtype,
             grads,
             optimizer,
             options: TapeOptions {
@@ -162,12 +157,14 @@ impl Trainer {
 
     /// Reads the master copy again from the model's parameters, over the range the strategy
     /// gives this rank's optimizer (after the model was loaded or made identical to rank 0's).
+    /// A host optimizer steps its master copy in host memory, wherever the model is: on a GPU
+    /// that is ZeRO-Offload's arrangement.
     pub fn reload_master_weights(&mut self) -> Result<()> {
-        if let Some(master) = &self.params {
+        if let Some(dtype) = self.master_dtype {
             let layout = self.grads.layout();
             let range = self.strategy.optimizer_range(layout.len());
-            let values = layout.read_range(self.model.store(), range, master.dtype())?;
-            self.params = Some(values.to_device(master.device())?);
+            let values = layout.read_range(self.model.store(), range, dtype)?;
+            self.params = Some(values.to_device(&candle_core::Device::Cpu)?);
         }
         Ok(())
     }
@@ -252,6 +249,9 @@ impl Trainer {
     /// Replaces the master copy (over the optimizer's range) with `values`, e.g. a
     /// checkpoint's: more precise than the 16-bit parameters it was rounded into.
     pub fn load_master_weights(&mut self, values: &Tensor) -> Result<()> {
+        if self.params.is_none() {
+            self.reload_master_weights()?;
+        }
         let Some(master) = &self.params else {
             return Err(ParallelError::Config(
                 "this optimizer keeps no master copy to load".into(),
@@ -270,7 +270,7 @@ impl Trainer {
     }
 
     /// The flat master copy of the parameters the optimizer steps (over its range of the flat
-    /// buffers), where it keeps one.
+    /// buffers), where it keeps one (from the first step on, or once a strategy is set).
     pub fn master_weights(&self) -> Option<&Tensor> {
         self.params.as_ref()
     }

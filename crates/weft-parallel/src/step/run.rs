@@ -22,6 +22,9 @@ impl Trainer {
         &mut self,
         micro_batches: &[(Tensor, Tensor)],
     ) -> Result<(Vec<BatchResult>, StepTimings)> {
+        if self.params.is_none() {
+            self.reload_master_weights()?;
+        }
         let mut timings = StepTimings::default();
         let total: usize = micro_batches
             .iter()

@@ -108,14 +108,15 @@ pub fn save_sharded(
     Ok(())
 }
 
-/// The flat values of `name` over `range`, read from the shard files that overlap it.
-pub(super) fn read_range(
+/// The flat values of each of `names` over `range`, in order, read from the shard files that
+/// overlap it (each file loaded once).
+pub(super) fn read_ranges(
     dir: &Path,
     manifest: &Manifest,
-    name: &str,
+    names: &[String],
     range: &Range<usize>,
-) -> Result<Tensor> {
-    let mut parts = Vec::new();
+) -> Result<Vec<Tensor>> {
+    let mut parts: Vec<Vec<Tensor>> = vec![Vec::new(); names.len()];
     for shard in &manifest.shards {
         let (start, end) = (shard.start.max(range.start), shard.end.min(range.end));
         if start >= end {
@@ -124,25 +125,24 @@ pub(super) fn read_range(
         let path = dir.join(&shard.file);
         let mut tensors =
             candle_core::safetensors::load(&path, &Device::Cpu).map_err(|e| fail(&path, e))?;
-        let values = tensors
-            .remove(name)
-            .ok_or_else(|| fail(&path, format!("no tensor {name:?}")))?;
-        if values.elem_count() != shard.end - shard.start {
-            return Err(fail(
-                &path,
-                format!(
-                    "{name} has {} elements, the shard {}",
-                    values.elem_count(),
-                    shard.end - shard.start
-                ),
-            ));
+        for (name, parts) in names.iter().zip(&mut parts) {
+            let values = tensors
+                .remove(name)
+                .ok_or_else(|| fail(&path, format!("no tensor {name:?}")))?;
+            if values.elem_count() != shard.end - shard.start {
+                let (has, holds) = (values.elem_count(), shard.end - shard.start);
+                return Err(fail(
+                    &path,
+                    format!("{name} has {has} elements, the shard {holds}"),
+                ));
+            }
+            parts.push(values.narrow(0, start - shard.start, end - start)?);
         }
-        parts.push(values.narrow(0, start - shard.start, end - start)?);
     }
-    match parts.is_empty() {
-        true => Err(fail(dir, format!("no shard holds elements {range:?}"))),
-        false => Ok(Tensor::cat(&parts, 0)?),
+    if range.is_empty() || parts.iter().any(Vec::is_empty) {
+        return Err(fail(dir, format!("no shard holds elements {range:?}")));
     }
+    parts.iter().map(|p| Ok(Tensor::cat(p, 0)?)).collect()
 }
 
 /// Loads the checkpoint in `dir` into `trainer`, on every rank of `comm` (any number of ranks:
@@ -161,21 +161,23 @@ pub fn load_sharded(
     if range.is_empty() {
         return Ok(());
     }
-    let buffers = manifest
-        .buffers
-        .iter()
-        .map(|name| Ok((name.clone(), read_range(dir, &manifest, name, &range)?)))
-        .collect::<Result<Vec<_>>>()?;
+    let load_master = manifest.master_weights && trainer.master_weights().is_some();
+    let mut names = manifest.buffers.clone();
+    if load_master {
+        names.push(MASTER.into());
+    }
+    let mut values = read_ranges(dir, &manifest, &names, &range)?;
+    let master = load_master.then(|| values.pop()).flatten();
+    let buffers = names.into_iter().zip(values).collect();
     trainer.optimizer_mut().load_flat_state(
         &manifest.optimizer,
         manifest.step,
         range.clone(),
         buffers,
     )?;
-    match (manifest.master_weights, trainer.master_weights().is_some()) {
-        (true, true) => trainer.load_master_weights(&read_range(dir, &manifest, MASTER, &range)?),
+    match master {
+        Some(master) => trainer.load_master_weights(&master),
         // Without saved master weights the copy is the model's values, read above.
-        (false, true) => trainer.reload_master_weights(),
-        (_, false) => Ok(()),
+        None => trainer.reload_master_weights(),
     }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use weft_tensor::state_dict::{load_safetensors, temporary_sibling};
 
-use super::checkpoint::{fail, read_range, MASTER};
+use super::checkpoint::{fail, read_ranges, MASTER};
 use super::manifest::Manifest;
 use super::ShardLayout;
 use crate::error::Result;
@@ -30,8 +30,10 @@ pub fn export_full_state(dir: &Path, out: &Path) -> Result<()> {
         names.push(MASTER.into());
     }
     let mut tensors = Vec::new();
-    for name in &names {
-        let flat = read_range(dir, &manifest, name, &whole)?;
+    for (name, flat) in names
+        .iter()
+        .zip(read_ranges(dir, &manifest, &names, &whole)?)
+    {
         for entry in &manifest.entries {
             let numel: usize = entry.shape.iter().product();
             let values = flat
