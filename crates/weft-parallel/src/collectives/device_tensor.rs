@@ -28,12 +28,17 @@ pub fn device_buffer(op: &'static str, tensor: &Tensor) -> Result<DeviceBuffer> 
     let Some((start, end)) = layout.contiguous_offsets() else {
         return Err(refuse("the tensor is not contiguous".into()).into());
     };
-    let Some(address) = cuda_address(&storage, tensor.dtype())? else {
-        let reason = format!("the tensor is on {:?}, not a CUDA device", tensor.device());
-        return Err(refuse(reason).into());
+    let not_cuda = || {
+        refuse(format!(
+            "the tensor is on {:?}, not a CUDA device",
+            tensor.device()
+        ))
     };
     let DeviceLocation::Cuda { gpu_id } = tensor.device().location() else {
-        unreachable!("CUDA storage lives on a CUDA device")
+        return Err(not_cuda().into());
+    };
+    let Some(address) = cuda_address(&storage, tensor.dtype())? else {
+        return Err(not_cuda().into());
     };
     let offset = (start * tensor.dtype().size_in_bytes()) as u64;
     // SAFETY: the address is the tensor's first element within its CUDA allocation, the
