@@ -1,4 +1,4 @@
-//! `cargo xtask …`: the project's commands — the ResNet trainer and the benchmarks.
+//! `cargo xtask …`: the project's commands — the ResNet and GPT trainers and the benchmarks.
 
 mod bench_collectives;
 mod bench_ddp;
@@ -25,6 +25,8 @@ struct Cli {
 enum Command {
     /// Train a ResNet (default: on the CPU, on the embedded synthetic data set, in a few minutes)
     TrainResnet(weft_train::TrainArgs),
+    /// Train a GPT (default: gpt-tiny on the CPU, on a synthetic token task, in a few minutes)
+    TrainGpt(weft_train::GptArgs),
     /// Time forward + backward + SGD step of a ResNet, beside PyTorch on the same machine
     BenchStep(bench_step::BenchStepArgs),
     /// Time the optimizer step alone over a model's parameters, beside PyTorch's fastest
@@ -66,6 +68,7 @@ fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::TrainResnet(args) => train_resnet(args),
+        Command::TrainGpt(args) => train_gpt(args),
         Command::BenchStep(args) => match cuda_build::needs_cuda_build(&args.device) {
             true => cuda_build::rerun_with_cuda(),
             false => bench_step::run(&args),
@@ -101,16 +104,46 @@ fn main() {
 /// Trains in this process, or, with `--nproc N` outside a launched job, starts N ranks.
 fn train_resnet(args: weft_train::TrainArgs) -> Result<()> {
     args.validate()?;
-    if cuda_build::needs_cuda_build(&args.device) {
+    let name = args
+        .name
+        .is_none()
+        .then(|| weft_train::resnet::default_run_name(&args));
+    launch_or_run(&args.device, args.ranks(), name, || {
+        weft_train::resnet::run(&args).map(|_| ())
+    })
+}
+
+/// Trains in this process, or, with `--nproc N` outside a launched job, starts N ranks.
+fn train_gpt(args: weft_train::GptArgs) -> Result<()> {
+    args.validate()?;
+    let name = args
+        .name
+        .is_none()
+        .then(|| weft_train::gpt::default_run_name(&args));
+    launch_or_run(&args.device, args.ranks(), name, || {
+        weft_train::gpt::run(&args).map(|_| ())
+    })
+}
+
+/// Re-runs with CUDA for a GPU device on a CPU-only build; starts `ranks` processes (all given
+/// `--name default_name` when the flags name no run) outside a launched job; runs `train`
+/// otherwise.
+fn launch_or_run(
+    device: &str,
+    ranks: usize,
+    default_name: Option<String>,
+    train: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    if cuda_build::needs_cuda_build(device) {
         return cuda_build::rerun_with_cuda();
     }
     let launched = std::env::var_os("WORLD_SIZE").is_some();
-    if args.ranks() > 1 && !launched {
+    if ranks > 1 && !launched {
         let mut rank_args: Vec<String> = std::env::args().skip(1).collect();
-        if args.name.is_none() {
-            rank_args.extend(["--name".into(), weft_train::resnet::default_run_name(&args)]);
+        if let Some(name) = default_name {
+            rank_args.extend(["--name".into(), name]);
         }
-        return launch::run_ranks(args.ranks(), &rank_args);
+        return launch::run_ranks(ranks, &rank_args);
     }
-    weft_train::resnet::run(&args).map(|_| ())
+    train()
 }

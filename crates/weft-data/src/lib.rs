@@ -9,6 +9,9 @@
 //!   with CIFAR and ImageNet presets; a sample's randomness comes from
 //!   `augmentation_rng(seed, epoch, index)`, never from thread order.
 //! - `DistributedSampler` with PyTorch's sharding semantics.
+//! - Token streams for language models: `TokenWindows` (inputs and next-token targets by
+//!   window index), `MarkovTokens` (a learnable synthetic stream from a seed) and
+//!   `read_text_bytes` (any file as byte tokens).
 //! - `DataLoader`: ordered batches (`Batch`, NCHW f32 + u32 labels, convertible
 //!   to Candle tensors) built by optional prefetching worker threads.
 //!
@@ -38,6 +41,7 @@ mod sampler;
 mod seeding;
 mod shapes;
 mod synthetic;
+mod tokens;
 pub mod transforms;
 mod workers;
 
@@ -52,6 +56,7 @@ pub use sampler::DistributedSampler;
 pub use seeding::augmentation_rng;
 pub use shapes::SHAPE_NAMES;
 pub use synthetic::{SyntheticConfig, SyntheticShapes, VALIDATION_SEED_SALT};
+pub use tokens::{read_text_bytes, MarkovTokens, TokenWindows};
 pub use transforms::{
     CenterCrop, ImageTransform, Normalize, Pipeline, RandomCrop, RandomHorizontalFlip,
     RandomResizedCrop, Resize, CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD,

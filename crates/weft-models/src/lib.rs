@@ -3,13 +3,17 @@
 //! - [`mod@resnet`]: torchvision's ResNet-18/34/50/101/152 (with torchvision's parameter names,
 //!   order and initialisation) and the CIFAR ResNet-20/32/44/56, built as
 //!   [`weft_tensor::BlockModel`]s (stem, residual blocks, head).
-//! - [`layers`]: Conv2d, BatchNorm2d (PyTorch semantics), Linear.
-//! - [`loss`]: cross-entropy and top-1 accuracy.
+//! - [`mod@gpt`]: a decoder-only transformer with GPT-2's architecture, Hugging Face's
+//!   parameter names and initialisation, presets from `gpt-tiny` to `gpt2-large`.
+//! - [`layers`]: Conv2d, BatchNorm2d (PyTorch semantics), Linear, Conv1D, LayerNorm.
+//! - [`loss`]: cross-entropy, top-1 accuracy and next-token cross-entropy.
 
 pub mod error;
+pub mod gpt;
 pub mod layers;
 pub mod loss;
 pub mod resnet;
 
 pub use error::{ModelError, Result};
+pub use gpt::{gpt, GptConfig};
 pub use resnet::{resnet, ResNetConfig};

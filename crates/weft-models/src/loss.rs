@@ -1,5 +1,6 @@
-//! Classification loss and metrics: mean cross-entropy over a batch, the count of correct
-//! top-1 predictions, and [`Classification`], the two as a training step's objective.
+//! Losses and metrics: mean cross-entropy over a batch, the count of correct top-1
+//! predictions, [`Classification`] (the two as a training step's objective) and
+//! [`NextToken`], a language model's next-token cross-entropy.
 
 use candle_core::{DType, Tensor, D};
 use weft_tensor::{LossOutput, Objective};
@@ -41,6 +42,36 @@ impl Objective for Classification {
         Ok(LossOutput {
             loss,
             metrics: vec![("correct", hits)],
+        })
+    }
+}
+
+/// Language modelling: the mean cross-entropy of `[B, T, rows]` logits against `[B, T]` u32
+/// next tokens, over the first `vocab_size` columns only (the rows a padded embedding table
+/// adds are masked out before the softmax), in f32 for 16-bit logits.
+#[derive(Debug, Clone, Copy)]
+pub struct NextToken {
+    pub vocab_size: usize,
+}
+
+impl Objective for NextToken {
+    fn loss(&self, logits: &Tensor, targets: &Tensor) -> weft_tensor::Result<LossOutput> {
+        let rows = logits.dim(D::Minus1)?;
+        if rows < self.vocab_size {
+            return Err(weft_tensor::TensorError::Block {
+                block: "loss".into(),
+                message: format!(
+                    "{rows} logits per token for a vocabulary of {}",
+                    self.vocab_size
+                ),
+            });
+        }
+        let real = logits.narrow(D::Minus1, 0, self.vocab_size)?;
+        let flat = real.reshape(((), self.vocab_size))?;
+        let loss = cross_entropy(&flat, &targets.flatten_all()?)?;
+        Ok(LossOutput {
+            loss,
+            metrics: Vec::new(),
         })
     }
 }

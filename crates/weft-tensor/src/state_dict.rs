@@ -19,8 +19,13 @@ pub fn save_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
         .iter()
         .map(|e| (e.name.clone(), e.tensor().clone()))
         .collect();
+    save_tensors(&tensors, path)
+}
+
+/// Writes `tensors` by name to `path` (atomically).
+pub fn save_tensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
     let tmp = temporary_sibling(path);
-    candle_core::safetensors::save(&tensors, &tmp).map_err(|source| {
+    candle_core::safetensors::save(tensors, &tmp).map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
         TensorError::Safetensors {
             file: path.into(),

@@ -172,6 +172,19 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
+    /// The optimizer and schedule flags.
+    pub fn optimizer_flags(&self) -> crate::optim_setup::OptimizerFlags<'_> {
+        crate::optim_setup::OptimizerFlags {
+            optimizer: self.optimizer,
+            lr: self.lr,
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+            offload_optimizer: self.offload_optimizer,
+            lr_schedule: &self.lr_schedule,
+            warmup_steps: self.warmup_steps,
+        }
+    }
+
     /// The number of ranks: `--nproc`, or one per visible GPU for a bare `--device cuda`
     /// without it, or 1.
     pub fn ranks(&self) -> usize {
@@ -233,21 +246,7 @@ impl TrainArgs {
         if self.image_size < 8 {
             bail!("--image-size {} is too small (at least 8)", self.image_size);
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            bail!("--lr {} must be a positive number", self.lr);
-        }
-        if !(0.0..1.0).contains(&self.momentum) {
-            bail!("--momentum {} must be in [0, 1)", self.momentum);
-        }
-        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            bail!("--weight-decay {} must be >= 0", self.weight_decay);
-        }
-        if !["constant", "step", "cosine"].contains(&self.lr_schedule.as_str()) {
-            bail!(
-                "--lr-schedule {}: expected constant, step or cosine",
-                self.lr_schedule
-            );
-        }
+        self.optimizer_flags().validate()?;
         if self.num_classes == Some(0) {
             bail!("--num-classes must be at least 1");
         }

@@ -1,6 +1,7 @@
 //! weft-train: trainers composed from the weft crates.
 //!
-//! [`resnet::run`] is the image-classification trainer behind `cargo xtask train-resnet`; the
+//! [`resnet::run`] is the image-classification trainer behind `cargo xtask train-resnet`,
+//! [`gpt::run`] the language-model trainer behind `cargo xtask train-gpt`; the
 //! training step itself is weft-parallel's [`weft_parallel::Trainer`], set up per model by
 //! [`parallelize`]. [`memory_plan`] predicts a run's memory per rank (`cargo xtask memory-plan`).
 
@@ -8,6 +9,8 @@ pub mod args;
 pub mod data;
 pub mod device;
 pub mod distributed;
+pub mod gpt;
+pub mod gpt_args;
 pub mod memory_plan;
 pub mod memory_report;
 pub mod optim_setup;
@@ -17,3 +20,4 @@ pub mod resnet;
 pub mod run_dir;
 
 pub use args::TrainArgs;
+pub use gpt_args::GptArgs;

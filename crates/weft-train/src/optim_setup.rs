@@ -1,4 +1,4 @@
-//! Building the optimizer and learning-rate schedule from the trainer's flags.
+//! Building the optimizer and learning-rate schedule from the flags the trainers share.
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
@@ -7,13 +7,70 @@ use weft_optim::{
     ScheduleParams, SgdConfig,
 };
 
-use crate::args::{OptimizerKind, TrainArgs};
+use weft_parallel::Trainer;
+use weft_precision::{DynamicLossScaler, PrecisionPolicy, ScalerConfig};
+
+use crate::args::OptimizerKind;
+
+/// The optimizer and schedule flags of a trainer (`--optimizer`, `--lr`, …).
+#[derive(Debug, Clone)]
+pub struct OptimizerFlags<'a> {
+    pub optimizer: OptimizerKind,
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub offload_optimizer: bool,
+    pub lr_schedule: &'a str,
+    pub warmup_steps: usize,
+}
+
+impl OptimizerFlags<'_> {
+    /// Checks the values; the error is one line naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            bail!("--lr {} must be a positive number", self.lr);
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            bail!("--momentum {} must be in [0, 1)", self.momentum);
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            bail!("--weight-decay {} must be >= 0", self.weight_decay);
+        }
+        if !["constant", "step", "cosine"].contains(&self.lr_schedule) {
+            bail!(
+                "--lr-schedule {}: expected constant, step or cosine",
+                self.lr_schedule
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Gradient clipping to `clip_grad_norm` (if given) and, for a policy that needs it, dynamic
+/// loss scaling: the step settings both trainers take from their flags.
+pub fn with_step_settings(
+    mut trainer: Trainer,
+    clip_grad_norm: Option<f64>,
+    policy: &PrecisionPolicy,
+) -> Result<Trainer> {
+    if let Some(max_norm) = clip_grad_norm {
+        trainer = trainer.with_clip_grad_norm(max_norm)?;
+    }
+    if policy.needs_loss_scaling() {
+        trainer = trainer.with_loss_scaler(DynamicLossScaler::new(ScalerConfig::default())?);
+    }
+    Ok(trainer)
+}
 
 /// The optimizer named by `--optimizer`, with `--lr`, `--momentum`, `--weight-decay`, for
 /// parameters of `dtype` on `device`: the CPU rule over a flat master copy on the CPU, the
 /// multi-tensor CUDA kernels (the same rule, in place) on a GPU; with `--offload-optimizer` the
 /// CPU rule in fp32 for a model on a GPU.
-pub fn build_optimizer(args: &TrainArgs, device: &Device, dtype: DType) -> Result<ModelOptimizer> {
+pub fn build_optimizer(
+    args: &OptimizerFlags,
+    device: &Device,
+    dtype: DType,
+) -> Result<ModelOptimizer> {
     let config = match args.optimizer {
         OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
             lr: args.lr,
@@ -43,7 +100,7 @@ pub fn build_optimizer(args: &TrainArgs, device: &Device, dtype: DType) -> Resul
     )?)
 }
 /// The schedule named by `--lr-schedule` over `total_steps`, with `--warmup-steps` of linear warm-up.
-pub fn build_schedule(args: &TrainArgs, total_steps: usize) -> Result<Box<dyn LrSchedule>> {
+pub fn build_schedule(args: &OptimizerFlags, total_steps: usize) -> Result<Box<dyn LrSchedule>> {
     let params = ScheduleParams {
         base_lr: args.lr,
         total_steps,
@@ -52,5 +109,5 @@ pub fn build_schedule(args: &TrainArgs, total_steps: usize) -> Result<Box<dyn Lr
         step_size: (total_steps / 3).max(1),
         ..ScheduleParams::default()
     };
-    Ok(schedule_from_name(&args.lr_schedule, &params)?)
+    Ok(schedule_from_name(args.lr_schedule, &params)?)
 }

@@ -35,33 +35,58 @@ pub fn resnet(
     comm: Option<&Arc<dyn Communicator>>,
     plan: &ResNetParallelism,
 ) -> Result<Trainer> {
-    let mut trainer = match comm {
-        Some(comm) => {
-            if plan.sync_bn {
-                weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
-            }
-            let (model, grads, config) = (trainer.model(), trainer.grads(), plan.ddp.clone());
-            let strategy: Box<dyn Strategy> = match plan.zero {
-                0 => {
-                    let mut ddp = DistributedDataParallel::new(model, grads, comm.clone(), config)?;
-                    if let Some(timeline) = &plan.timeline {
-                        ddp = ddp.with_timeline(timeline.clone());
-                    }
-                    Box::new(ddp)
-                }
-                1 => Box::new(zero_stage1(model, grads, comm.clone(), config)?),
-                2 => Box::new(zero_stage2(model, grads, comm.clone(), config)?),
-                other => bail!("--zero {other}: stages 0, 1 and 2 exist"),
-            };
-            trainer.with_strategy(strategy)?
-        }
-        None => {
-            let single = SingleProcess::new(trainer.model(), plan.ddp.find_unused_parameters);
-            trainer.with_strategy(Box::new(single))?
-        }
-    };
+    if let (Some(comm), true) = (comm, plan.sync_bn) {
+        weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
+    }
+    let mut trainer = data_parallel(trainer, comm, plan.zero, &plan.ddp, plan.timeline.as_ref())?;
     if plan.cuda_graph && !plan.sync_bn {
         trainer = trainer.with_cuda_graph();
     }
     Ok(trainer)
+}
+
+/// How a GPT is parallelised.
+#[derive(Debug, Clone, Default)]
+pub struct GptParallelism {
+    /// ZeRO stage over the data-parallel ranks (0: plain DDP).
+    pub zero: u8,
+    pub ddp: DdpConfig,
+    pub timeline: Option<Arc<Timeline>>,
+}
+
+/// Data parallelism (DDP or ZeRO-1/2) over `comm`'s ranks, one process without it.
+pub fn gpt(
+    trainer: Trainer,
+    comm: Option<&Arc<dyn Communicator>>,
+    plan: &GptParallelism,
+) -> Result<Trainer> {
+    data_parallel(trainer, comm, plan.zero, &plan.ddp, plan.timeline.as_ref())
+}
+
+/// The data-parallel strategy of ZeRO stage `zero` over `comm`, or one process.
+fn data_parallel(
+    trainer: Trainer,
+    comm: Option<&Arc<dyn Communicator>>,
+    zero: u8,
+    config: &DdpConfig,
+    timeline: Option<&Arc<Timeline>>,
+) -> Result<Trainer> {
+    let Some(comm) = comm else {
+        let single = SingleProcess::new(trainer.model(), config.find_unused_parameters);
+        return Ok(trainer.with_strategy(Box::new(single))?);
+    };
+    let (model, grads, config) = (trainer.model(), trainer.grads(), config.clone());
+    let strategy: Box<dyn Strategy> = match zero {
+        0 => {
+            let mut ddp = DistributedDataParallel::new(model, grads, comm.clone(), config)?;
+            if let Some(timeline) = timeline {
+                ddp = ddp.with_timeline(timeline.clone());
+            }
+            Box::new(ddp)
+        }
+        1 => Box::new(zero_stage1(model, grads, comm.clone(), config)?),
+        2 => Box::new(zero_stage2(model, grads, comm.clone(), config)?),
+        other => bail!("--zero {other}: stages 0, 1 and 2 exist"),
+    };
+    Ok(trainer.with_strategy(strategy)?)
 }

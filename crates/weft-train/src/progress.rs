@@ -6,6 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct Progress {
     bar: ProgressBar,
     visible: bool,
+    unit: &'static str,
 }
 
 impl Progress {
@@ -14,6 +15,7 @@ impl Progress {
             return Self {
                 bar: ProgressBar::hidden(),
                 visible: false,
+                unit: "img/s",
             };
         }
         let bar = ProgressBar::new(steps);
@@ -22,15 +24,26 @@ impl Progress {
         )
         .expect("the template is valid");
         bar.set_style(style);
-        Self { bar, visible: true }
+        Self {
+            bar,
+            visible: true,
+            unit: "img/s",
+        }
     }
 
-    pub fn step(&self, epoch: usize, loss: f64, images_per_sec: f64, comm_hidden: Option<f64>) {
+    /// The throughput's unit (default `img/s`).
+    pub fn with_unit(mut self, unit: &'static str) -> Self {
+        self.unit = unit;
+        self
+    }
+
+    pub fn step(&self, epoch: usize, loss: f64, throughput: f64, comm_hidden: Option<f64>) {
         let hidden = comm_hidden
             .map(|h| format!(" comm hidden {:.0}%", 100.0 * h))
             .unwrap_or_default();
         self.bar.set_message(format!(
-            "epoch {epoch} loss {loss:.4} {images_per_sec:.0} img/s{hidden}"
+            "epoch {epoch} loss {loss:.4} {throughput:.0} {}{hidden}",
+            self.unit
         ));
         self.bar.inc(1);
     }

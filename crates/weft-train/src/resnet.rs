@@ -14,17 +14,17 @@ use weft_data::{DataLoader, Dataset, DistributedSampler, LoaderConfig, Pipeline}
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
 use weft_parallel::{DdpConfig, StepOutcome, Trainer};
-use weft_precision::{DynamicLossScaler, PrecisionPolicy, ScalerConfig};
+use weft_precision::PrecisionPolicy;
 use weft_tensor::{timeline, Checkpointing, Timeline};
 
 use crate::args::TrainArgs;
 use crate::data::{self, DataSets};
 use crate::distributed::RankContext;
 use crate::memory_report;
-use crate::optim_setup::{build_optimizer, build_schedule};
+use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, ResNetParallelism};
 use crate::progress::Progress;
-use crate::run_dir::{EpochMetrics, RunDir, StepMetrics};
+use crate::run_dir::{EpochMetrics, RunFolder, StepMetrics};
 
 /// What a finished run reached.
 #[derive(Debug, Clone, Serialize)]
@@ -76,7 +76,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         .unwrap_or(usize::MAX)
         .min(args.epochs.max(1) * steps_per_epoch);
     let epochs = total_steps.div_ceil(steps_per_epoch);
-    let schedule = build_schedule(args, total_steps)?;
+    let schedule = build_schedule(&args.optimizer_flags(), total_steps)?;
     let checkpointing = if args.checkpoint_activations {
         Checkpointing::All
     } else {
@@ -86,16 +86,11 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     let mut trainer = Trainer::new(
         model,
         Box::new(Classification),
-        build_optimizer(args, &device, policy.updated_dtype())?,
+        build_optimizer(&args.optimizer_flags(), &device, policy.updated_dtype())?,
         checkpointing,
     )?
     .with_timeline(timeline.clone());
-    if let Some(max_norm) = args.clip_grad_norm {
-        trainer = trainer.with_clip_grad_norm(max_norm)?;
-    }
-    if policy.needs_loss_scaling() {
-        trainer = trainer.with_loss_scaler(DynamicLossScaler::new(ScalerConfig::default())?);
-    }
+    trainer = with_step_settings(trainer, args.clip_grad_norm, &policy)?;
     let plan = ResNetParallelism {
         sync_bn: args.sync_bn,
         zero: args.zero,
@@ -112,7 +107,13 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     let mut trainer =
         parallelize::resnet(trainer, ctx.comm.as_ref(), &plan)?.with_memory_tracking();
     let mut memory_log = memory_report::MemoryLog::default();
-    let mut run = open_run_dir(args, &ctx)?;
+    let mut run = RunFolder::open(
+        &args.out,
+        args.name.as_deref(),
+        || default_run_name(args),
+        args,
+        &ctx,
+    )?;
     if ctx.is_main() {
         println!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val samples, global batch {}, {} steps over {} epochs -> {}",
@@ -274,30 +275,6 @@ fn comm_hidden(spans: &[timeline::Span]) -> Option<f64> {
         .cloned()
         .partition(|s| s.category == "allreduce");
     (!comm.is_empty()).then(|| timeline::hidden_fraction(&comm, &compute))
-}
-
-/// The run folder: rank 0 creates it and writes to it; every rank knows its path.
-struct Run {
-    path: PathBuf,
-    writer: Option<RunDir>,
-}
-
-fn open_run_dir(args: &TrainArgs, ctx: &RankContext) -> Result<Run> {
-    let name = match (&args.name, ctx.world_size) {
-        (Some(name), _) => name.clone(),
-        (None, 1) => default_run_name(args),
-        (None, _) => bail!("--name is required when several ranks share one run folder"),
-    };
-    let writer = if ctx.is_main() {
-        Some(RunDir::create(&args.out, &name, args)?)
-    } else {
-        None
-    };
-    ctx.barrier()?;
-    Ok(Run {
-        path: args.out.join(&name),
-        writer,
-    })
 }
 
 fn loader(

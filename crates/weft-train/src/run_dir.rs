@@ -10,6 +10,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use weft_tensor::ParamStore;
 
+use crate::distributed::RankContext;
+
 /// An open run folder.
 pub struct RunDir {
     path: PathBuf,
@@ -93,13 +95,62 @@ impl RunDir {
         store: &ParamStore,
         metadata: &impl Serialize,
     ) -> Result<PathBuf> {
+        self.save_checkpoint_with(
+            |weights| Ok(weft_tensor::state_dict::save_safetensors(store, weights)?),
+            metadata,
+        )
+    }
+
+    /// Writes `model.safetensors` with `write_weights` (which must write it atomically) and
+    /// `checkpoint.json`.
+    pub fn save_checkpoint_with(
+        &self,
+        write_weights: impl FnOnce(&Path) -> Result<()>,
+        metadata: &impl Serialize,
+    ) -> Result<PathBuf> {
         let weights = self.path.join("model.safetensors");
-        weft_tensor::state_dict::save_safetensors(store, &weights)?;
+        write_weights(&weights)?;
         write_atomically(
             &self.path.join("checkpoint.json"),
             &serde_json::to_vec_pretty(metadata)?,
         )?;
         Ok(weights)
+    }
+}
+
+/// The run folder of a job: rank 0 creates it and writes to it; every rank knows its path.
+pub struct RunFolder {
+    pub path: PathBuf,
+    /// The open folder, on rank 0 only.
+    pub writer: Option<RunDir>,
+}
+
+impl RunFolder {
+    /// Opens `out/name` (rank 0 creates it with `config`), `name` defaulting to
+    /// `default_name()` for a single process; several ranks must be given the name.
+    pub fn open(
+        out: &Path,
+        name: Option<&str>,
+        default_name: impl FnOnce() -> String,
+        config: &impl Serialize,
+        ctx: &RankContext,
+    ) -> Result<Self> {
+        let name = match (name, ctx.world_size) {
+            (Some(name), _) => name.to_string(),
+            (None, 1) => default_name(),
+            (None, _) => {
+                anyhow::bail!("--name is required when several ranks share one run folder")
+            }
+        };
+        let writer = match ctx.is_main() {
+            true => Some(RunDir::create(out, &name, config)?),
+            false => None,
+        };
+        ctx.barrier()?;
+        Ok(Self {
+            path: out.join(&name),
+            writer,
+        })
     }
 }
 

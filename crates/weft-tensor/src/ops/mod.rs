@@ -9,6 +9,7 @@
 //!   2-D batch normalisation with a fused analytic backward; also returns the batch statistics
 //!   for the running averages.
 //! - [`relu`] and [`add_relu`] (the end of a residual block): ReLU with a one-pass backward.
+//! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative.
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
 //! - `cuda_launch` (feature `cuda`): loading PTX modules and launching kernels on a device's
 //!   compute stream, for weft's kernels here and in other crates (the optimizers').
@@ -41,6 +42,7 @@ pub mod cuda_launch;
 mod cudnn_plan;
 #[cfg(feature = "cudnn")]
 mod cudnn_search;
+mod gelu;
 mod im2col;
 mod matmul;
 mod max_pool;
@@ -69,6 +71,7 @@ pub use conv_cudnn::set_allow_tf32;
 pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
 };
+pub use gelu::{gelu_tanh, gelu_tanh_derivative};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
 pub use multi_tensor::copy_tensors;
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};

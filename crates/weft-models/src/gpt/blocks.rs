@@ -1,0 +1,111 @@
+//! The blocks of a GPT: the embeddings, one block per transformer layer (`h.0`, …) and the
+//! head (final LayerNorm and the tied language-model head).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use candle_core::{Tensor, Var};
+use weft_tensor::{ops, Block, EntryId, Mode, Result, TensorError};
+
+use super::attention::causal_self_attention;
+use super::parts::{Projection, TokenEmbedding};
+use crate::layers::LayerNorm;
+
+/// Drops values with probability `p` while training (inverted dropout); identity otherwise.
+fn dropout(x: Tensor, p: f64, mode: Mode) -> Result<Tensor> {
+    match mode.train && p > 0.0 {
+        true => Ok(candle_nn::ops::dropout(&x, p as f32)?),
+        false => Ok(x),
+    }
+}
+
+/// Token plus learned position embeddings: `[B, T]` ids to `[B, T, width]`.
+pub struct Embeddings {
+    pub(super) wte: Arc<dyn TokenEmbedding>,
+    pub(super) wpe: Var,
+    pub(super) dropout: f64,
+    pub(super) entries: Range<EntryId>,
+}
+
+impl Block for Embeddings {
+    fn name(&self) -> &str {
+        "embeddings"
+    }
+
+    fn forward(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
+        let (_, t) = ids.dims2()?;
+        let context = self.wpe.dim(0)?;
+        if t > context {
+            return Err(TensorError::Block {
+                block: self.name().into(),
+                message: format!("{t} tokens exceed the context of {context}"),
+            });
+        }
+        let positions = self.wpe.as_tensor().narrow(0, 0, t)?;
+        let h = self.wte.forward(ids)?.broadcast_add(&positions)?;
+        dropout(h, self.dropout, mode)
+    }
+
+    fn entries(&self) -> Range<EntryId> {
+        self.entries.clone()
+    }
+}
+
+/// A pre-LayerNorm transformer layer:
+/// `h + attn(ln_1(h))`, then `h + mlp(ln_2(h))` with a GELU (tanh) MLP of 4× width.
+pub struct TransformerBlock {
+    pub(super) name: String,
+    pub(super) ln_1: LayerNorm,
+    pub(super) c_attn: Box<dyn Projection>,
+    pub(super) attn_proj: Box<dyn Projection>,
+    pub(super) ln_2: LayerNorm,
+    pub(super) c_fc: Box<dyn Projection>,
+    pub(super) mlp_proj: Box<dyn Projection>,
+    pub(super) head_dim: usize,
+    pub(super) dropout: f64,
+    pub(super) entries: Range<EntryId>,
+}
+
+impl Block for TransformerBlock {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn forward(&self, h: &Tensor, mode: Mode) -> Result<Tensor> {
+        let p = if mode.train { self.dropout } else { 0.0 };
+        let qkv = self.c_attn.forward(&self.ln_1.forward(h)?)?;
+        let attended = causal_self_attention(&qkv, self.head_dim, p)?;
+        let h = (h + dropout(self.attn_proj.forward(&attended)?, p, mode)?)?;
+        let up = ops::gelu_tanh(&self.c_fc.forward(&self.ln_2.forward(&h)?)?)?;
+        Ok((&h + dropout(self.mlp_proj.forward(&up)?, p, mode)?)?)
+    }
+
+    fn entries(&self) -> Range<EntryId> {
+        self.entries.clone()
+    }
+}
+
+/// The final LayerNorm and the language-model head, the token embedding transposed.
+pub struct Head {
+    pub(super) ln_f: LayerNorm,
+    pub(super) wte: Arc<dyn TokenEmbedding>,
+    pub(super) entries: Range<EntryId>,
+}
+
+impl Block for Head {
+    fn name(&self) -> &str {
+        "head"
+    }
+
+    fn forward(&self, h: &Tensor, _mode: Mode) -> Result<Tensor> {
+        self.wte.logits(&self.ln_f.forward(h)?)
+    }
+
+    fn entries(&self) -> Range<EntryId> {
+        self.entries.clone()
+    }
+
+    fn shared_parameters(&self) -> Vec<EntryId> {
+        vec![self.wte.table_id()]
+    }
+}

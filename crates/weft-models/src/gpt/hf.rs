@@ -1,0 +1,101 @@
+//! Hugging Face GPT-2 checkpoints in safetensors: loading one into a GPT (the hub's
+//! `model.safetensors`, keys with or without the `transformer.` prefix, its 50257-row table
+//! into the padded one) and exporting a GPT so that `GPT2LMHeadModel.from_pretrained` loads it
+//! (`transformer.`-prefixed keys, the table cut back to the vocabulary, the tied head left out).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::Tensor;
+use weft_tensor::state_dict::save_tensors;
+use weft_tensor::{ParamStore, TensorError};
+
+use super::GptConfig;
+use crate::error::Result;
+
+const TABLE: &str = "transformer.wte.weight";
+
+/// Keys a GPT-2 checkpoint may hold that are not parameters: the tied head and the causal
+/// mask buffers of older `transformers` versions.
+fn is_ignored(key: &str) -> bool {
+    key == "lm_head.weight" || key.ends_with(".attn.bias") || key.ends_with(".attn.masked_bias")
+}
+
+/// Loads the GPT-2 checkpoint at `path` into `store` (a GPT of `config`): every parameter must
+/// be there with its shape; the token table may have `vocab_size` rows (padded here with
+/// zeros) or the padded count. Values are converted to the store's dtype.
+pub fn load_hf_safetensors(store: &ParamStore, config: &GptConfig, path: &Path) -> Result<()> {
+    let loaded = candle_core::safetensors::load(path, store.device()).map_err(|source| {
+        TensorError::Safetensors {
+            file: path.into(),
+            source,
+        }
+    })?;
+    let mut unexpected: Vec<&String> = loaded
+        .keys()
+        .filter(|k| !is_ignored(k) && store.id(&with_prefix(k)).is_err())
+        .collect();
+    unexpected.sort();
+    if let Some(key) = unexpected.first() {
+        return Err(TensorError::UnexpectedKey {
+            file: path.into(),
+            key: (*key).clone(),
+        }
+        .into());
+    }
+    for entry in store.entries() {
+        let short = entry.name.trim_start_matches("transformer.");
+        let value = loaded
+            .get(&entry.name)
+            .or_else(|| loaded.get(short))
+            .ok_or_else(|| TensorError::MissingKey {
+                file: path.into(),
+                key: entry.name.clone(),
+            })?;
+        let value = match entry.name == TABLE && value.dim(0)? == config.vocab_size {
+            true => pad_rows(value, config.padded_vocab())?,
+            false => value.clone(),
+        };
+        if value.dims() != entry.var.dims() {
+            return Err(TensorError::ShapeMismatch {
+                file: path.into(),
+                key: entry.name.clone(),
+                expected: entry.var.dims().to_vec(),
+                found: value.dims().to_vec(),
+            }
+            .into());
+        }
+        entry.var.set(&value.to_dtype(entry.var.dtype())?)?;
+    }
+    Ok(())
+}
+
+/// Writes `store` (a GPT of `config`) to `path` atomically, as `GPT2LMHeadModel` names it.
+pub fn save_hf_safetensors(store: &ParamStore, config: &GptConfig, path: &Path) -> Result<()> {
+    let mut tensors = HashMap::new();
+    for entry in store.entries() {
+        let value = match entry.name == TABLE {
+            true => entry.tensor().narrow(0, 0, config.vocab_size)?,
+            false => entry.tensor().clone(),
+        };
+        tensors.insert(entry.name.clone(), value.contiguous()?);
+    }
+    Ok(save_tensors(&tensors, path)?)
+}
+
+fn with_prefix(key: &str) -> String {
+    match key.starts_with("transformer.") {
+        true => key.to_string(),
+        false => format!("transformer.{key}"),
+    }
+}
+
+/// `value` with zero rows appended up to `rows`.
+fn pad_rows(value: &Tensor, rows: usize) -> Result<Tensor> {
+    let padding = Tensor::zeros(
+        (rows - value.dim(0)?, value.dim(1)?),
+        value.dtype(),
+        value.device(),
+    )?;
+    Ok(Tensor::cat(&[value, &padding], 0)?)
+}

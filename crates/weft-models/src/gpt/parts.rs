@@ -1,0 +1,121 @@
+//! The GPT's weight-holding parts and the factory that makes them.
+//!
+//! The model only says what each projection is for ([`ProjectionRole`]) and hands the factory
+//! the full-size initial values; [`Dense`] keeps them whole. A tensor-parallel factory (built
+//! by a trainer's `parallelize` step from weft-parallel's layers) keeps its rank's slice of the
+//! same values instead, so a sharded model is numerically the unsharded one with the same
+//! seed, and the model code knows nothing of parallelism.
+
+use std::sync::Arc;
+
+use candle_core::{Tensor, Var};
+use weft_tensor::{EntryId, Result, Scope};
+
+use crate::layers::{project, Conv1D};
+
+/// What a projection does in a transformer block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectionRole {
+    /// `attn.c_attn`: width to the fused query | key | value, three equal column groups.
+    AttentionQkv,
+    /// `attn.c_proj`: the heads' outputs back to the width.
+    AttentionOutput,
+    /// `mlp.c_fc`: width to 4 × width.
+    MlpUp,
+    /// `mlp.c_proj`: 4 × width back to the width.
+    MlpDown,
+}
+
+/// A projection over the last dimension (a Conv1D or a slice of one).
+pub trait Projection: Send + Sync {
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+}
+
+/// The token embedding table, used twice: looked up by the first block and, transposed, as the
+/// language-model head of the last (tied weights).
+pub trait TokenEmbedding: Send + Sync {
+    /// `[B, T]` token ids to `[B, T, width]` vectors.
+    fn forward(&self, ids: &Tensor) -> Result<Tensor>;
+    /// `[B, T, width]` hidden states to `[B, T, rows]` logits over this table's rows.
+    fn logits(&self, h: &Tensor) -> Result<Tensor>;
+    /// The store entry of the table (shared by the head block).
+    fn table_id(&self) -> EntryId;
+}
+
+/// Makes the parts from their full-size initial values.
+pub trait GptLayers {
+    /// A projection registered as `weight` (`[in, out]`, Conv1D layout) and `bias` in `scope`.
+    fn projection(
+        &self,
+        scope: &mut Scope,
+        role: ProjectionRole,
+        weight: Tensor,
+        bias: Tensor,
+    ) -> Result<Box<dyn Projection>>;
+
+    /// The token embedding registered as `weight` (`[padded vocab, width]`) in `scope`.
+    fn token_embedding(&self, scope: &mut Scope, table: Tensor) -> Result<Arc<dyn TokenEmbedding>>;
+}
+
+/// The unsharded model: every part whole.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Dense;
+
+impl Projection for Conv1D {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Conv1D::forward(self, x)
+    }
+}
+
+/// A whole embedding table.
+pub struct Embedding {
+    table: Var,
+    id: EntryId,
+}
+
+impl Embedding {
+    pub fn new(scope: &mut Scope, table: Tensor) -> Result<Self> {
+        let id = scope.store_len();
+        Ok(Self {
+            table: scope.parameter("weight", table)?,
+            id,
+        })
+    }
+}
+
+impl TokenEmbedding for Embedding {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        lookup(self.table.as_tensor(), ids)
+    }
+
+    fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        project(h, &self.table.as_tensor().t()?)
+    }
+
+    fn table_id(&self) -> EntryId {
+        self.id
+    }
+}
+
+/// Rows `ids` (`[B, T]`, u32) of `table`: `[B, T, width]`.
+pub fn lookup(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let (b, t) = ids.dims2()?;
+    let rows = table.embedding(&ids.flatten_all()?)?;
+    Ok(rows.reshape((b, t, table.dim(1)?))?)
+}
+
+impl GptLayers for Dense {
+    fn projection(
+        &self,
+        scope: &mut Scope,
+        _role: ProjectionRole,
+        weight: Tensor,
+        bias: Tensor,
+    ) -> Result<Box<dyn Projection>> {
+        Ok(Box::new(Conv1D::from_values(scope, weight, bias)?))
+    }
+
+    fn token_embedding(&self, scope: &mut Scope, table: Tensor) -> Result<Arc<dyn TokenEmbedding>> {
+        Ok(Arc::new(Embedding::new(scope, table)?))
+    }
+}

@@ -1,0 +1,375 @@
+//! The GPT against hand-computed values, finite differences and Hugging Face's names.
+
+use candle_core::{DType, Device, Tensor};
+use weft_tensor::{tape, BlockModel, Checkpointing, Mode, Objective};
+
+use super::*;
+use crate::loss::NextToken;
+
+fn tiny(seed: u64) -> GptConfig {
+    let mut config = GptConfig::from_name("gpt-tiny").unwrap().with_seed(seed);
+    config.vocab_size = 11;
+    config.vocab_multiple = 8;
+    config.n_embd = 8;
+    config.n_head = 2;
+    config.n_layer = 2;
+    config.context = 6;
+    config
+}
+
+fn set(model: &BlockModel, name: &str, value: Tensor) {
+    let entry = model.store().get(name).unwrap();
+    entry
+        .var
+        .set(&value.reshape(entry.var.dims()).unwrap())
+        .unwrap();
+}
+
+#[test]
+fn names_order_and_count_follow_hugging_face() {
+    let config = GptConfig::from_name("gpt-tiny").unwrap();
+    let model = gpt(&config, DType::F32, &Device::Cpu).unwrap();
+    let names: Vec<&str> = model
+        .store()
+        .entries()
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(
+        &names[..8],
+        [
+            "transformer.wte.weight",
+            "transformer.wpe.weight",
+            "transformer.h.0.ln_1.weight",
+            "transformer.h.0.ln_1.bias",
+            "transformer.h.0.attn.c_attn.weight",
+            "transformer.h.0.attn.c_attn.bias",
+            "transformer.h.0.attn.c_proj.weight",
+            "transformer.h.0.attn.c_proj.bias",
+        ]
+    );
+    assert_eq!(
+        &names[names.len() - 2..],
+        ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+    );
+    assert_eq!(names.len(), 2 + 12 * config.n_layer + 2);
+    let c_attn = model
+        .store()
+        .get("transformer.h.1.attn.c_attn.weight")
+        .unwrap();
+    assert_eq!(c_attn.var.dims(), [64, 192], "Conv1D layout: [in, out]");
+    assert_eq!(model.store().num_parameters(), config.num_parameters());
+    assert!((200_000..400_000).contains(&config.num_parameters()));
+    let blocks: Vec<&str> = model.blocks().iter().map(|b| b.name()).collect();
+    assert_eq!(blocks, ["embeddings", "h.0", "h.1", "h.2", "h.3", "head"]);
+}
+
+fn std_of(model: &BlockModel, name: &str) -> f64 {
+    let v: Vec<f64> = model
+        .store()
+        .get(name)
+        .unwrap()
+        .tensor()
+        .flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt()
+}
+
+/// Hugging Face's `_init_weights`: std 0.02, the residual projections 0.02 / sqrt(2 · 4) for
+/// four layers (12,288 to 16,384 samples: the sample std is within 2 %); the padding rows zero.
+#[test]
+fn initialisation_follows_hugging_face() {
+    let config = GptConfig::from_name("gpt-tiny")
+        .unwrap()
+        .with_vocab_size(250);
+    let model = gpt(&config, DType::F32, &Device::Cpu).unwrap();
+    for (name, expected) in [
+        ("transformer.h.0.attn.c_attn.weight", 0.02),
+        ("transformer.h.2.mlp.c_fc.weight", 0.02),
+        ("transformer.h.1.mlp.c_proj.weight", 0.02 / 8f64.sqrt()),
+        ("transformer.h.3.attn.c_proj.weight", 0.02 / 8f64.sqrt()),
+    ] {
+        let std = std_of(&model, name);
+        assert!(
+            (std / expected - 1.0).abs() < 0.02,
+            "{name}: {std} vs {expected}"
+        );
+    }
+    let table = model
+        .store()
+        .get("transformer.wte.weight")
+        .unwrap()
+        .tensor()
+        .clone();
+    assert_eq!(table.dims(), [256, 64]);
+    let padding = table
+        .narrow(0, 250, 6)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    assert_eq!(padding.to_scalar::<f32>().unwrap(), 0.0);
+}
+
+/// One layer of width 2, one head; the values make every step computable by hand:
+/// tokens 0 and 1 are `[2, 0]` and `[0, 2]`, which `ln_1` maps to `[1, -1]` and `[-1, 1]`
+/// (eps 0). Queries and keys are zero and values copy `ln_1`'s output, so attention averages
+/// the past: position 0 gets `[1, -1]`, position 1 `[0, 0]`; `c_proj` is the identity. The
+/// MLP's weights are zero, so it adds its last bias `[0, 0.25]`:
+/// `h = [3, -0.75]` and `[0, 2.25]`; `ln_f` gives `[1, -1]` and `[-1, 1]`, and the tied head
+/// multiplies by the table `[[2, 0], [0, 2], [1, 1], 0]`: logits `[2, -2, 0, 0]` and
+/// `[-2, 2, 0, 0]`.
+#[test]
+fn forward_matches_a_hand_computed_case() {
+    let mut config = tiny(0);
+    (
+        config.vocab_size,
+        config.vocab_multiple,
+        config.n_embd,
+        config.n_head,
+    ) = (3, 4, 2, 1);
+    (config.n_layer, config.context, config.layer_norm_eps) = (1, 2, 0.0);
+    let model = gpt(&config, DType::F64, &Device::Cpu).unwrap();
+    for entry in model.store().entries() {
+        entry.var.set(&entry.var.zeros_like().unwrap()).unwrap();
+    }
+    let t = |v: &[f64]| Tensor::new(v, &Device::Cpu).unwrap();
+    set(
+        &model,
+        "transformer.wte.weight",
+        t(&[2., 0., 0., 2., 1., 1., 0., 0.]),
+    );
+    for ln in ["h.0.ln_1", "h.0.ln_2", "ln_f"] {
+        set(&model, &format!("transformer.{ln}.weight"), t(&[1., 1.]));
+    }
+    // c_attn [2, 6]: q and k columns zero, v columns the identity.
+    set(
+        &model,
+        "transformer.h.0.attn.c_attn.weight",
+        t(&[0., 0., 0., 0., 1., 0., 0., 0., 0., 0., 0., 1.]),
+    );
+    set(
+        &model,
+        "transformer.h.0.attn.c_proj.weight",
+        t(&[1., 0., 0., 1.]),
+    );
+    set(&model, "transformer.h.0.mlp.c_proj.bias", t(&[0., 0.25]));
+    let ids = Tensor::new(&[[0u32, 1]], &Device::Cpu).unwrap();
+    let logits = model.forward(&ids, Mode::EVAL).unwrap();
+    let logits: Vec<Vec<f64>> = logits.squeeze(0).unwrap().to_vec2().unwrap();
+    assert_eq!(logits, [[2., -2., 0., 0.], [-2., 2., 0., 0.]]);
+    // Targets 1 then 0: each -log(e^-2 / (e^2 + e^-2 + 1)); the padded column is not counted.
+    let targets = Tensor::new(&[[1u32, 0]], &Device::Cpu).unwrap();
+    let out = model.forward(&ids, Mode::EVAL).unwrap();
+    let loss = NextToken { vocab_size: 3 }
+        .loss(&out, &targets)
+        .unwrap()
+        .loss;
+    let expected = 2.0 + (2f64.exp() + (-2f64).exp() + 1.0).ln();
+    assert!((loss.to_scalar::<f64>().unwrap() - expected).abs() < 1e-12);
+}
+
+fn tokens(b: usize, t: usize, vocab: u32, seed: u32) -> Tensor {
+    let v: Vec<u32> = (0..(b * t) as u32)
+        .map(|i| (i * 7 + seed * 3 + i * i) % vocab)
+        .collect();
+    Tensor::from_vec(v, (b, t), &Device::Cpu).unwrap()
+}
+
+fn loss_of(model: &BlockModel, ids: &Tensor, targets: &Tensor, vocab: usize) -> Tensor {
+    let logits = model.forward(ids, Mode::TRAIN).unwrap();
+    NextToken { vocab_size: vocab }
+        .loss(&logits, targets)
+        .unwrap()
+        .loss
+}
+
+/// Gradients of the next-token loss against central differences in f64, for a few values of
+/// every parameter (the tied table included: its gradient sums the embedding's and the head's
+/// parts). The five-point stencil with step 1e-4 has truncation error O(h⁴) ≈ 1e-16 times the
+/// fifth derivative and a rounding error near 1e-11 (losses of order 1, ten evaluations); the
+/// bound 1e-8 relative to max(|g|, 1e-2) allows that and still fails on a gradient that is
+/// wrong by 1e-7 of itself (Candle's own GELU backward, for one).
+#[test]
+fn gradients_match_finite_differences_in_f64() {
+    let config = tiny(5);
+    let model = gpt(&config, DType::F64, &Device::Cpu).unwrap();
+    // Larger weights than the 0.02 initialisation, so every path carries a visible gradient.
+    for entry in model.store().entries() {
+        let scaled = (entry.tensor() * 20.0).unwrap();
+        let shift = Tensor::ones_like(entry.tensor()).unwrap();
+        let value = match entry.name.contains("ln_") {
+            true => (scaled + shift).unwrap(),
+            false => scaled,
+        };
+        entry.var.set(&value).unwrap();
+    }
+    let (ids, targets) = (tokens(2, 5, 11, 0), tokens(2, 5, 11, 1));
+    let grads = loss_of(&model, &ids, &targets, 11).backward().unwrap();
+    let h = 1e-4;
+    for entry in model.store().entries() {
+        let grad = grads
+            .get(entry.tensor())
+            .expect("every parameter has a gradient");
+        let grad: Vec<f64> = grad.flatten_all().unwrap().to_vec1().unwrap();
+        let n = grad.len();
+        for k in [0, n / 3, n / 2, n - 1] {
+            let original: Vec<f64> = entry.tensor().flatten_all().unwrap().to_vec1().unwrap();
+            let at = |delta: f64| {
+                let mut v = original.clone();
+                v[k] += delta;
+                entry
+                    .var
+                    .set(&Tensor::from_vec(v, entry.var.shape(), &Device::Cpu).unwrap())
+                    .unwrap();
+                loss_of(&model, &ids, &targets, 11)
+                    .to_scalar::<f64>()
+                    .unwrap()
+            };
+            let numeric = (8.0 * (at(h) - at(-h)) - (at(2.0 * h) - at(-2.0 * h))) / (12.0 * h);
+            entry
+                .var
+                .set(&Tensor::from_vec(original, entry.var.shape(), &Device::Cpu).unwrap())
+                .unwrap();
+            let scale = grad[k].abs().max(1e-2);
+            assert!(
+                (numeric - grad[k]).abs() / scale < 1e-8,
+                "{}[{k}]: analytic {} vs numeric {numeric}",
+                entry.name,
+                grad[k]
+            );
+        }
+    }
+}
+
+/// The block-wise backward (each block's graph cut at its input, the tied table's two parts
+/// summed and reported with the embeddings) gives the whole graph's gradients exactly up to
+/// summation order (1e-12 in f64).
+#[test]
+fn block_wise_backward_equals_the_whole_graph() {
+    let config = tiny(2);
+    let model = gpt(&config, DType::F64, &Device::Cpu).unwrap();
+    let (ids, targets) = (tokens(2, 6, 11, 3), tokens(2, 6, 11, 4));
+    let reference = loss_of(&model, &ids, &targets, 11).backward().unwrap();
+    for checkpointing in [Checkpointing::None, Checkpointing::All] {
+        let tape = tape::forward(&model, &ids, Mode::TRAIN, &checkpointing).unwrap();
+        let out = NextToken { vocab_size: 11 }
+            .loss(tape.output(), &targets)
+            .unwrap();
+        let mut seen = 0;
+        tape.backward(&out.loss, &model, |ready| {
+            for (id, grad) in ready.grads {
+                let entry = &model.store().entries()[id];
+                let expected = reference.get(entry.tensor()).unwrap();
+                let diff = (grad.unwrap() - expected)
+                    .and_then(|d| d.abs()?.max_all()?.to_scalar::<f64>())
+                    .map_err(weft_tensor::TensorError::from)?;
+                assert!(diff < 1e-12, "{}: {diff}", entry.name);
+                seen += 1;
+            }
+            Ok::<(), weft_tensor::TensorError>(())
+        })
+        .unwrap();
+        assert_eq!(seen, model.store().parameter_ids().len());
+    }
+}
+
+/// A checkpoint exported with Hugging Face's names (the table cut to the vocabulary, no
+/// `lm_head`) loads into a differently seeded model and gives the same logits; the hub's
+/// unprefixed names, its tied head and its mask buffers load too; a missing or misshapen key
+/// is an error naming it.
+#[test]
+fn hugging_face_checkpoints_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let config = tiny(7);
+    let a = gpt(&config, DType::F32, &Device::Cpu).unwrap();
+    hf::save_hf_safetensors(a.store(), &config, &path).unwrap();
+    let saved = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+    assert_eq!(saved["transformer.wte.weight"].dims(), [11, 8]);
+    assert!(!saved.contains_key("lm_head.weight"));
+    let b = gpt(&config.clone().with_seed(8), DType::F32, &Device::Cpu).unwrap();
+    hf::load_hf_safetensors(b.store(), &config, &path).unwrap();
+    let ids = tokens(1, 6, 11, 0);
+    let (la, lb) = (
+        a.forward(&ids, Mode::EVAL).unwrap(),
+        b.forward(&ids, Mode::EVAL).unwrap(),
+    );
+    assert_eq!(
+        la.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        lb.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    );
+
+    // The hub's layout: no prefix, plus the tied head and a mask buffer.
+    let mut hub: std::collections::HashMap<String, Tensor> = saved
+        .iter()
+        .map(|(k, v)| (k.trim_start_matches("transformer.").to_string(), v.clone()))
+        .collect();
+    hub.insert(
+        "lm_head.weight".into(),
+        saved["transformer.wte.weight"].clone(),
+    );
+    hub.insert(
+        "h.0.attn.bias".into(),
+        Tensor::ones((1, 1, 6, 6), DType::F32, &Device::Cpu).unwrap(),
+    );
+    let hub_path = dir.path().join("hub.safetensors");
+    candle_core::safetensors::save(&hub, &hub_path).unwrap();
+    let c = gpt(&config.clone().with_seed(9), DType::F64, &Device::Cpu).unwrap();
+    hf::load_hf_safetensors(c.store(), &config, &hub_path).unwrap();
+    let lc = c
+        .forward(&ids, Mode::EVAL)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let diff = (lc - &la)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(diff < 1e-5, "{diff}");
+
+    hub.remove("h.1.mlp.c_fc.bias");
+    hub.insert(
+        "h.0.ln_1.weight".into(),
+        Tensor::ones(3, DType::F32, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&hub, &hub_path).unwrap();
+    let err = hf::load_hf_safetensors(c.store(), &config, &hub_path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("transformer.h.0.ln_1.weight") && err.contains("hub.safetensors"),
+        "{err}"
+    );
+    hub.insert(
+        "h.0.ln_1.weight".into(),
+        Tensor::ones(8, DType::F32, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&hub, &hub_path).unwrap();
+    let err = hf::load_hf_safetensors(c.store(), &config, &hub_path)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("transformer.h.1.mlp.c_fc.bias"), "{err}");
+}
+
+#[test]
+fn too_long_a_sequence_is_an_error_naming_the_context() {
+    let model = gpt(&tiny(0), DType::F32, &Device::Cpu).unwrap();
+    let err = model
+        .forward(&tokens(1, 7, 11, 0), Mode::EVAL)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("7 tokens") && err.contains("context of 6"),
+        "{err}"
+    );
+}

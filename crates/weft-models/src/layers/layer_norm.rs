@@ -1,0 +1,67 @@
+//! `LayerNorm` over the last dimension (PyTorch semantics: biased variance, `eps` inside the
+//! square root), its statistics computed in f32 for 16-bit inputs.
+
+use candle_core::{DType, Tensor, D};
+use weft_tensor::{Result, Scope};
+
+/// Layer normalisation with a learned scale (`weight`, initially 1) and shift (`bias`, 0).
+pub struct LayerNorm {
+    weight: candle_core::Var,
+    bias: candle_core::Var,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(scope: &mut Scope, width: usize, eps: f64) -> Result<Self> {
+        let (dtype, device) = (scope.dtype(), scope.device());
+        Ok(Self {
+            weight: scope.parameter("weight", Tensor::ones(width, dtype, &device)?)?,
+            bias: scope.parameter("bias", Tensor::zeros(width, dtype, &device)?)?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        layer_norm(x, self.weight.as_tensor(), self.bias.as_tensor(), self.eps)
+    }
+}
+
+/// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dimension of `x`.
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    let wide = matches!(x.dtype(), DType::BF16 | DType::F16);
+    let h = if wide {
+        x.to_dtype(DType::F32)?
+    } else {
+        x.clone()
+    };
+    let centred = h.broadcast_sub(&h.mean_keepdim(D::Minus1)?)?;
+    let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = centred.broadcast_div(&(var + eps)?.sqrt()?)?;
+    let normed = if wide {
+        normed.to_dtype(x.dtype())?
+    } else {
+        normed
+    };
+    Ok(normed.broadcast_mul(weight)?.broadcast_add(bias)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// `[1, 3]` has mean 2 and variance 1: normalised `[-1, 1]` (up to eps), then scaled and
+    /// shifted.
+    #[test]
+    fn normalises_by_hand() -> Result<()> {
+        let x = Tensor::new(&[[1f64, 3.], [2., 2.]], &Device::Cpu)?;
+        let w = Tensor::new(&[2f64, 3.], &Device::Cpu)?;
+        let b = Tensor::new(&[0.5f64, -1.], &Device::Cpu)?;
+        let y = layer_norm(&x, &w, &b, 0.0)?.to_vec2::<f64>()?;
+        assert_eq!(y[0], [-1.5, 2.0]);
+        // A constant row normalises to zero: only the shift remains.
+        let y = layer_norm(&x, &w, &b, 1e-5)?.to_vec2::<f64>()?;
+        assert_eq!(y[1], [0.5, -1.0]);
+        Ok(())
+    }
+}

@@ -1,0 +1,304 @@
+//! The GPT language-model trainer (`cargo xtask train-gpt`): token data, model, optimizer and
+//! schedule from the flags; data parallelism (DDP or ZeRO-1/2) over the ranks of the job;
+//! per-step `loss`/`lr`/`tokens_per_sec` and per-epoch `val_loss` lines in `metrics.jsonl`;
+//! per-rank traces, and the final weights with Hugging Face's names (loadable by
+//! `GPT2LMHeadModel.from_pretrained`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use candle_core::Device;
+use serde::Serialize;
+use weft_data::{read_text_bytes, DistributedSampler, MarkovTokens, TokenWindows};
+use weft_models::gpt::{self, hf, GptConfig};
+use weft_models::loss::NextToken;
+use weft_parallel::{DdpConfig, Trainer};
+use weft_precision::PrecisionPolicy;
+use weft_tensor::{Checkpointing, Timeline};
+
+use crate::distributed::RankContext;
+use crate::gpt_args::GptArgs;
+use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
+use crate::parallelize::{self, GptParallelism};
+use crate::progress::Progress;
+use crate::run_dir::RunFolder;
+
+/// One line of `metrics.jsonl` per optimizer step.
+#[derive(Debug, Serialize)]
+pub struct TokenStepMetrics {
+    pub step: usize,
+    pub epoch: usize,
+    /// Mean next-token loss of the step's batch (nats), before the update.
+    pub loss: f64,
+    pub lr: f64,
+    pub tokens_per_sec: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+}
+
+/// One line of `metrics.jsonl` per epoch.
+#[derive(Debug, Serialize)]
+pub struct TokenEpochMetrics {
+    pub epoch: usize,
+    pub train_loss: f64,
+    pub val_loss: f64,
+    pub seconds: f64,
+}
+
+/// What a finished run reached.
+#[derive(Debug, Clone, Serialize)]
+pub struct GptRunSummary {
+    pub run_dir: PathBuf,
+    pub world_size: usize,
+    pub steps: usize,
+    pub first_loss: f64,
+    pub final_train_loss: f64,
+    pub final_val_loss: f64,
+    /// The synthetic data's best achievable loss (its entropy rate), when it is synthetic.
+    pub loss_floor: Option<f64>,
+    pub seconds: f64,
+}
+
+/// Training and validation windows.
+struct TokenData {
+    train: TokenWindows,
+    val: TokenWindows,
+    loss_floor: Option<f64>,
+}
+
+fn open_data(args: &GptArgs, config: &GptConfig, seq_len: usize) -> Result<TokenData> {
+    let vocab = config.vocab_size;
+    match args.data.strip_prefix("text:") {
+        Some(path) => {
+            let tokens = read_text_bytes(std::path::Path::new(path))?;
+            let cut = tokens.len() - tokens.len() / 10;
+            let (train, val) = tokens.split_at(cut);
+            Ok(TokenData {
+                train: TokenWindows::new(train.to_vec(), seq_len, vocab)?,
+                val: TokenWindows::new(val.to_vec(), seq_len, vocab)?,
+                loss_floor: None,
+            })
+        }
+        None => {
+            let chain = MarkovTokens::new(vocab, args.seed)?;
+            Ok(TokenData {
+                train: TokenWindows::new(
+                    chain.generate(args.synthetic_tokens, args.seed.wrapping_add(1)),
+                    seq_len,
+                    vocab,
+                )?,
+                val: TokenWindows::new(
+                    chain.generate(args.val_tokens, args.seed.wrapping_add(2)),
+                    seq_len,
+                    vocab,
+                )?,
+                loss_floor: Some(chain.entropy_rate()),
+            })
+        }
+    }
+}
+
+/// Trains as the flags say (on every rank of the job) and returns the final metrics.
+pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
+    args.validate()?;
+    let started = Instant::now();
+    let device = crate::device::parse_device_for_rank(&args.device)?.open()?;
+    let ctx = RankContext::from_env(&device)?;
+    let config = args.model_config()?;
+    let seq_len = args.seq_len()?;
+    let data = open_data(args, &config, seq_len)?;
+    let policy = PrecisionPolicy::from_name(&args.precision)?;
+    let model = gpt::gpt(&config, policy.param, &device)?;
+    if let Some(path) = &args.init_from {
+        hf::load_hf_safetensors(model.store(), &config, path)?;
+    }
+    let steps_per_epoch = data.train.len() / args.batch_size;
+    if steps_per_epoch == 0 {
+        bail!(
+            "--batch-size {}: more sequences than the {} training windows of {seq_len} tokens",
+            args.batch_size,
+            data.train.len()
+        );
+    }
+    let total_steps = args
+        .steps
+        .unwrap_or(usize::MAX)
+        .min(args.epochs.max(1) * steps_per_epoch);
+    let epochs = total_steps.div_ceil(steps_per_epoch);
+    if let Some(warmup) = args.warmup_steps.filter(|&w| w >= total_steps) {
+        bail!("--warmup-steps {warmup} must be fewer than the run's {total_steps} steps");
+    }
+    let flags = args.optimizer_flags(total_steps);
+    let schedule = build_schedule(&flags, total_steps)?;
+    let timeline = Arc::new(Timeline::new(ctx.rank));
+    let objective = NextToken {
+        vocab_size: config.vocab_size,
+    };
+    let mut trainer = Trainer::new(
+        model,
+        Box::new(objective),
+        build_optimizer(&flags, &device, policy.updated_dtype())?,
+        Checkpointing::None,
+    )?
+    .with_timeline(timeline.clone());
+    trainer = with_step_settings(trainer, args.clip_grad_norm, &policy)?;
+    let plan = GptParallelism {
+        zero: args.zero,
+        ddp: DdpConfig::default(),
+        timeline: Some(timeline.clone()),
+    };
+    let mut trainer = parallelize::gpt(trainer, ctx.comm.as_ref(), &plan)?;
+    let mut run = RunFolder::open(
+        &args.out,
+        args.name.as_deref(),
+        || default_run_name(args),
+        args,
+        &ctx,
+    )?;
+    if ctx.is_main() {
+        println!(
+            "weft: {} ({} parameters) on {} x {}, {} train / {} val sequences of {seq_len} tokens, global batch {}, {} steps over {} epochs -> {}",
+            args.model,
+            trainer.model().store().num_parameters(),
+            ctx.world_size,
+            args.device,
+            data.train.len(),
+            data.val.len(),
+            args.batch_size,
+            total_steps,
+            epochs,
+            run.path.display()
+        );
+    }
+    let progress =
+        Progress::new(total_steps as u64, args.quiet || !ctx.is_main()).with_unit("tok/s");
+    let local_batch = args.batch_size / ctx.world_size;
+    let tokens_per_step = (args.batch_size * seq_len) as f64;
+    let (mut step, mut first_loss, mut last) = (0, f64::NAN, (f64::NAN, f64::NAN));
+    for epoch in 0..epochs {
+        let epoch_start = Instant::now();
+        let mut sampler = DistributedSampler::new(data.train.len(), ctx.world_size, ctx.rank)?
+            .with_seed(args.seed);
+        sampler.set_epoch(epoch as u64);
+        let indices = sampler.indices();
+        let mut totals = [0.0; 2]; // loss sum, tokens (this rank)
+        for chunk in indices.chunks_exact(local_batch) {
+            if step == total_steps {
+                break;
+            }
+            let (inputs, targets) = data.train.batch(chunk, &device)?;
+            let lr = schedule.lr_at(step);
+            let t = Instant::now();
+            let outcome = trainer.step_micro_batches(&inputs, &targets, args.micro_batches, lr)?;
+            let seconds = t.elapsed().as_secs_f64();
+            let mut global = [
+                outcome.loss * outcome.samples as f64,
+                outcome.samples as f64,
+            ];
+            ctx.sum(&mut global)?;
+            let loss = global[0] / global[1];
+            if step == 0 {
+                first_loss = loss;
+            }
+            if let Some(run) = run.writer.as_mut() {
+                run.log(&TokenStepMetrics {
+                    step,
+                    epoch,
+                    loss,
+                    lr,
+                    tokens_per_sec: tokens_per_step / seconds,
+                    grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
+                    loss_scale: outcome.loss_scale,
+                })?;
+            }
+            totals[0] += outcome.loss * outcome.samples as f64;
+            totals[1] += outcome.samples as f64;
+            step += 1;
+            progress.step(epoch, loss, tokens_per_step / seconds, None);
+        }
+        ctx.sum(&mut totals)?;
+        let val_loss = validate(&trainer, &data.val, local_batch, &device, &ctx)?;
+        let metrics = TokenEpochMetrics {
+            epoch,
+            train_loss: totals[0] / totals[1].max(1.0),
+            val_loss,
+            seconds: epoch_start.elapsed().as_secs_f64(),
+        };
+        progress.println(&format!(
+            "epoch {epoch}: train loss {:.4} | val loss {:.4}{} | {:.1} s",
+            metrics.train_loss,
+            metrics.val_loss,
+            data.loss_floor
+                .map(|f| format!(" (floor {f:.4})"))
+                .unwrap_or_default(),
+            metrics.seconds
+        ));
+        if let Some(run) = run.writer.as_mut() {
+            run.log(&metrics)?;
+        }
+        last = (metrics.train_loss, val_loss);
+    }
+    progress.finish();
+    timeline.write_chrome_trace(&run.path.join(format!("trace-rank{}.json", ctx.rank)))?;
+    let summary = GptRunSummary {
+        run_dir: run.path.clone(),
+        world_size: ctx.world_size,
+        steps: step,
+        first_loss,
+        final_train_loss: last.0,
+        final_val_loss: last.1,
+        loss_floor: data.loss_floor,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    if let Some(writer) = &run.writer {
+        let store = trainer.model().store();
+        let weights = writer.save_checkpoint_with(
+            |path| Ok(hf::save_hf_safetensors(store, &config, path)?),
+            &summary,
+        )?;
+        println!(
+            "done in {:.1} s: loss {:.4} at step 0, val loss {:.4}; checkpoint {}",
+            summary.seconds,
+            summary.first_loss,
+            summary.final_val_loss,
+            weights.display()
+        );
+    }
+    ctx.barrier()?;
+    Ok(summary)
+}
+
+/// Mean next-token loss over the whole validation set in evaluation mode; each rank evaluates
+/// windows `rank, rank + world, …` and the sums are reduced.
+fn validate(
+    trainer: &Trainer,
+    val: &TokenWindows,
+    batch: usize,
+    device: &Device,
+    ctx: &RankContext,
+) -> Result<f64> {
+    let indices: Vec<usize> = (ctx.rank..val.len()).step_by(ctx.world_size).collect();
+    let mut sums = [0.0; 2];
+    for chunk in indices.chunks(batch) {
+        let (inputs, targets) = val.batch(chunk, device)?;
+        let eval = trainer.evaluate(&inputs, &targets)?;
+        sums[0] += eval.loss_sum;
+        sums[1] += eval.samples as f64;
+    }
+    ctx.sum(&mut sums)?;
+    Ok(sums[0] / sums[1].max(1.0))
+}
+
+/// `model-data-<unix seconds>`.
+pub fn default_run_name(args: &GptArgs) -> String {
+    let data = args.data.split(':').next().unwrap_or("data");
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("{}-{}-{}", args.model, data, stamp)
+}

@@ -1,0 +1,205 @@
+//! Command-line flags of the GPT trainer (`cargo xtask train-gpt`), with validation that fails
+//! before any work starts. Flags that mean the same as `train-resnet`'s have its names.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use serde::Serialize;
+
+use crate::args::OptimizerKind;
+use crate::optim_setup::OptimizerFlags;
+
+/// Flags of `cargo xtask train-gpt`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct GptArgs {
+    /// gpt-tiny (about 225 k parameters, for the CPU) | gpt2 (124 M) | gpt2-medium (350 M) |
+    /// gpt2-large (774 M), Hugging Face's GPT-2 shapes and names
+    #[arg(long, default_value = "gpt-tiny")]
+    pub model: String,
+    /// synthetic (a seeded Markov chain over the model's vocabulary, learnable to 1.1097 nats per
+    /// token) | text:PATH (the file's bytes as tokens, vocabulary 256; the last tenth validates)
+    #[arg(long, default_value = "synthetic")]
+    pub data: String,
+    /// Training tokens of the synthetic data
+    #[arg(long, default_value_t = 1 << 20)]
+    pub synthetic_tokens: usize,
+    /// Validation tokens of the synthetic data
+    #[arg(long, default_value_t = 1 << 16)]
+    pub val_tokens: usize,
+    /// Tokens per sequence (default: the model's context)
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// Global batch size, in sequences
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Stop after this many optimizer steps in total (overrides epochs when smaller)
+    #[arg(long)]
+    pub steps: Option<usize>,
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// SGD momentum (with --optimizer sgd)
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f64,
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Adamw)]
+    pub optimizer: OptimizerKind,
+    /// constant | step | cosine
+    #[arg(long, default_value = "cosine")]
+    pub lr_schedule: String,
+    /// Steps of linear warm-up (default: a twentieth of the run's steps); fewer than the steps
+    #[arg(long)]
+    pub warmup_steps: Option<usize>,
+    /// Seed of the initialisation and of the synthetic data
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// cpu | cuda | cuda:N
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// fp32 | bf16-mixed | fp16-mixed, as train-resnet's (the mixed presets on the CPU so far)
+    #[arg(long, default_value = "fp32")]
+    pub precision: String,
+    /// Data-parallel ranks (processes started through weft-run; shm on the CPU, NCCL on GPUs)
+    #[arg(long)]
+    pub nproc: Option<usize>,
+    /// ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (optimizer states sharded), 2
+    /// (gradients reduced into their owners too)
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub zero: u8,
+    /// Clip the gradients to this global norm before each step; logs `grad_norm`
+    #[arg(long)]
+    pub clip_grad_norm: Option<f64>,
+    /// Split each rank's batch into M micro-batches accumulated before one optimizer step
+    #[arg(long, default_value_t = 1)]
+    pub micro_batches: usize,
+    /// Dropout of the embeddings, attention weights and residual branches while training
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f64,
+    /// Initialise from a Hugging Face GPT-2 safetensors file (e.g. the hub's model.safetensors)
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
+    /// Root of the run folders; the run is written to OUT/NAME
+    #[arg(long, default_value = "runs")]
+    pub out: PathBuf,
+    /// Name of the run folder (default: model-data-timestamp)
+    #[arg(long)]
+    pub name: Option<String>,
+    /// No progress bar (logs one line per epoch only)
+    #[arg(long, default_value_t = false)]
+    pub quiet: bool,
+}
+
+impl GptArgs {
+    /// The number of ranks: `--nproc`, or one per visible GPU for a bare `--device cuda`, or 1.
+    pub fn ranks(&self) -> usize {
+        match self.nproc {
+            Some(n) => n,
+            None if self.device == "cuda" => crate::device::visible_gpus().max(1),
+            None => 1,
+        }
+    }
+
+    /// The optimizer and schedule flags for a run of `total_steps`.
+    pub fn optimizer_flags(&self, total_steps: usize) -> OptimizerFlags<'_> {
+        OptimizerFlags {
+            optimizer: self.optimizer,
+            lr: self.lr,
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+            offload_optimizer: false,
+            lr_schedule: &self.lr_schedule,
+            warmup_steps: self.warmup_steps.unwrap_or(total_steps / 20),
+        }
+    }
+
+    /// The model's configuration for these flags (vocabulary 256 for text data).
+    pub fn model_config(&self) -> Result<weft_models::GptConfig> {
+        let mut config = weft_models::GptConfig::from_name(&self.model)
+            .map_err(|e| anyhow::anyhow!("--model: {e}"))?
+            .with_seed(self.seed)
+            .with_dropout(self.dropout);
+        if self.data.starts_with("text:") {
+            config = config.with_vocab_size(256);
+        }
+        Ok(config)
+    }
+
+    /// Tokens per sequence: `--seq-len` or the model's context.
+    pub fn seq_len(&self) -> Result<usize> {
+        let context = self.model_config()?.context;
+        Ok(self.seq_len.unwrap_or(context))
+    }
+
+    /// Checks every flag; the message of the error is one line naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        let config = self.model_config()?;
+        if self.batch_size == 0 {
+            bail!("--batch-size must be at least 1");
+        }
+        if self.nproc == Some(0) {
+            bail!("--nproc must be at least 1");
+        }
+        let per_rank = self.batch_size / self.ranks().max(1);
+        if !self.batch_size.is_multiple_of(self.ranks()) {
+            bail!(
+                "--batch-size {} is not divisible by the {} ranks (--nproc)",
+                self.batch_size,
+                self.ranks()
+            );
+        }
+        if self.micro_batches == 0 || !per_rank.is_multiple_of(self.micro_batches) {
+            bail!(
+                "--micro-batches {} must divide the per-rank batch of {per_rank}",
+                self.micro_batches
+            );
+        }
+        match self.seq_len {
+            Some(0) => bail!("--seq-len must be at least 1"),
+            Some(n) if n > config.context => bail!(
+                "--seq-len {n} exceeds the context of {} ({})",
+                config.context,
+                self.model
+            ),
+            _ => {}
+        }
+        if self.epochs == 0 && self.steps.is_none() {
+            bail!("--epochs must be at least 1");
+        }
+        if self.steps == Some(0) {
+            bail!("--steps must be at least 1");
+        }
+        self.optimizer_flags(0).validate()?;
+        if !(0.0..1.0).contains(&self.dropout) {
+            bail!("--dropout {} must be in [0, 1)", self.dropout);
+        }
+        if let Some(max) = self.clip_grad_norm {
+            if !(max.is_finite() && max > 0.0) {
+                bail!("--clip-grad-norm {max} must be a positive number");
+            }
+        }
+        if let Some(path) = &self.init_from {
+            if !path.is_file() {
+                bail!("--init-from {}: no such file", path.display());
+            }
+        }
+        match self.data.split_once(':') {
+            None if self.data == "synthetic" => {}
+            Some(("text", path)) if std::path::Path::new(path).is_file() => {}
+            Some(("text", path)) => bail!("--data {}: {path} is not a file", self.data),
+            _ => bail!("--data {}: expected synthetic or text:PATH", self.data),
+        }
+        let policy = weft_precision::PrecisionPolicy::from_name(&self.precision)
+            .map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
+        if policy.master.is_none() && policy.param != candle_core::DType::F32 {
+            bail!("--precision {}: not supported yet", self.precision);
+        }
+        if policy.param != candle_core::DType::F32 && self.device != "cpu" {
+            bail!("--precision {} runs on the CPU so far", self.precision);
+        }
+        crate::device::parse_device(&self.device)?;
+        Ok(())
+    }
+}
