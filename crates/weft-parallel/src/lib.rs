@@ -15,6 +15,8 @@
 //!   buckets in reverse order, each bucket all-reduced asynchronously the moment backward has
 //!   produced all its gradients, overlapping communication with the rest of backward).
 //! - [`sync_bn`]: SyncBatchNorm, batch statistics of the global batch over all ranks.
+//! - [`tensor`]: Megatron tensor parallelism — column/row-parallel linear layers, the
+//!   vocabulary-parallel embedding and cross-entropy, and the f/g collectives joining them.
 //! - [`zero`]: ZeRO — the optimizer's states sharded over the data-parallel ranks (stages 1
 //!   and 2, beside a naive reference).
 
@@ -27,6 +29,7 @@ pub mod single;
 pub mod step;
 pub mod strategy;
 pub mod sync_bn;
+pub mod tensor;
 pub mod zero;
 
 pub use clip::clip_grad_norm;

@@ -1,5 +1,6 @@
 //! The GPT language-model trainer (`cargo xtask train-gpt`): token data, model, optimizer and
-//! schedule from the flags; data parallelism (DDP or ZeRO-1/2) over the ranks of the job;
+//! schedule from the flags; tensor parallelism over groups of `--tp` ranks and data
+//! parallelism (DDP or ZeRO-1/2) over the replicas;
 //! per-step `loss`/`lr`/`tokens_per_sec` and per-epoch `val_loss` lines in `metrics.jsonl`;
 //! per-rank traces, and the final weights with Hugging Face's names (loadable by
 //! `GPT2LMHeadModel.from_pretrained`).
@@ -14,12 +15,14 @@ use serde::Serialize;
 use weft_data::{read_text_bytes, DistributedSampler, MarkovTokens, TokenWindows};
 use weft_models::gpt::{self, hf, GptConfig};
 use weft_models::loss::NextToken;
+use weft_parallel::tensor::VocabParallelNextToken;
 use weft_parallel::{DdpConfig, Trainer};
 use weft_precision::PrecisionPolicy;
-use weft_tensor::{Checkpointing, Timeline};
+use weft_tensor::{Checkpointing, Objective, Timeline};
 
 use crate::distributed::RankContext;
 use crate::gpt_args::GptArgs;
+use crate::gpt_parallel::{gather_full_state, GptMesh, TensorParallelLayers};
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::progress::Progress;
@@ -105,14 +108,26 @@ fn open_data(args: &GptArgs, config: &GptConfig, seq_len: usize) -> Result<Token
 /// Trains as the flags say (on every rank of the job) and returns the final metrics.
 pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
     args.validate()?;
-    let started = Instant::now();
     let device = crate::device::parse_device_for_rank(&args.device)?.open()?;
     let ctx = RankContext::from_env(&device)?;
+    run_in(args, &ctx, &device)
+}
+
+/// [`run`] as one rank of `ctx`'s job, the model on `device`.
+pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptRunSummary> {
+    args.validate()?;
+    let started = Instant::now();
+    let device = device.clone();
+    let mesh = GptMesh::new(ctx.comm.as_ref(), args.tp)?;
     let config = args.model_config()?;
     let seq_len = args.seq_len()?;
     let data = open_data(args, &config, seq_len)?;
     let policy = PrecisionPolicy::from_name(&args.precision)?;
-    let model = gpt::gpt(&config, policy.param, &device)?;
+    let split_layers = mesh.tp.clone().map(TensorParallelLayers::new);
+    let model = match &split_layers {
+        Some(layers) => gpt::gpt_with_layers(&config, policy.param, &device, layers)?,
+        None => gpt::gpt(&config, policy.param, &device)?,
+    };
     if let Some(path) = &args.init_from {
         hf::load_hf_safetensors(model.store(), &config, path)?;
     }
@@ -135,12 +150,19 @@ pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
     let flags = args.optimizer_flags(total_steps);
     let schedule = build_schedule(&flags, total_steps)?;
     let timeline = Arc::new(Timeline::new(ctx.rank));
-    let objective = NextToken {
-        vocab_size: config.vocab_size,
+    let objective: Box<dyn Objective> = match &mesh.tp {
+        Some(group) => Box::new(VocabParallelNextToken {
+            vocab_size: config.vocab_size,
+            start: group.rank() * config.padded_vocab() / group.size(),
+            group: group.clone(),
+        }),
+        None => Box::new(NextToken {
+            vocab_size: config.vocab_size,
+        }),
     };
     let mut trainer = Trainer::new(
         model,
-        Box::new(objective),
+        objective,
         build_optimizer(&flags, &device, policy.updated_dtype())?,
         Checkpointing::None,
     )?
@@ -151,13 +173,13 @@ pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
         ddp: DdpConfig::default(),
         timeline: Some(timeline.clone()),
     };
-    let mut trainer = parallelize::gpt(trainer, ctx.comm.as_ref(), &plan)?;
+    let mut trainer = parallelize::gpt(trainer, mesh.dp.as_ref(), &plan)?;
     let mut run = RunFolder::open(
         &args.out,
         args.name.as_deref(),
         || default_run_name(args),
         args,
-        &ctx,
+        ctx,
     )?;
     if ctx.is_main() {
         println!(
@@ -176,12 +198,12 @@ pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
     }
     let progress =
         Progress::new(total_steps as u64, args.quiet || !ctx.is_main()).with_unit("tok/s");
-    let local_batch = args.batch_size / ctx.world_size;
+    let local_batch = args.batch_size / mesh.dp_size;
     let tokens_per_step = (args.batch_size * seq_len) as f64;
     let (mut step, mut first_loss, mut last) = (0, f64::NAN, (f64::NAN, f64::NAN));
     for epoch in 0..epochs {
         let epoch_start = Instant::now();
-        let mut sampler = DistributedSampler::new(data.train.len(), ctx.world_size, ctx.rank)?
+        let mut sampler = DistributedSampler::new(data.train.len(), mesh.dp_size, mesh.dp_rank)?
             .with_seed(args.seed);
         sampler.set_epoch(epoch as u64);
         let indices = sampler.indices();
@@ -221,7 +243,7 @@ pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
             progress.step(epoch, loss, tokens_per_step / seconds, None);
         }
         ctx.sum(&mut totals)?;
-        let val_loss = validate(&trainer, &data.val, local_batch, &device, &ctx)?;
+        let val_loss = validate(&trainer, &data.val, local_batch, &device, ctx, &mesh)?;
         let metrics = TokenEpochMetrics {
             epoch,
             train_loss: totals[0] / totals[1].max(1.0),
@@ -254,8 +276,16 @@ pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
         loss_floor: data.loss_floor,
         seconds: started.elapsed().as_secs_f64(),
     };
+    let full_state = match (&split_layers, &mesh.tp) {
+        (Some(layers), Some(group)) => Some(gather_full_state(
+            trainer.model().store(),
+            &layers.splits(),
+            group,
+        )?),
+        _ => None,
+    };
     if let Some(writer) = &run.writer {
-        let store = trainer.model().store();
+        let store = full_state.as_ref().unwrap_or(trainer.model().store());
         let weights = writer.save_checkpoint_with(
             |path| Ok(hf::save_hf_safetensors(store, &config, path)?),
             &summary,
@@ -272,16 +302,18 @@ pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
     Ok(summary)
 }
 
-/// Mean next-token loss over the whole validation set in evaluation mode; each rank evaluates
-/// windows `rank, rank + world, …` and the sums are reduced.
+/// Mean next-token loss over the whole validation set in evaluation mode; each replica
+/// evaluates windows `replica, replica + replicas, …` and the sums are reduced (the ranks of a
+/// tensor-parallel group add the same sums, which leaves the mean as it is).
 fn validate(
     trainer: &Trainer,
     val: &TokenWindows,
     batch: usize,
     device: &Device,
     ctx: &RankContext,
+    mesh: &GptMesh,
 ) -> Result<f64> {
-    let indices: Vec<usize> = (ctx.rank..val.len()).step_by(ctx.world_size).collect();
+    let indices: Vec<usize> = (mesh.dp_rank..val.len()).step_by(mesh.dp_size).collect();
     let mut sums = [0.0; 2];
     for chunk in indices.chunks(batch) {
         let (inputs, targets) = val.batch(chunk, device)?;

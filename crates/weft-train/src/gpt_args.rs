@@ -65,6 +65,11 @@ pub struct GptArgs {
     /// Data-parallel ranks (processes started through weft-run; shm on the CPU, NCCL on GPUs)
     #[arg(long)]
     pub nproc: Option<usize>,
+    /// Tensor-parallel degree: each layer's weights split over groups of N consecutive ranks
+    /// (Megatron: attention by heads, the MLP by features, the vocabulary by rows); the
+    /// --nproc ranks form nproc / N data-parallel replicas
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
     /// ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (optimizer states sharded), 2
     /// (gradients reduced into their owners too)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
@@ -142,12 +147,32 @@ impl GptArgs {
         if self.nproc == Some(0) {
             bail!("--nproc must be at least 1");
         }
-        let per_rank = self.batch_size / self.ranks().max(1);
-        if !self.batch_size.is_multiple_of(self.ranks()) {
+        if self.tp == 0 || !self.ranks().is_multiple_of(self.tp) {
             bail!(
-                "--batch-size {} is not divisible by the {} ranks (--nproc)",
-                self.batch_size,
+                "--tp {} must divide the {} ranks (--nproc)",
+                self.tp,
                 self.ranks()
+            );
+        }
+        crate::gpt_parallel::check_layout(&config, self.tp)?;
+        if self.tp > 1 {
+            for (flag, given) in [
+                ("--clip-grad-norm", self.clip_grad_norm.is_some()),
+                ("--init-from", self.init_from.is_some()),
+                ("--precision fp16-mixed", self.precision == "fp16-mixed"),
+                ("--dropout", self.dropout > 0.0),
+            ] {
+                if given {
+                    bail!("{flag} is not supported with --tp {} yet", self.tp);
+                }
+            }
+        }
+        let replicas = self.ranks() / self.tp;
+        let per_rank = self.batch_size / replicas;
+        if !self.batch_size.is_multiple_of(replicas) {
+            bail!(
+                "--batch-size {} is not divisible by the {replicas} data-parallel replicas (--nproc / --tp)",
+                self.batch_size
             );
         }
         if self.micro_batches == 0 || !per_rank.is_multiple_of(self.micro_batches) {

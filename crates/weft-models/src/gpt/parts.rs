@@ -11,7 +11,9 @@ use std::sync::Arc;
 use candle_core::{Tensor, Var};
 use weft_tensor::{EntryId, Result, Scope};
 
-use crate::layers::{project, Conv1D};
+use weft_tensor::ops::project;
+
+use crate::layers::Conv1D;
 
 /// What a projection does in a transformer block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

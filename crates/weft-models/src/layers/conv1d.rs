@@ -1,7 +1,8 @@
 //! Hugging Face's `Conv1D`, GPT-2's linear layer: the weight is stored `[in, out]` (transposed
 //! against `nn.Linear`) and `y = x W + b` over the last dimension of `x`.
 
-use candle_core::{DType, Tensor, Var};
+use candle_core::{Tensor, Var};
+use weft_tensor::ops::project;
 use weft_tensor::{Result, Scope};
 
 /// A projection with GPT-2's parameter layout (`weight` `[in, out]`, `bias` `[out]`).
@@ -31,23 +32,4 @@ impl Conv1D {
         let y = project(x, self.weight())?;
         Ok(y.broadcast_add(self.bias())?)
     }
-}
-
-/// `x W` over the last dimension of `x` (any leading dimensions), for `W` `[in, out]`. On the
-/// CPU, 16-bit operands are multiplied in f32 (Candle's CPU matmul has no 16-bit path) and the
-/// product rounded back.
-pub fn project(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
-    let dims = x.dims();
-    let (inner, rows) = (dims[dims.len() - 1], x.elem_count() / dims[dims.len() - 1]);
-    let flat = x.reshape((rows, inner))?;
-    let y = if x.device().is_cpu() && matches!(x.dtype(), DType::BF16 | DType::F16) {
-        flat.to_dtype(DType::F32)?
-            .matmul(&weight.to_dtype(DType::F32)?)?
-            .to_dtype(x.dtype())?
-    } else {
-        flat.matmul(weight)?
-    };
-    let mut out = dims.to_vec();
-    *out.last_mut().expect("x has a last dimension") = weight.dim(1)?;
-    Ok(y.reshape(out)?)
 }

@@ -10,7 +10,7 @@ mod linear;
 
 pub use batch_norm::BatchNorm2d;
 pub use conv::Conv2d;
-pub use conv1d::{project, Conv1D};
+pub use conv1d::Conv1D;
 pub use init::Init;
 pub use layer_norm::{layer_norm, LayerNorm};
 pub use linear::Linear;

@@ -9,7 +9,8 @@
 //!   2-D batch normalisation with a fused analytic backward; also returns the batch statistics
 //!   for the running averages.
 //! - [`relu`] and [`add_relu`] (the end of a residual block): ReLU with a one-pass backward.
-//! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative.
+//! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative; [`project`]: `x W` over the last
+//!   dimension for `[in, out]` weights.
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
 //! - `cuda_launch` (feature `cuda`): loading PTX modules and launching kernels on a device's
 //!   compute stream, for weft's kernels here and in other crates (the optimizers').
@@ -52,6 +53,7 @@ mod max_pool_cuda;
 mod multi_tensor;
 #[cfg(feature = "cuda")]
 mod multi_tensor_cuda;
+mod project;
 mod relu;
 #[cfg(feature = "cuda")]
 mod relu_cuda;
@@ -74,6 +76,7 @@ pub use cudnn_search::{
 pub use gelu::{gelu_tanh, gelu_tanh_derivative};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
 pub use multi_tensor::copy_tensors;
+pub use project::project;
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::blend_into;
 pub use storage::{has_kernels, set_cuda_kernels};

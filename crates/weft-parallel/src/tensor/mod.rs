@@ -1,0 +1,27 @@
+//! Megatron-style tensor parallelism: layers whose weights are split across the ranks of a
+//! tensor-parallel group, joined by conjugate collectives.
+//!
+//! - [`mappings`]: f / g and the gather / scatter pair, each an op with its backward, and the
+//!   [`TensorParallelGroup`] they run over (a sub-communicator from `Communicator::split`).
+//! - [`ColumnParallelLinear`] / [`RowParallelLinear`]: split by output / input features.
+//! - [`VocabParallelEmbedding`] and [`vocab_parallel_cross_entropy`]: the token table split by
+//!   rows, and the loss over logits split the same way.
+//!
+//! The layers are built from full-size initial values and keep only their rank's slice; a
+//! model applies them in its trainer's `parallelize` step (weft-train), staying free of
+//! parallelism itself.
+
+mod cross_entropy;
+mod embedding;
+mod layers;
+pub mod mappings;
+
+pub use cross_entropy::{vocab_parallel_cross_entropy, VocabParallelNextToken};
+pub use embedding::VocabParallelEmbedding;
+pub use layers::{column_slice, row_slice, ColumnParallelLinear, RowParallelLinear};
+pub use mappings::{
+    copy_to_region, gather_from_region, reduce_from_region, scatter_to_region, TensorParallelGroup,
+};
+
+#[cfg(test)]
+mod tests;

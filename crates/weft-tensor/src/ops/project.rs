@@ -1,0 +1,25 @@
+//! `x W` over the last dimension of `x` for a weight stored `[in, out]` (Hugging Face's
+//! Conv1D layout, and its tensor-parallel slices).
+
+use candle_core::{DType, Tensor};
+
+use crate::error::Result;
+
+/// `x W` over the last dimension of `x` (any leading dimensions), for `W` `[in, out]`. On the
+/// CPU, 16-bit operands are multiplied in f32 (Candle's CPU matmul has no 16-bit path) and the
+/// product rounded back.
+pub fn project(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    let dims = x.dims();
+    let (inner, rows) = (dims[dims.len() - 1], x.elem_count() / dims[dims.len() - 1]);
+    let flat = x.reshape((rows, inner))?;
+    let y = if x.device().is_cpu() && matches!(x.dtype(), DType::BF16 | DType::F16) {
+        flat.to_dtype(DType::F32)?
+            .matmul(&weight.to_dtype(DType::F32)?)?
+            .to_dtype(x.dtype())?
+    } else {
+        flat.matmul(weight)?
+    };
+    let mut out = dims.to_vec();
+    *out.last_mut().expect("x has a last dimension") = weight.dim(1)?;
+    Ok(y.reshape(out)?)
+}

@@ -1,0 +1,242 @@
+//! Tensor parallelism for the GPT (its `parallelize` step, torchtitan-style): the factory that
+//! builds the model's parts as Megatron's split layers, the layout checks, the data × tensor
+//! mesh of a job's ranks, and the gathering of a split model's full state for export.
+//!
+//! The attention's fused q | k | v projection and the MLP's up projection are column-parallel
+//! (attention split by heads), their output projections row-parallel, the token table (and
+//! the tied head) vocabulary-parallel; LayerNorms, biases after a reduction and the position
+//! table stay whole on every rank (their gradients are equal on all of them).
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+use weft_collectives::Communicator;
+use weft_models::gpt::{GptConfig, GptLayers, Projection, ProjectionRole, TokenEmbedding};
+use weft_parallel::tensor::{
+    ColumnParallelLinear, RowParallelLinear, TensorParallelGroup, VocabParallelEmbedding,
+};
+use weft_parallel::TensorCollectives;
+use weft_tensor::{EntryId, ParamStore, Scope, TensorError};
+
+/// How a store entry is split over the tensor-parallel group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// Cut along the last dimension, in `groups` column groups cut separately.
+    Columns { groups: usize },
+    /// Cut along the first dimension.
+    Rows,
+}
+
+/// Refuses a tensor-parallel degree that does not divide the heads, the MLP width or the
+/// padded vocabulary, in one line naming `--tp`.
+pub fn check_layout(config: &GptConfig, tp: usize) -> Result<()> {
+    for (what, count) in [
+        ("attention heads", config.n_head),
+        ("MLP features", 4 * config.n_embd),
+        ("padded vocabulary rows", config.padded_vocab()),
+    ] {
+        if !count.is_multiple_of(tp) {
+            bail!(
+                "--tp {tp} does not divide the {count} {what} of {}",
+                config.name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The ranks of a job as data-parallel replicas of tensor-parallel groups of `tp` consecutive
+/// ranks (Megatron's order: tensor parallelism innermost, within a node).
+pub struct GptMesh {
+    pub tp: Option<TensorParallelGroup>,
+    /// The ranks holding the same slices in the other replicas; `None` with one replica.
+    pub dp: Option<Arc<dyn Communicator>>,
+    pub dp_rank: usize,
+    pub dp_size: usize,
+}
+
+impl GptMesh {
+    /// Splits `world` (none: one process) into groups of `tp`.
+    pub fn new(world: Option<&Arc<dyn Communicator>>, tp: usize) -> Result<Self> {
+        let Some(world) = world else {
+            if tp > 1 {
+                bail!("--tp {tp} needs {tp} ranks (--nproc)");
+            }
+            return Ok(Self {
+                tp: None,
+                dp: None,
+                dp_rank: 0,
+                dp_size: 1,
+            });
+        };
+        let (rank, size) = (world.rank(), world.world_size());
+        if !size.is_multiple_of(tp) {
+            bail!("--tp {tp} does not divide the {size} ranks");
+        }
+        let key = rank as i64;
+        let tp_group = match tp {
+            1 => None,
+            _ => Some(TensorParallelGroup::new(Arc::from(
+                world.split((rank / tp) as u32, key)?,
+            ))),
+        };
+        let dp = match size / tp {
+            1 => None,
+            _ => Some(Arc::from(world.split((rank % tp) as u32, key)?)),
+        };
+        Ok(Self {
+            tp: tp_group,
+            dp,
+            dp_rank: rank / tp,
+            dp_size: size / tp,
+        })
+    }
+}
+
+/// Builds the GPT's parts as this rank's slices.
+pub struct TensorParallelLayers {
+    group: TensorParallelGroup,
+    splits: Mutex<Vec<(EntryId, Split)>>,
+}
+
+impl TensorParallelLayers {
+    pub fn new(group: TensorParallelGroup) -> Self {
+        Self {
+            group,
+            splits: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// How each split entry of the built model is cut (the others are whole).
+    pub fn splits(&self) -> Vec<(EntryId, Split)> {
+        self.splits
+            .lock()
+            .expect("no panic while holding the lock")
+            .clone()
+    }
+
+    fn record(&self, first: EntryId, splits: &[Split]) {
+        let mut recorded = self.splits.lock().expect("no panic while holding the lock");
+        recorded.extend(splits.iter().enumerate().map(|(i, &s)| (first + i, s)));
+    }
+}
+
+fn tensor_error(e: weft_parallel::ParallelError) -> TensorError {
+    TensorError::Block {
+        block: "tensor parallel".into(),
+        message: e.to_string(),
+    }
+}
+
+struct Column(ColumnParallelLinear);
+struct Row(RowParallelLinear);
+struct VocabTable(VocabParallelEmbedding);
+
+impl Projection for Column {
+    fn forward(&self, x: &Tensor) -> weft_tensor::Result<Tensor> {
+        self.0.forward(x).map_err(tensor_error)
+    }
+}
+
+impl Projection for Row {
+    fn forward(&self, x: &Tensor) -> weft_tensor::Result<Tensor> {
+        self.0.forward(x).map_err(tensor_error)
+    }
+}
+
+impl TokenEmbedding for VocabTable {
+    fn forward(&self, ids: &Tensor) -> weft_tensor::Result<Tensor> {
+        self.0.forward(ids).map_err(tensor_error)
+    }
+
+    fn logits(&self, h: &Tensor) -> weft_tensor::Result<Tensor> {
+        self.0.logits(h).map_err(tensor_error)
+    }
+
+    fn table_id(&self) -> EntryId {
+        self.0.table_id()
+    }
+}
+
+impl GptLayers for TensorParallelLayers {
+    fn projection(
+        &self,
+        scope: &mut Scope,
+        role: ProjectionRole,
+        weight: Tensor,
+        bias: Tensor,
+    ) -> weft_tensor::Result<Box<dyn Projection>> {
+        let first = scope.store_len();
+        let groups = match role {
+            ProjectionRole::AttentionQkv => 3,
+            _ => 1,
+        };
+        let part: Box<dyn Projection> = match role {
+            ProjectionRole::AttentionQkv | ProjectionRole::MlpUp => Box::new(Column(
+                ColumnParallelLinear::from_full(scope, &weight, &bias, groups, &self.group, false)
+                    .map_err(tensor_error)?,
+            )),
+            ProjectionRole::AttentionOutput | ProjectionRole::MlpDown => Box::new(Row(
+                RowParallelLinear::from_full(scope, &weight, bias, &self.group)
+                    .map_err(tensor_error)?,
+            )),
+        };
+        let splits = match role {
+            ProjectionRole::AttentionQkv | ProjectionRole::MlpUp => {
+                vec![Split::Columns { groups }; 2]
+            }
+            _ => vec![Split::Rows],
+        };
+        self.record(first, &splits);
+        Ok(part)
+    }
+
+    fn token_embedding(
+        &self,
+        scope: &mut Scope,
+        table: Tensor,
+    ) -> weft_tensor::Result<Arc<dyn TokenEmbedding>> {
+        let embedding =
+            VocabParallelEmbedding::from_full(scope, &table, &self.group).map_err(tensor_error)?;
+        self.record(embedding.table_id(), &[Split::Rows]);
+        Ok(Arc::new(VocabTable(embedding)))
+    }
+}
+
+/// The whole model's state from every rank's slices (an all-gather per split entry), as a
+/// store with the whole model's names, shapes and order.
+pub fn gather_full_state(
+    store: &ParamStore,
+    splits: &[(EntryId, Split)],
+    group: &TensorParallelGroup,
+) -> Result<ParamStore> {
+    let mut full = ParamStore::new(store.device(), store.dtype());
+    for (id, entry) in store.entries().iter().enumerate() {
+        let value = entry.tensor();
+        let whole = match splits.iter().find(|(e, _)| *e == id).map(|(_, s)| *s) {
+            None => value.clone(),
+            Some(Split::Rows) => group.comm().all_gather_tensor(value)?.wait()?,
+            Some(Split::Columns { groups }) => {
+                let side_by_side = group.all_gather_last(value)?;
+                regroup_columns(&side_by_side, groups, group.size())?
+            }
+        };
+        full.register(&entry.name, entry.kind, whole)?;
+    }
+    Ok(full)
+}
+
+/// Columns gathered rank by rank (`r0: g0 g1 … | r1: g0 g1 …`) put back group by group
+/// (`g0: r0 r1 … | g1: …`).
+fn regroup_columns(gathered: &Tensor, groups: usize, ranks: usize) -> Result<Tensor> {
+    let dim = gathered.rank() - 1;
+    let part = gathered.dim(dim)? / (groups * ranks);
+    let mut pieces = Vec::with_capacity(groups * ranks);
+    for g in 0..groups {
+        for r in 0..ranks {
+            pieces.push(gathered.narrow(dim, (r * groups + g) * part, part)?);
+        }
+    }
+    Ok(Tensor::cat(&pieces, dim)?)
+}
