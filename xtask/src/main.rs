@@ -2,6 +2,7 @@
 
 mod bench_collectives;
 mod bench_ddp;
+mod bench_gpt;
 mod bench_optimizer;
 mod bench_step;
 mod cuda_build;
@@ -29,6 +30,8 @@ enum Command {
     TrainGpt(weft_train::GptArgs),
     /// Time forward + backward + SGD step of a ResNet, beside PyTorch on the same machine
     BenchStep(bench_step::BenchStepArgs),
+    /// Tokens per second, MFU and peak memory of GPT training steps, beside PyTorch's
+    BenchGpt(bench_gpt::BenchGptArgs),
     /// Time the optimizer step alone over a model's parameters, beside PyTorch's fastest
     /// optimizer and the device's copy bandwidth
     BenchOptimizer(bench_optimizer::BenchOptimizerArgs),
@@ -72,6 +75,10 @@ fn main() {
         Command::BenchStep(args) => match cuda_build::needs_cuda_build(&args.device) {
             true => cuda_build::rerun_with_cuda(),
             false => bench_step::run(&args),
+        },
+        Command::BenchGpt(args) => match cuda_build::needs_cuda_build(&args.device) {
+            true => cuda_build::rerun_with_cuda(),
+            false => bench_gpt::run(&args),
         },
         Command::BenchOptimizer(args) => match cuda_build::needs_cuda_build(&args.device) {
             true => cuda_build::rerun_with_cuda(),

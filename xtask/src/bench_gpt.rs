@@ -1,0 +1,227 @@
+//! `cargo xtask bench-gpt`: tokens per second, model FLOP utilisation and peak memory of GPT
+//! training steps (forward, backward, AdamW) on random tokens, beside PyTorch with the same
+//! architecture in the same call (eager and `torch.compile`; fp32, TF32 or bf16 autocast;
+//! flash attention through `F.scaled_dot_product_attention`; fused AdamW).
+
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use clap::Args;
+use weft_models::gpt::{gpt, GptConfig};
+use weft_models::loss::NextToken;
+use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups};
+use weft_parallel::{SingleProcess, Trainer};
+use weft_tensor::Checkpointing;
+
+use crate::python;
+
+/// Flags of `cargo xtask bench-gpt`.
+#[derive(Debug, Args)]
+pub struct BenchGptArgs {
+    /// gpt-tiny | gpt2 | gpt2-medium | gpt2-large
+    #[arg(long, default_value = "gpt-tiny")]
+    model: String,
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Tokens per sequence (default: the model's context)
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Timed steps (after the warm-up steps)
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// PyTorch anchors to run in the same call, comma-separated from fp32, tf32, bf16,
+    /// fp32-compile, tf32-compile, bf16-compile; empty for none
+    #[arg(long, default_value = "")]
+    anchors: String,
+}
+
+/// Dense bf16 tensor-core peak of an H100 SXM in FLOP/s (the reference of MFU figures such as
+/// llm.c's and nanoGPT's).
+const H100_BF16_PEAK: f64 = 989e12;
+
+/// Training FLOPs per token: 6 per parameter (forward 2, backward 4) outside the position
+/// table, plus attention's `12 · layers · width · seq_len` (PaLM's estimate, as nanoGPT's).
+fn flops_per_token(config: &GptConfig, seq_len: usize) -> f64 {
+    let params = config.num_parameters() - config.context * config.n_embd;
+    6.0 * params as f64 + 12.0 * (config.n_layer * config.n_embd * seq_len) as f64
+}
+
+struct Measured {
+    tokens_per_sec: f64,
+    peak_bytes: Option<u64>,
+}
+
+pub fn run(args: &BenchGptArgs) -> Result<()> {
+    let config = GptConfig::from_name(&args.model)?;
+    let seq_len = args.seq_len.unwrap_or(config.context);
+    if seq_len == 0 || seq_len > config.context {
+        bail!(
+            "--seq-len {seq_len}: must be 1 to the context of {}",
+            config.context
+        );
+    }
+    let device = weft_train::device::parse_device(&args.device)?.open()?;
+    let flops = flops_per_token(&config, seq_len);
+    println!(
+        "bench-gpt: {} ({} parameters), batch {} x {seq_len} tokens, AdamW, fp32, on {}",
+        args.model,
+        config.num_parameters(),
+        args.batch_size,
+        args.device
+    );
+    let weft = measure_weft(args, &config, seq_len, &device)?;
+    let flops = device.is_cuda().then_some(flops);
+    report("weft", &weft, flops, None);
+    for anchor in args.anchors.split(',').filter(|a| !a.is_empty()) {
+        let torch = measure_torch(args, &config, seq_len, anchor)?;
+        report(&format!("torch {anchor}"), &torch, flops, Some(&weft));
+    }
+    Ok(())
+}
+
+/// One result line; on a GPU with the achieved FLOP/s and MFU (`flops_per_token` given).
+fn report(name: &str, m: &Measured, flops_per_token: Option<f64>, weft: Option<&Measured>) {
+    let utilisation = flops_per_token
+        .map(|f| {
+            let achieved = m.tokens_per_sec * f;
+            format!(
+                ", {:.1} TFLOP/s, MFU {:.1}% of the H100's bf16 peak",
+                achieved / 1e12,
+                100.0 * achieved / H100_BF16_PEAK
+            )
+        })
+        .unwrap_or_default();
+    let peak = m
+        .peak_bytes
+        .map(|b| format!(", peak {:.2} GiB", b as f64 / (1u64 << 30) as f64))
+        .unwrap_or_default();
+    let ratio = weft
+        .map(|w| format!(" (weft / this: {:.2})", w.tokens_per_sec / m.tokens_per_sec))
+        .unwrap_or_default();
+    println!(
+        "{name:>18}: {:>9.0} tokens/s{utilisation}{peak}{ratio}",
+        m.tokens_per_sec
+    );
+}
+
+fn random_tokens(n: usize, vocab: usize, seed: u64, device: &Device) -> Result<Tensor> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let values: Vec<u32> = (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % vocab as u64) as u32
+        })
+        .collect();
+    Ok(Tensor::from_vec(values, n, device)?)
+}
+
+fn measure_weft(
+    args: &BenchGptArgs,
+    config: &GptConfig,
+    seq_len: usize,
+    device: &Device,
+) -> Result<Measured> {
+    let model = gpt(config, DType::F32, device)?;
+    let optimizer = ModelOptimizer::new(
+        OptimizerConfig::AdamW(AdamWConfig {
+            lr: 3e-4,
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        }),
+        ParamGroups::default(),
+        device,
+        DType::F32,
+    )?;
+    let objective = NextToken {
+        vocab_size: config.vocab_size,
+    };
+    let trainer = Trainer::new(model, Box::new(objective), optimizer, Checkpointing::None)?;
+    let single = SingleProcess::new(trainer.model(), false);
+    let mut trainer = trainer
+        .with_strategy(Box::new(single))?
+        .with_memory_tracking();
+    let n = args.batch_size * seq_len;
+    let ids =
+        random_tokens(n, config.vocab_size, 1, device)?.reshape((args.batch_size, seq_len))?;
+    let targets =
+        random_tokens(n, config.vocab_size, 2, device)?.reshape((args.batch_size, seq_len))?;
+    let mut times = Vec::with_capacity(args.steps);
+    for i in 0..args.warmup + args.steps {
+        let start = Instant::now();
+        // Reading the loss waits for the step's work on the device.
+        let outcome = trainer.step(&ids, &targets, 3e-4)?;
+        if !outcome.loss.is_finite() {
+            bail!("weft: step {i} gave loss {}", outcome.loss);
+        }
+        if i >= args.warmup {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let step = times[times.len() / 2];
+    let peak_bytes = trainer.memory_peak().and_then(|p| p.device_in_use);
+    Ok(Measured {
+        tokens_per_sec: n as f64 / step,
+        peak_bytes,
+    })
+}
+
+fn measure_torch(
+    args: &BenchGptArgs,
+    config: &GptConfig,
+    seq_len: usize,
+    anchor: &str,
+) -> Result<Measured> {
+    let (precision, compile) = match anchor.strip_suffix("-compile") {
+        Some(p) => (p, true),
+        None => (anchor, false),
+    };
+    if !["fp32", "tf32", "bf16"].contains(&precision) {
+        bail!("--anchors {anchor}: expected fp32, tf32 or bf16, optionally with -compile");
+    }
+    let mut cmd = Command::new(python::torch_python()?);
+    cmd.arg(python::script("gpt_anchor.py"));
+    for (flag, value) in [
+        ("--vocab", config.vocab_size),
+        ("--context", config.context),
+        ("--width", config.n_embd),
+        ("--layers", config.n_layer),
+        ("--heads", config.n_head),
+        ("--batch-size", args.batch_size),
+        ("--seq-len", seq_len),
+        ("--steps", args.steps),
+        ("--warmup", args.warmup),
+    ] {
+        cmd.args([flag, &value.to_string()]);
+    }
+    cmd.args(["--device", &args.device, "--precision", precision]);
+    if compile {
+        cmd.arg("--compile");
+    }
+    let output = cmd.output().context("cannot run the PyTorch anchor")?;
+    if !output.status.success() {
+        bail!(
+            "PyTorch anchor {anchor} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let json: serde_json::Value = serde_json::from_str(text.trim().lines().last().unwrap_or(""))
+        .with_context(|| format!("PyTorch anchor printed no JSON: {text}"))?;
+    Ok(Measured {
+        tokens_per_sec: json["tokens_per_sec"]
+            .as_f64()
+            .context("anchor output lacks tokens_per_sec")?,
+        peak_bytes: json["device_bytes"].as_u64(),
+    })
+}
