@@ -13,7 +13,8 @@ use crate::strategy::Strategy;
 
 /// Clips `grads[range]` (this rank's part, as [`Strategy::optimizer_range`] gives it) to the
 /// global norm `max_norm`; returns the norm before clipping, a scalar on the device. The sum of
-/// squares is computed in f32 (f64 for f64 gradients) and reduced over ranks by
+/// squares is computed in f32 (f64 for f64 gradients), weighed by
+/// [`Strategy::local_grad_norm_squared`] and reduced over ranks by
 /// [`Strategy::reduce_grad_norm_squared`].
 pub fn clip_grad_norm(
     grads: &FlatBuffer,
@@ -26,7 +27,8 @@ pub fn clip_grad_norm(
         DType::F64 => DType::F64,
         _ => DType::F32,
     };
-    let local = part.to_dtype(wide)?.sqr()?.sum_all()?;
+    let squares = part.to_dtype(wide)?.sqr()?;
+    let local = strategy.local_grad_norm_squared(&squares, range.clone())?;
     let norm = strategy.reduce_grad_norm_squared(local)?.sqrt()?;
     let coefficient = (norm.affine(1.0, 1e-6)?.recip()? * max_norm)?.minimum(1.0)?;
     let clipped = part

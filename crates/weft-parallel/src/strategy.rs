@@ -73,6 +73,13 @@ pub trait Strategy: Send {
         0..len
     }
 
+    /// This rank's share of the squared global gradient norm, from the squares of the
+    /// gradients it steps (`squares`, elements `range` of the flat buffers): their sum, unless
+    /// other ranks hold copies of some of them (tensor-parallel replicas, counted once overall).
+    fn local_grad_norm_squared(&self, squares: &Tensor, _range: Range<usize>) -> Result<Tensor> {
+        Ok(squares.sum_all()?)
+    }
+
     /// The squared global gradient norm from this rank's part of it (a scalar on the device),
     /// for gradient clipping: the sum over the ranks that each hold a different part of the
     /// gradients (ZeRO shards, tensor-parallel slices; TP-replicated parameters counted once).

@@ -172,6 +172,10 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         zero: args.zero,
         ddp: DdpConfig::default(),
         timeline: Some(timeline.clone()),
+        tensor: mesh
+            .tp
+            .clone()
+            .zip(split_layers.as_ref().map(TensorParallelLayers::splits)),
     };
     let mut trainer = parallelize::gpt(trainer, mesh.dp.as_ref(), &plan)?;
     let mut run = RunFolder::open(

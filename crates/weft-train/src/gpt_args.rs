@@ -157,9 +157,7 @@ impl GptArgs {
         crate::gpt_parallel::check_layout(&config, self.tp)?;
         if self.tp > 1 {
             for (flag, given) in [
-                ("--clip-grad-norm", self.clip_grad_norm.is_some()),
                 ("--init-from", self.init_from.is_some()),
-                ("--precision fp16-mixed", self.precision == "fp16-mixed"),
                 ("--dropout", self.dropout > 0.0),
             ] {
                 if given {

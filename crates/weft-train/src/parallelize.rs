@@ -7,9 +7,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use weft_collectives::Communicator;
+use weft_parallel::tensor::{TensorParallel, TensorParallelGroup};
 use weft_parallel::zero::{zero_stage1, zero_stage2};
 use weft_parallel::{DdpConfig, DistributedDataParallel, SingleProcess, Strategy, Trainer};
-use weft_tensor::Timeline;
+use weft_tensor::{EntryId, Timeline};
+
+use crate::gpt_parallel::Split;
 
 /// How a ResNet is parallelised.
 #[derive(Debug, Clone, Default)]
@@ -38,7 +41,8 @@ pub fn resnet(
     if let (Some(comm), true) = (comm, plan.sync_bn) {
         weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
     }
-    let mut trainer = data_parallel(trainer, comm, plan.zero, &plan.ddp, plan.timeline.as_ref())?;
+    let strategy = data_parallel(&trainer, comm, plan.zero, &plan.ddp, plan.timeline.as_ref())?;
+    let mut trainer = trainer.with_strategy(strategy)?;
     if plan.cuda_graph && !plan.sync_bn {
         trainer = trainer.with_cuda_graph();
     }
@@ -46,34 +50,50 @@ pub fn resnet(
 }
 
 /// How a GPT is parallelised.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct GptParallelism {
     /// ZeRO stage over the data-parallel ranks (0: plain DDP).
     pub zero: u8,
     pub ddp: DdpConfig,
     pub timeline: Option<Arc<Timeline>>,
+    /// The tensor-parallel group and how the model's entries are split over it (the model
+    /// was built by [`crate::gpt_parallel::TensorParallelLayers`]).
+    pub tensor: Option<(TensorParallelGroup, Vec<(EntryId, Split)>)>,
 }
 
-/// Data parallelism (DDP or ZeRO-1/2) over `comm`'s ranks, one process without it.
+/// Data parallelism (DDP or ZeRO-1/2) over the replicas `dp` (one replica without it), inside
+/// the tensor-parallel group if there is one.
 pub fn gpt(
     trainer: Trainer,
-    comm: Option<&Arc<dyn Communicator>>,
+    dp: Option<&Arc<dyn Communicator>>,
     plan: &GptParallelism,
 ) -> Result<Trainer> {
-    data_parallel(trainer, comm, plan.zero, &plan.ddp, plan.timeline.as_ref())
+    let mut strategy = data_parallel(&trainer, dp, plan.zero, &plan.ddp, plan.timeline.as_ref())?;
+    if let Some((group, splits)) = &plan.tensor {
+        let replicated = trainer
+            .grads()
+            .layout()
+            .slots()
+            .iter()
+            .filter(|slot| !splits.iter().any(|(entry, _)| *entry == slot.entry))
+            .map(|slot| slot.range())
+            .collect();
+        strategy = Box::new(TensorParallel::new(strategy, group.clone(), replicated));
+    }
+    Ok(trainer.with_strategy(strategy)?)
 }
 
-/// The data-parallel strategy of ZeRO stage `zero` over `comm`, or one process.
+/// The data-parallel strategy of ZeRO stage `zero` over `comm`, or one process's.
 fn data_parallel(
-    trainer: Trainer,
+    trainer: &Trainer,
     comm: Option<&Arc<dyn Communicator>>,
     zero: u8,
     config: &DdpConfig,
     timeline: Option<&Arc<Timeline>>,
-) -> Result<Trainer> {
+) -> Result<Box<dyn Strategy>> {
     let Some(comm) = comm else {
         let single = SingleProcess::new(trainer.model(), config.find_unused_parameters);
-        return Ok(trainer.with_strategy(Box::new(single))?);
+        return Ok(Box::new(single));
     };
     let (model, grads, config) = (trainer.model(), trainer.grads(), config.clone());
     let strategy: Box<dyn Strategy> = match zero {
@@ -88,5 +108,5 @@ fn data_parallel(
         2 => Box::new(zero_stage2(model, grads, comm.clone(), config)?),
         other => bail!("--zero {other}: stages 0, 1 and 2 exist"),
     };
-    Ok(trainer.with_strategy(strategy)?)
+    Ok(strategy)
 }

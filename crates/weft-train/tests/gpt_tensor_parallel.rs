@@ -122,19 +122,22 @@ struct Cli {
     args: GptArgs,
 }
 
-fn losses(dir: &std::path::Path) -> Vec<f64> {
+/// `(loss, grad_norm)` of each step line of a run's metrics.
+fn steps(dir: &std::path::Path) -> Vec<(f64, Option<f64>)> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|l| l.get("step").and(l["loss"].as_f64()))
+        .filter(|l| l.get("step").is_some())
+        .map(|l| (l["loss"].as_f64().unwrap(), l["grad_norm"].as_f64()))
         .collect()
 }
 
 /// `train-gpt --tp 2` (two thread ranks, one tensor-parallel group) logs the losses of
 /// `--tp 1` over five AdamW steps within 1e-4 (f32: the split sums round differently, about
-/// 1e-7 relative per step, and AdamW's normalised update passes that on), and its checkpoint
-/// gathers into the whole model's layout.
+/// 1e-7 relative per step, and AdamW's normalised update passes that on), also with gradient
+/// clipping active (the global norm counts the whole parameters once: equal within 1e-4
+/// relative); its checkpoint gathers into the whole model's layout.
 #[test]
 fn train_gpt_tp2_logs_the_losses_of_tp1() {
     let out = tempfile::tempdir().unwrap();
@@ -160,28 +163,55 @@ fn train_gpt_tp2_logs_the_losses_of_tp1() {
         ];
         Cli::parse_from(base.iter().chain(extra)).args
     };
-    weft_train::gpt::run(&flags("one", &[])).unwrap();
-    let split = flags("two", &["--tp", "2", "--nproc", "2"]);
-    on_thread_ranks(2, |rank, comm| {
-        let ctx = RankContext {
-            rank,
-            world_size: 2,
-            comm: Some(comm as Arc<_>),
-        };
-        weft_train::gpt::run_in(&split, &ctx, &Device::Cpu).unwrap();
-    });
-    let (a, b) = (
-        losses(&out.path().join("one")),
-        losses(&out.path().join("two")),
-    );
-    assert_eq!(a.len(), 5);
-    assert_eq!(a.len(), b.len());
-    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
-        assert!((x - y).abs() < 1e-4, "step {step}: {x} vs {y}");
+    for (case, extra) in [
+        ("plain", &[][..]),
+        ("clipped", &["--clip-grad-norm", "0.3"][..]),
+    ] {
+        let one = format!("{case}-tp1");
+        let two = format!("{case}-tp2");
+        weft_train::gpt::run(&flags(&one, extra)).unwrap();
+        let split_flags: Vec<&str> = extra
+            .iter()
+            .copied()
+            .chain(["--tp", "2", "--nproc", "2"])
+            .collect();
+        let split = flags(&two, &split_flags);
+        on_thread_ranks(2, |rank, comm| {
+            let ctx = RankContext {
+                rank,
+                world_size: 2,
+                comm: Some(comm as Arc<_>),
+            };
+            weft_train::gpt::run_in(&split, &ctx, &Device::Cpu).unwrap();
+        });
+        let (a, b) = (steps(&out.path().join(&one)), steps(&out.path().join(&two)));
+        assert_eq!(a.len(), 5);
+        assert_eq!(a.len(), b.len());
+        for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (x.0 - y.0).abs() < 1e-4,
+                "{case} step {step}: {} vs {}",
+                x.0,
+                y.0
+            );
+            match (x.1, y.1) {
+                (None, None) => assert_eq!(case, "plain"),
+                (Some(p), Some(q)) => {
+                    assert!(p > 0.3, "{case} step {step}: the clipping must act ({p})");
+                    assert!(
+                        (p - q).abs() < 1e-4 * p,
+                        "{case} step {step}: norm {p} vs {q}"
+                    );
+                }
+                other => panic!("{case} step {step}: grad_norm {other:?}"),
+            }
+        }
     }
-    let saved =
-        candle_core::safetensors::load(out.path().join("two/model.safetensors"), &Device::Cpu)
-            .unwrap();
+    let saved = candle_core::safetensors::load(
+        out.path().join("plain-tp2/model.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
     assert_eq!(
         saved["transformer.h.0.attn.c_attn.weight"].dims(),
         [64, 192]

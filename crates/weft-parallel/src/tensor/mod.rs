@@ -6,6 +6,8 @@
 //! - [`ColumnParallelLinear`] / [`RowParallelLinear`]: split by output / input features.
 //! - [`VocabParallelEmbedding`] and [`vocab_parallel_cross_entropy`]: the token table split by
 //!   rows, and the loss over logits split the same way.
+//! - [`TensorParallel`]: the strategy of a rank of the group, agreeing with the others on the
+//!   gradient norm and on skipped steps.
 //!
 //! The layers are built from full-size initial values and keep only their rank's slice; a
 //! model applies them in its trainer's `parallelize` step (weft-train), staying free of
@@ -15,6 +17,7 @@ mod cross_entropy;
 mod embedding;
 mod layers;
 pub mod mappings;
+mod strategy;
 
 pub use cross_entropy::{vocab_parallel_cross_entropy, VocabParallelNextToken};
 pub use embedding::VocabParallelEmbedding;
@@ -22,6 +25,7 @@ pub use layers::{column_slice, row_slice, ColumnParallelLinear, RowParallelLinea
 pub use mappings::{
     copy_to_region, gather_from_region, reduce_from_region, scatter_to_region, TensorParallelGroup,
 };
+pub use strategy::TensorParallel;
 
 #[cfg(test)]
 mod tests;

@@ -215,3 +215,34 @@ fn vocabulary_parallel_embedding_and_loss_equal_the_whole_table() {
         );
     });
 }
+
+/// The group agrees on the step: the squared norm sums the ranks' slices and counts the whole
+/// parameters (elements 0..2 here, equal on both ranks) once; a NaN on one rank is seen by all.
+#[test]
+fn the_strategy_counts_whole_parameters_once_and_shares_found_inf() {
+    use crate::strategy::Strategy;
+    let model = weft_testing::models::tiny_resnet(0, 2, DType::F64);
+    on_thread_ranks(2, |rank, comm| {
+        let inner = Box::new(crate::SingleProcess::new(&model, false));
+        let mut strategy = TensorParallel::new(inner, group(comm), std::iter::once(0..2).collect());
+        // Whole elements (3, 4) on both ranks; slices (1) on rank 0 and (2, 2) on rank 1.
+        let grads: &[f64] = match rank {
+            0 => &[3., 4., 1., 0., 0.],
+            _ => &[3., 4., 0., 2., 2.],
+        };
+        let squares = Tensor::new(grads, &Device::Cpu).unwrap().sqr().unwrap();
+        let local = strategy.local_grad_norm_squared(&squares, 0..5).unwrap();
+        let total = strategy.reduce_grad_norm_squared(local).unwrap();
+        assert_eq!(total.to_scalar::<f64>().unwrap(), 25.0 + 1.0 + 8.0);
+        // Restricted to a shard (elements 1..5, as ZeRO would give): whole element 1 only.
+        let shard = squares.narrow(0, 1, 4).unwrap();
+        let local = strategy.local_grad_norm_squared(&shard, 1..5).unwrap();
+        assert_eq!(
+            local.to_scalar::<f64>().unwrap(),
+            8.0 + grads[2] * grads[2] + 2.0 * grads[3] * grads[3]
+        );
+        let flag = Tensor::new(&[if rank == 1 { 1f32 } else { 0. }], &Device::Cpu).unwrap();
+        let found = strategy.reduce_found_inf(flag).unwrap();
+        assert_eq!(found.to_vec1::<f32>().unwrap(), [1.0]);
+    });
+}
