@@ -5,7 +5,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 4] = ["batch_norm", "relu", "max_pool", "multi_tensor"];
+const KERNELS: [&str; 5] = [
+    "attention",
+    "batch_norm",
+    "relu",
+    "max_pool",
+    "multi_tensor",
+];
 
 fn main() {
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");

@@ -216,6 +216,27 @@ pub fn run() -> Result<()> {
         error: compare_blend(&gpu)?,
         tolerance: 1e-6,
     });
+    // The fused causal attention (the CPU computes in f64 inside): one tile, several tiles with
+    // a ragged last one, GPT-2's head width over 300 tokens; and GPT-2's tanh GELU.
+    for (name, shape) in [
+        ("fused attention d4 T5", [2, 3, 5, 4]),
+        ("fused attention d16 T70", [2, 3, 70, 16]),
+        ("fused attention d64 T300", [1, 4, 300, 64]),
+    ] {
+        let error = compare_op(&gpu, &[&shape, &shape, &shape], |t| {
+            ops::causal_attention(&t[0], &t[1], &t[2])
+        })?;
+        checks.push(Check {
+            name: name.into(),
+            error,
+            tolerance: 1e-4,
+        });
+    }
+    checks.push(Check {
+        name: "gelu_tanh".into(),
+        error: compare_op(&gpu, &[&[64, 300]], |t| ops::gelu_tanh(&t[0]))?,
+        tolerance: 1e-5,
+    });
     // Candle's ops, which CUDA tensors of other dtypes take.
     ops::set_cuda_kernels(false);
     let fallback_checks: [OpCheck; 3] = [

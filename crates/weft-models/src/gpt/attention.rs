@@ -2,14 +2,14 @@
 //!
 //! The number of heads is read from the projection's width (`3 × heads × head_dim`), so the
 //! same function serves the whole model and a tensor-parallel rank holding some of the heads.
-//! This is the reference path: it materialises each head's `T × T` scores.
+//! The heads run weft-tensor's fused attention (the `T × T` scores never materialised); with
+//! dropout of the attention weights they take the reference path over the full scores.
 
-use candle_core::{DType, Device, Tensor, D};
-use weft_tensor::{Result, TensorError};
+use candle_core::Tensor;
+use weft_tensor::{ops, Result, TensorError};
 
 /// `softmax(q kᵀ / sqrt(head_dim) + causal mask) v` for `qkv` `[B, T, 3W]`, returning
-/// `[B, T, W]`; `dropout` (training only) drops attention weights. 16-bit scores are
-/// normalised in f32.
+/// `[B, T, W]`; `dropout` (training only) drops attention weights.
 pub fn causal_self_attention(qkv: &Tensor, head_dim: usize, dropout: f64) -> Result<Tensor> {
     let (b, t, fused) = qkv.dims3()?;
     if fused % (3 * head_dim) != 0 {
@@ -28,40 +28,17 @@ pub fn causal_self_attention(qkv: &Tensor, head_dim: usize, dropout: f64) -> Res
             .contiguous()?)
     };
     let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-    let scale = 1.0 / (head_dim as f64).sqrt();
-    let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
-    let narrow = matches!(scores.dtype(), DType::BF16 | DType::F16);
-    let scores = if narrow {
-        scores.to_dtype(DType::F32)?
-    } else {
-        scores
+    let y = match dropout > 0.0 {
+        true => ops::causal_attention_reference(&q, &k, &v, dropout)?,
+        false => ops::causal_attention(&q, &k, &v)?,
     };
-    let masked = scores.broadcast_add(&causal_mask(t, scores.dtype(), qkv.device())?)?;
-    let mut weights = candle_nn::ops::softmax(&masked, D::Minus1)?;
-    if narrow {
-        weights = weights.to_dtype(qkv.dtype())?;
-    }
-    if dropout > 0.0 {
-        weights = candle_nn::ops::dropout(&weights, dropout as f32)?;
-    }
-    let y = weights.matmul(&v)?;
     Ok(y.transpose(1, 2)?.reshape((b, t, width))?)
-}
-
-/// `[T, T]`: 0 where a position may attend (itself and earlier ones), −∞ above the diagonal.
-fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-    let values: Vec<f32> = (0..t * t)
-        .map(|i| match i % t > i / t {
-            true => f32::NEG_INFINITY,
-            false => 0.0,
-        })
-        .collect();
-    Ok(Tensor::from_vec(values, (t, t), device)?.to_dtype(dtype)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     /// With queries and keys zero every allowed position weighs the same: position t's output
     /// is the mean of the values at 0..=t (the causal mask by hand).

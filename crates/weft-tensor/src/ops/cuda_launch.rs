@@ -26,6 +26,10 @@ impl Module {
     }
 }
 
+pub(crate) const ATTENTION: Module = Module {
+    name: "weft_attention",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/attention.ptx")),
+};
 pub(crate) const BATCH_NORM: Module = Module {
     name: "weft_batch_norm",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm.ptx")),

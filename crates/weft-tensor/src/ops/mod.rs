@@ -9,6 +9,8 @@
 //!   2-D batch normalisation with a fused analytic backward; also returns the batch statistics
 //!   for the running averages.
 //! - [`relu`] and [`add_relu`] (the end of a residual block): ReLU with a one-pass backward.
+//! - [`causal_attention`]: fused causal scaled dot-product attention (FlashAttention's
+//!   recomputing backward), never materialising the scores.
 //! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative; [`project`]: `x W` over the last
 //!   dimension for `[in, out]` weights.
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
@@ -26,6 +28,10 @@
 //! backward-data and backward-filter convolutions. Other tensors are computed with Candle's
 //! own (differentiable) ops.
 
+mod attention;
+mod attention_cpu;
+#[cfg(feature = "cuda")]
+mod attention_cuda;
 mod batch_norm;
 mod batch_norm_cpu;
 #[cfg(feature = "cuda")]
@@ -61,6 +67,7 @@ mod running_average;
 mod scratch;
 mod storage;
 
+pub use attention::{causal_attention, causal_attention_reference, has_cuda_attention};
 pub use batch_norm::{
     batch_norm_relu_train, batch_norm_train, batch_norm_train_backward, batch_norm_train_forward,
     BatchNormGrads, BatchNormOutput,
