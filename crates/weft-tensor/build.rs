@@ -5,9 +5,11 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 5] = [
+const KERNELS: [&str; 7] = [
     "attention",
     "batch_norm",
+    "cross_entropy",
+    "gelu",
     "relu",
     "max_pool",
     "multi_tensor",
@@ -15,6 +17,8 @@ const KERNELS: [&str; 5] = [
 
 fn main() {
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    // The kernel list lives here: a new entry must rebuild.
+    println!("cargo::rerun-if-changed=build.rs");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }

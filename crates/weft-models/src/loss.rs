@@ -3,7 +3,7 @@
 //! [`NextToken`], a language model's next-token cross-entropy.
 
 use candle_core::{DType, Tensor, D};
-use weft_tensor::{LossOutput, Objective};
+use weft_tensor::{ops, LossOutput, Objective};
 
 /// Mean cross-entropy of `logits` (`N x classes`) against integer `labels` (`N`, u32),
 /// computed in f32 for 16-bit logits (softmax and loss in full precision).
@@ -48,7 +48,8 @@ impl Objective for Classification {
 
 /// Language modelling: the mean cross-entropy of `[B, T, rows]` logits against `[B, T]` u32
 /// next tokens, over the first `vocab_size` columns only (the rows a padded embedding table
-/// adds are masked out before the softmax), in f32 for 16-bit logits.
+/// adds are masked out before the softmax), in f32 for 16-bit logits; fused
+/// ([`weft_tensor::ops::cross_entropy_rows`]).
 #[derive(Debug, Clone, Copy)]
 pub struct NextToken {
     pub vocab_size: usize,
@@ -66,9 +67,9 @@ impl Objective for NextToken {
                 ),
             });
         }
-        let real = logits.narrow(D::Minus1, 0, self.vocab_size)?;
-        let flat = real.reshape(((), self.vocab_size))?;
-        let loss = cross_entropy(&flat, &targets.flatten_all()?)?;
+        let flat = logits.reshape(((), rows))?;
+        let losses = ops::cross_entropy_rows(&flat, &targets.flatten_all()?, self.vocab_size)?;
+        let loss = losses.mean_all()?;
         Ok(LossOutput {
             loss,
             metrics: Vec::new(),

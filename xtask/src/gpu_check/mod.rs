@@ -233,6 +233,15 @@ pub fn run() -> Result<()> {
         });
     }
     checks.push(Check {
+        name: "cross_entropy_rows 64 x 1000 (990 classes)".into(),
+        error: compare_op(&gpu, &[&[64, 1000]], |t| {
+            let targets: Vec<u32> = (0..64).map(|i| i * 13 % 990).collect();
+            let targets = Tensor::from_vec(targets, 64, t[0].device())?;
+            ops::cross_entropy_rows(&t[0], &targets, 990)
+        })?,
+        tolerance: 1e-5,
+    });
+    checks.push(Check {
         name: "gelu_tanh".into(),
         error: compare_op(&gpu, &[&[64, 300]], |t| ops::gelu_tanh(&t[0]))?,
         tolerance: 1e-5,

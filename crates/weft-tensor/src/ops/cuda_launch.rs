@@ -30,6 +30,14 @@ pub(crate) const ATTENTION: Module = Module {
     name: "weft_attention",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/attention.ptx")),
 };
+pub(crate) const CROSS_ENTROPY: Module = Module {
+    name: "weft_cross_entropy",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx")),
+};
+pub(crate) const GELU: Module = Module {
+    name: "weft_gelu",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/gelu.ptx")),
+};
 pub(crate) const BATCH_NORM: Module = Module {
     name: "weft_batch_norm",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm.ptx")),

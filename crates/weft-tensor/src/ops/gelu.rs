@@ -3,13 +3,16 @@
 //!
 //! Candle's own `gelu` computes the same forward, but its backward rounds the constants to six
 //! digits (a relative gradient error near 1e-7, visible in f64 checks); this op keeps Candle's
-//! forward kernel and differentiates exactly.
+//! forward kernel and differentiates exactly, in one pass (`kernels/gelu.cu` on a GPU) where
+//! weft's kernels apply.
 
 use candle_core::backend::BackendStorage;
 use candle_core::op::Gelu;
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+
+use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKernel, Float};
 
 const SQRT_TWO_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const CUBIC: f64 = 0.044_715;
@@ -56,7 +59,73 @@ impl CustomOp1 for GeluTanh {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some((dy * gelu_tanh_derivative(x)?)?))
+        let dx = match uses_cpu_kernels(&[x, dy]) || uses_cuda_kernels(&[x, dy]) {
+            true => x
+                .contiguous()?
+                .apply_op2_no_bwd(&dy.contiguous()?, &GeluTanhBackward)?,
+            false => (dy * gelu_tanh_derivative(x)?)?,
+        };
+        Ok(Some(dx))
+    }
+}
+
+/// `(x, dy) -> dy · gelu'(x)` in one pass (kernels/gelu.cu on a GPU).
+struct GeluTanhBackward;
+
+impl CpuKernel for GeluTanhBackward {
+    fn run<T: Float>(&self, args: &[&[T]]) -> candle_core::Result<Vec<T>> {
+        Ok(args[0]
+            .iter()
+            .zip(args[1])
+            .map(|(x, dy)| {
+                let x = x.to_f64();
+                let t = (SQRT_TWO_OVER_PI * x * (1.0 + CUBIC * x * x)).tanh();
+                let slope = SQRT_TWO_OVER_PI * (1.0 + 3.0 * CUBIC * x * x);
+                T::from_f64(dy.to_f64() * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope))
+            })
+            .collect())
+    }
+}
+
+impl CustomOp2 for GeluTanhBackward {
+    fn name(&self) -> &'static str {
+        "gelu_tanh_backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let args = [
+            Arg {
+                storage: s1,
+                layout: l1,
+                name: "x",
+            },
+            Arg {
+                storage: s2,
+                layout: l2,
+                name: "dy",
+            },
+        ];
+        Ok((run_kernel(self, self.name(), &args)?, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        Ok((
+            super::gelu_cuda::backward((s1, l1), (s2, l2))?,
+            l1.shape().clone(),
+        ))
     }
 }
 

@@ -11,6 +11,8 @@
 //! - [`relu`] and [`add_relu`] (the end of a residual block): ReLU with a one-pass backward.
 //! - [`causal_attention`]: fused causal scaled dot-product attention (FlashAttention's
 //!   recomputing backward), never materialising the scores.
+//! - [`cross_entropy_rows`]: per-row cross-entropy over the first `classes` columns, fused
+//!   (a language model's padded vocabulary), with a one-pass backward.
 //! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative; [`project`]: `x W` over the last
 //!   dimension for `[in, out]` weights.
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
@@ -43,6 +45,9 @@ mod conv_cpu;
 mod conv_crop;
 #[cfg(feature = "cudnn")]
 mod conv_cudnn;
+mod cross_entropy;
+#[cfg(feature = "cuda")]
+mod cross_entropy_cuda;
 #[cfg(feature = "cuda")]
 pub mod cuda_launch;
 #[cfg(feature = "cudnn")]
@@ -50,6 +55,8 @@ mod cudnn_plan;
 #[cfg(feature = "cudnn")]
 mod cudnn_search;
 mod gelu;
+#[cfg(feature = "cuda")]
+mod gelu_cuda;
 mod im2col;
 mod matmul;
 mod max_pool;
@@ -76,6 +83,7 @@ pub use conv2d::{conv2d, conv2d_backward, conv2d_forward};
 pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;
+pub use cross_entropy::cross_entropy_rows;
 #[cfg(feature = "cudnn")]
 pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
