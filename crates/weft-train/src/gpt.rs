@@ -22,7 +22,7 @@ use weft_tensor::{Checkpointing, Objective, Timeline};
 
 use crate::distributed::RankContext;
 use crate::gpt_args::GptArgs;
-use crate::gpt_parallel::{gather_full_state, GptMesh, TensorParallelLayers};
+use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::progress::Progress;
@@ -129,7 +129,18 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         None => gpt::gpt(&config, policy.param, &device)?,
     };
     if let Some(path) = &args.init_from {
-        hf::load_hf_safetensors(model.store(), &config, path)?;
+        match (&split_layers, &mesh.tp) {
+            (Some(layers), Some(group)) => {
+                let splits = layers.splits();
+                let (rank, size) = (group.rank(), group.size());
+                hf::load_hf_safetensors_sliced(model.store(), &config, path, |id, full| {
+                    slice_of(&splits, id, full, rank, size).map_err(|e| {
+                        weft_models::ModelError::Config(format!("{}: {e}", path.display()))
+                    })
+                })?
+            }
+            _ => hf::load_hf_safetensors(model.store(), &config, path)?,
+        }
     }
     let steps_per_epoch = data.train.len() / args.batch_size;
     if steps_per_epoch == 0 {

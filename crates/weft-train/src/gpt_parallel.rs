@@ -14,7 +14,8 @@ use candle_core::Tensor;
 use weft_collectives::Communicator;
 use weft_models::gpt::{GptConfig, GptLayers, Projection, ProjectionRole, TokenEmbedding};
 use weft_parallel::tensor::{
-    ColumnParallelLinear, RowParallelLinear, TensorParallelGroup, VocabParallelEmbedding,
+    column_slice, row_slice, ColumnParallelLinear, RowParallelLinear, TensorParallelGroup,
+    VocabParallelEmbedding,
 };
 use weft_parallel::TensorCollectives;
 use weft_tensor::{EntryId, ParamStore, Scope, TensorError};
@@ -201,6 +202,21 @@ impl GptLayers for TensorParallelLayers {
             VocabParallelEmbedding::from_full(scope, &table, &self.group).map_err(tensor_error)?;
         self.record(embedding.table_id(), &[Split::Rows]);
         Ok(Arc::new(VocabTable(embedding)))
+    }
+}
+
+/// Entry `id`'s part of its `full` value on rank `rank` of `size`, as `splits` cut it.
+pub fn slice_of(
+    splits: &[(EntryId, Split)],
+    id: EntryId,
+    full: &Tensor,
+    rank: usize,
+    size: usize,
+) -> weft_parallel::Result<Tensor> {
+    match splits.iter().find(|(e, _)| *e == id).map(|(_, s)| *s) {
+        None => Ok(full.clone()),
+        Some(Split::Rows) => row_slice(full, rank, size),
+        Some(Split::Columns { groups }) => column_slice(full, groups, rank, size),
     }
 }
 

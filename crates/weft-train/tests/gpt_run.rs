@@ -128,6 +128,15 @@ fn bad_flags_are_one_line_errors_naming_the_flag() {
             &["--batch-size", "4", "--micro-batches", "3"][..],
             "--micro-batches 3",
         ),
+        (
+            &["--tp", "3", "--nproc", "3", "--batch-size", "3"][..],
+            "--tp 3 does not divide the 4 attention heads of gpt-tiny",
+        ),
+        (&["--tp", "2"][..], "--tp 2 must divide the 1 ranks"),
+        (
+            &["--tp", "2", "--nproc", "2", "--dropout", "0.1"][..],
+            "--dropout is not supported with --tp 2",
+        ),
     ] {
         let err = args(flags).validate().unwrap_err().to_string();
         assert!(err.contains(expected), "{flags:?}: {err}");

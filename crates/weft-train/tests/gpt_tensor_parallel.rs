@@ -122,6 +122,18 @@ struct Cli {
     args: GptArgs,
 }
 
+/// Runs `train-gpt` with `args` as a job of two thread ranks.
+fn run_on_two_thread_ranks(args: &GptArgs) {
+    on_thread_ranks(2, |rank, comm| {
+        let ctx = RankContext {
+            rank,
+            world_size: 2,
+            comm: Some(comm as Arc<_>),
+        };
+        weft_train::gpt::run_in(args, &ctx, &Device::Cpu).unwrap();
+    });
+}
+
 /// `(loss, grad_norm)` of each step line of a run's metrics.
 fn steps(dir: &std::path::Path) -> Vec<(f64, Option<f64>)> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
@@ -137,7 +149,8 @@ fn steps(dir: &std::path::Path) -> Vec<(f64, Option<f64>)> {
 /// `--tp 1` over five AdamW steps within 1e-4 (f32: the split sums round differently, about
 /// 1e-7 relative per step, and AdamW's normalised update passes that on), also with gradient
 /// clipping active (the global norm counts the whole parameters once: equal within 1e-4
-/// relative); its checkpoint gathers into the whole model's layout.
+/// relative); its checkpoint gathers into the whole model's layout and initialises a split run
+/// (`--init-from` cut into slices) to the first loss of a whole one (1e-5).
 #[test]
 fn train_gpt_tp2_logs_the_losses_of_tp1() {
     let out = tempfile::tempdir().unwrap();
@@ -175,15 +188,7 @@ fn train_gpt_tp2_logs_the_losses_of_tp1() {
             .copied()
             .chain(["--tp", "2", "--nproc", "2"])
             .collect();
-        let split = flags(&two, &split_flags);
-        on_thread_ranks(2, |rank, comm| {
-            let ctx = RankContext {
-                rank,
-                world_size: 2,
-                comm: Some(comm as Arc<_>),
-            };
-            weft_train::gpt::run_in(&split, &ctx, &Device::Cpu).unwrap();
-        });
+        run_on_two_thread_ranks(&flags(&two, &split_flags));
         let (a, b) = (steps(&out.path().join(&one)), steps(&out.path().join(&two)));
         assert_eq!(a.len(), 5);
         assert_eq!(a.len(), b.len());
@@ -207,6 +212,28 @@ fn train_gpt_tp2_logs_the_losses_of_tp1() {
             }
         }
     }
+    // The checkpoint (gathered from the split model) initialises a whole and a split run alike.
+    let init = out.path().join("plain-tp2/model.safetensors");
+    let init = init.to_str().unwrap();
+    let from = |name: &str, extra: &[&str]| {
+        let mut more = vec!["--init-from", init, "--steps", "2"];
+        more.extend_from_slice(extra);
+        flags(name, &more)
+    };
+    weft_train::gpt::run(&from("from-tp1", &[])).unwrap();
+    run_on_two_thread_ranks(&from("from-tp2", &["--tp", "2", "--nproc", "2"]));
+    let (a, b) = (
+        steps(&out.path().join("from-tp1")),
+        steps(&out.path().join("from-tp2")),
+    );
+    let fresh = steps(&out.path().join("plain-tp1"));
+    assert!((a[0].0 - b[0].0).abs() < 1e-5, "{} vs {}", a[0].0, b[0].0);
+    assert!(
+        a[0].0 < fresh[0].0 - 0.05,
+        "trained weights: {} vs fresh {}",
+        a[0].0,
+        fresh[0].0
+    );
     let saved = candle_core::safetensors::load(
         out.path().join("plain-tp2/model.safetensors"),
         &Device::Cpu,

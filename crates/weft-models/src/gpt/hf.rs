@@ -8,7 +8,7 @@ use std::path::Path;
 
 use candle_core::Tensor;
 use weft_tensor::state_dict::save_tensors;
-use weft_tensor::{ParamStore, TensorError};
+use weft_tensor::{EntryId, ParamStore, TensorError};
 
 use super::GptConfig;
 use crate::error::Result;
@@ -25,6 +25,18 @@ fn is_ignored(key: &str) -> bool {
 /// be there with its shape; the token table may have `vocab_size` rows (padded here with
 /// zeros) or the padded count. Values are converted to the store's dtype.
 pub fn load_hf_safetensors(store: &ParamStore, config: &GptConfig, path: &Path) -> Result<()> {
+    load_hf_safetensors_sliced(store, config, path, |_, full| Ok(full.clone()))
+}
+
+/// [`load_hf_safetensors`] into a store holding parts of the parameters (a tensor-parallel
+/// rank's slices): `part(id, full)` gives entry `id`'s part of the full value, which must then
+/// have the entry's shape.
+pub fn load_hf_safetensors_sliced(
+    store: &ParamStore,
+    config: &GptConfig,
+    path: &Path,
+    part: impl Fn(EntryId, &Tensor) -> Result<Tensor>,
+) -> Result<()> {
     let loaded = candle_core::safetensors::load(path, store.device()).map_err(|source| {
         TensorError::Safetensors {
             file: path.into(),
@@ -43,7 +55,7 @@ pub fn load_hf_safetensors(store: &ParamStore, config: &GptConfig, path: &Path) 
         }
         .into());
     }
-    for entry in store.entries() {
+    for (id, entry) in store.entries().iter().enumerate() {
         let short = entry.name.trim_start_matches("transformer.");
         let value = loaded
             .get(&entry.name)
@@ -52,10 +64,11 @@ pub fn load_hf_safetensors(store: &ParamStore, config: &GptConfig, path: &Path) 
                 file: path.into(),
                 key: entry.name.clone(),
             })?;
-        let value = match entry.name == TABLE && value.dim(0)? == config.vocab_size {
+        let full = match entry.name == TABLE && value.dim(0)? == config.vocab_size {
             true => pad_rows(value, config.padded_vocab())?,
             false => value.clone(),
         };
+        let value = part(id, &full)?;
         if value.dims() != entry.var.dims() {
             return Err(TensorError::ShapeMismatch {
                 file: path.into(),
