@@ -5,11 +5,12 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 7] = [
+const KERNELS: [&str; 8] = [
     "attention",
     "batch_norm",
     "cross_entropy",
     "gelu",
+    "layer_norm",
     "relu",
     "max_pool",
     "multi_tensor",
@@ -19,6 +20,7 @@ fn main() {
     println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     // The kernel list lives here: a new entry must rebuild.
     println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-changed=kernels/block_reduce.cuh");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }

@@ -242,6 +242,13 @@ pub fn run() -> Result<()> {
         tolerance: 1e-5,
     });
     checks.push(Check {
+        name: "layer_norm 64 x 768".into(),
+        error: compare_op(&gpu, &[&[64, 768], &[768], &[768]], |t| {
+            ops::layer_norm(&t[0], &t[1], &t[2], 1e-5)
+        })?,
+        tolerance: 1e-5,
+    });
+    checks.push(Check {
         name: "gelu_tanh".into(),
         error: compare_op(&gpu, &[&[64, 300]], |t| ops::gelu_tanh(&t[0]))?,
         tolerance: 1e-5,

@@ -1,8 +1,8 @@
 //! `LayerNorm` over the last dimension (PyTorch semantics: biased variance, `eps` inside the
-//! square root), its statistics computed in f32 for 16-bit inputs.
+//! square root), fused (weft-tensor's `layer_norm`), computed in f32 for 16-bit inputs.
 
-use candle_core::{DType, Tensor, D};
-use weft_tensor::{Result, Scope};
+use candle_core::{DType, Tensor};
+use weft_tensor::{ops, Result, Scope};
 
 /// Layer normalisation with a learned scale (`weight`, initially 1) and shift (`bias`, 0).
 pub struct LayerNorm {
@@ -26,23 +26,15 @@ impl LayerNorm {
     }
 }
 
-/// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dimension of `x`.
+/// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dimension of `x`, through
+/// weft-tensor's fused kernel (16-bit values computed in f32).
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
-    let wide = matches!(x.dtype(), DType::BF16 | DType::F16);
-    let h = if wide {
-        x.to_dtype(DType::F32)?
-    } else {
-        x.clone()
-    };
-    let centred = h.broadcast_sub(&h.mean_keepdim(D::Minus1)?)?;
-    let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
-    let normed = centred.broadcast_div(&(var + eps)?.sqrt()?)?;
-    let normed = if wide {
-        normed.to_dtype(x.dtype())?
-    } else {
-        normed
-    };
-    Ok(normed.broadcast_mul(weight)?.broadcast_add(bias)?)
+    if matches!(x.dtype(), DType::BF16 | DType::F16) {
+        let wide = |t: &Tensor| t.to_dtype(DType::F32);
+        let y = ops::layer_norm(&wide(x)?, &wide(weight)?, &wide(bias)?, eps)?;
+        return Ok(y.to_dtype(x.dtype())?);
+    }
+    Ok(ops::layer_norm(x, weight, bias, eps)?)
 }
 
 #[cfg(test)]

@@ -38,6 +38,10 @@ pub(crate) const GELU: Module = Module {
     name: "weft_gelu",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/gelu.ptx")),
 };
+pub(crate) const LAYER_NORM: Module = Module {
+    name: "weft_layer_norm",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),
+};
 pub(crate) const BATCH_NORM: Module = Module {
     name: "weft_batch_norm",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm.ptx")),

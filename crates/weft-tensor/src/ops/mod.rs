@@ -13,6 +13,7 @@
 //!   recomputing backward), never materialising the scores.
 //! - [`cross_entropy_rows`]: per-row cross-entropy over the first `classes` columns, fused
 //!   (a language model's padded vocabulary), with a one-pass backward.
+//! - [`layer_norm`]: LayerNorm over the last dimension, fused forward and input gradient.
 //! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative; [`project`]: `x W` over the last
 //!   dimension for `[in, out]` weights.
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
@@ -58,6 +59,9 @@ mod gelu;
 #[cfg(feature = "cuda")]
 mod gelu_cuda;
 mod im2col;
+mod layer_norm;
+#[cfg(feature = "cuda")]
+mod layer_norm_cuda;
 mod matmul;
 mod max_pool;
 mod max_pool_cpu;
@@ -89,6 +93,7 @@ pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
 };
 pub use gelu::{gelu_tanh, gelu_tanh_derivative};
+pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
 pub use multi_tensor::copy_tensors;
 pub use project::project;
