@@ -2,8 +2,8 @@
 // (crates/weft-tensor/src/ops/attention_cuda.rs launches these). One (batch, head) plane per
 // grid row, 32 rows of it per block (one warp), one row per thread; tiles of 32 rows of the
 // other operand are staged in shared memory, where every thread reads the same element (a
-// broadcast). Instantiated for head widths 4 to 64 in f32 and 4 to 32 in f64 (a block's
-// shared memory stays under the 48 KiB of a static allocation).
+// broadcast), read four values at a time. Instantiated for head widths 4 to 64 in f32 and 4
+// to 32 in f64 (a block's shared memory stays under the 48 KiB of a static allocation).
 //   attention_forward      (q, k, v)              -> [O | L] per query row (L: log-sum-exp)
 //   attention_backward_kv  ([q|dO], [k|v], [L|δ]) -> [dK | dV] per key row
 //   attention_backward_q   ([q|dO], [k|v], [L|δ]) -> dQ per query row
@@ -20,6 +20,43 @@ template <typename T> __device__ __forceinline__ T log_of(T x);
 template <> __device__ __forceinline__ float log_of<float>(float x) { return logf(x); }
 template <> __device__ __forceinline__ double log_of<double>(double x) { return log(x); }
 
+// Four consecutive values of a row in shared memory (16-byte aligned): one 128-bit load for
+// f32, four loads for f64.
+template <typename T> struct Quad { T x, y, z, w; };
+template <typename T> __device__ __forceinline__ Quad<T> load4(const T* p);
+template <> __device__ __forceinline__ Quad<float> load4<float>(const float* p) {
+    float4 v = *reinterpret_cast<const float4*>(p);
+    return {v.x, v.y, v.z, v.w};
+}
+template <> __device__ __forceinline__ Quad<double> load4<double>(const double* p) {
+    return {p[0], p[1], p[2], p[3]};
+}
+
+// `a · row` for `a` in registers and `row` in shared memory.
+template <typename T, int D>
+__device__ __forceinline__ T dot_shared(const T* a, const T* row) {
+    T s = 0;
+#pragma unroll
+    for (int c = 0; c < D; c += 4) {
+        Quad<T> r = load4<T>(row + c);
+        s += a[c] * r.x + a[c + 1] * r.y + a[c + 2] * r.z + a[c + 3] * r.w;
+    }
+    return s;
+}
+
+// `acc += p · row` for `row` in shared memory.
+template <typename T, int D>
+__device__ __forceinline__ void axpy_shared(T* acc, T p, const T* row) {
+#pragma unroll
+    for (int c = 0; c < D; c += 4) {
+        Quad<T> r = load4<T>(row + c);
+        acc[c] += p * r.x;
+        acc[c + 1] += p * r.y;
+        acc[c + 2] += p * r.z;
+        acc[c + 3] += p * r.w;
+    }
+}
+
 // Copies `rows` rows of `width` values from `src` (row stride `stride`) into `dst`
 // (row stride `dst_stride`), all threads of the block together; missing rows become zeros.
 template <typename T>
@@ -34,8 +71,8 @@ __device__ void stage(T* dst, int dst_stride, const T* src, int stride, int firs
 
 template <typename T, int D>
 __device__ void forward(const T* q, const T* k, const T* v, T* out, int seq, T scale) {
-    __shared__ T ks[TILE][D];
-    __shared__ T vs[TILE][D];
+    __shared__ __align__(16) T ks[TILE][D];
+    __shared__ __align__(16) T vs[TILE][D];
     long long plane = (long long)blockIdx.y * seq;
     int first = blockIdx.x * TILE, i = first + threadIdx.x;
     T qi[D], acc[D];
@@ -50,9 +87,7 @@ __device__ void forward(const T* q, const T* k, const T* v, T* out, int seq, T s
         stage<T>(&vs[0][0], D, v + plane * D, D, j0, TILE, seq, D);
         __syncthreads();
         for (int jj = 0; jj < TILE && j0 + jj <= i && i < seq; jj++) {
-            T s = 0;
-            for (int c = 0; c < D; c++) s += qi[c] * ks[jj][c];
-            s *= scale;
+            T s = dot_shared<T, D>(qi, ks[jj]) * scale;
             if (s > m) {
                 T shrink = exp_of<T>(m - s);
                 l *= shrink;
@@ -61,7 +96,7 @@ __device__ void forward(const T* q, const T* k, const T* v, T* out, int seq, T s
             }
             T p = exp_of<T>(s - m);
             l += p;
-            for (int c = 0; c < D; c++) acc[c] += p * vs[jj][c];
+            axpy_shared<T, D>(acc, p, vs[jj]);
         }
         __syncthreads();
     }
@@ -75,12 +110,14 @@ __device__ void forward(const T* q, const T* k, const T* v, T* out, int seq, T s
 template <typename T, int D>
 __device__ void backward_kv(const T* qdo, const T* kv, const T* stats, T* dkv, int seq,
                             T scale) {
-    __shared__ T own[TILE][2 * D + 1];  // this block's k | v rows, padded: no bank conflicts
-    __shared__ T qs[TILE][2 * D];       // a tile of q | dO rows
-    __shared__ T st[TILE][2];           // and their L | δ
+    // This block's k | v rows, padded by 4 so that the 128-bit loads of a quarter warp fall in
+    // distinct banks; a tile of q | dO rows and their L | δ.
+    __shared__ __align__(16) T own[TILE][2 * D + 4];
+    __shared__ __align__(16) T qs[TILE][2 * D];
+    __shared__ T st[TILE][2];
     long long plane = (long long)blockIdx.y * seq;
     int first = blockIdx.x * TILE, j = first + threadIdx.x;
-    stage<T>(&own[0][0], 2 * D + 1, kv + plane * 2 * D, 2 * D, first, TILE, seq, 2 * D);
+    stage<T>(&own[0][0], 2 * D + 4, kv + plane * 2 * D, 2 * D, first, TILE, seq, 2 * D);
     T dk[D], dv[D];
     for (int c = 0; c < D; c++) dk[c] = dv[c] = 0;
     for (int i0 = first; i0 < seq; i0 += TILE) {
@@ -90,16 +127,17 @@ __device__ void backward_kv(const T* qdo, const T* kv, const T* stats, T* dkv, i
         for (int ii = 0; ii < TILE && i0 + ii < seq && j < seq; ii++) {
             if (i0 + ii < j) continue;
             T s = 0, dp = 0;
-            for (int c = 0; c < D; c++) {
-                s += qs[ii][c] * own[threadIdx.x][c];
-                dp += qs[ii][D + c] * own[threadIdx.x][D + c];
+#pragma unroll
+            for (int c = 0; c < D; c += 4) {
+                Quad<T> q = load4<T>(&qs[ii][c]), k = load4<T>(&own[threadIdx.x][c]);
+                Quad<T> d = load4<T>(&qs[ii][D + c]), v = load4<T>(&own[threadIdx.x][D + c]);
+                s += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+                dp += d.x * v.x + d.y * v.y + d.z * v.z + d.w * v.w;
             }
             T p = exp_of<T>(s * scale - st[ii][0]);
             T ds = p * (dp - st[ii][1]) * scale;
-            for (int c = 0; c < D; c++) {
-                dv[c] += p * qs[ii][D + c];
-                dk[c] += ds * qs[ii][c];
-            }
+            axpy_shared<T, D>(dv, p, &qs[ii][D]);
+            axpy_shared<T, D>(dk, ds, qs[ii]);
         }
         __syncthreads();
     }
@@ -114,11 +152,12 @@ __device__ void backward_kv(const T* qdo, const T* kv, const T* stats, T* dkv, i
 
 template <typename T, int D>
 __device__ void backward_q(const T* qdo, const T* kv, const T* stats, T* dq, int seq, T scale) {
-    __shared__ T own[TILE][2 * D + 1];  // this block's q | dO rows, padded
-    __shared__ T kvs[TILE][2 * D];      // a tile of k | v rows
+    // This block's q | dO rows (padded as in backward_kv) and a tile of k | v rows.
+    __shared__ __align__(16) T own[TILE][2 * D + 4];
+    __shared__ __align__(16) T kvs[TILE][2 * D];
     long long plane = (long long)blockIdx.y * seq;
     int first = blockIdx.x * TILE, i = first + threadIdx.x;
-    stage<T>(&own[0][0], 2 * D + 1, qdo + plane * 2 * D, 2 * D, first, TILE, seq, 2 * D);
+    stage<T>(&own[0][0], 2 * D + 4, qdo + plane * 2 * D, 2 * D, first, TILE, seq, 2 * D);
     T lse = i < seq ? stats[(plane + i) * 2] : (T)0;
     T delta = i < seq ? stats[(plane + i) * 2 + 1] : (T)0;
     T acc[D];
@@ -129,12 +168,15 @@ __device__ void backward_q(const T* qdo, const T* kv, const T* stats, T* dq, int
         __syncthreads();
         for (int jj = 0; jj < TILE && j0 + jj <= i && i < seq; jj++) {
             T s = 0, dp = 0;
-            for (int c = 0; c < D; c++) {
-                s += own[threadIdx.x][c] * kvs[jj][c];
-                dp += own[threadIdx.x][D + c] * kvs[jj][D + c];
+#pragma unroll
+            for (int c = 0; c < D; c += 4) {
+                Quad<T> q = load4<T>(&own[threadIdx.x][c]), k = load4<T>(&kvs[jj][c]);
+                Quad<T> d = load4<T>(&own[threadIdx.x][D + c]), v = load4<T>(&kvs[jj][D + c]);
+                s += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+                dp += d.x * v.x + d.y * v.y + d.z * v.z + d.w * v.w;
             }
             T ds = exp_of<T>(s * scale - lse) * (dp - delta) * scale;
-            for (int c = 0; c < D; c++) acc[c] += ds * kvs[jj][c];
+            axpy_shared<T, D>(acc, ds, kvs[jj]);
         }
         __syncthreads();
     }
