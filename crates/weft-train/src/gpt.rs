@@ -188,7 +188,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             .clone()
             .zip(split_layers.as_ref().map(TensorParallelLayers::splits)),
     };
-    let mut trainer = parallelize::gpt(trainer, mesh.dp.as_ref(), &plan)?;
+    let mut trainer = parallelize::gpt(trainer, mesh.data_parallel(), &plan)?;
     let mut run = RunFolder::open(
         &args.out,
         args.name.as_deref(),

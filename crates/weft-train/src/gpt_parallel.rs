@@ -21,7 +21,8 @@ use weft_parallel::TensorCollectives;
 use weft_tensor::{EntryId, ParamStore, Scope, TensorError};
 
 /// How a store entry is split over the tensor-parallel group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Split {
     /// Cut along the last dimension, in `groups` column groups cut separately.
     Columns { groups: usize },
@@ -51,10 +52,14 @@ pub fn check_layout(config: &GptConfig, tp: usize) -> Result<()> {
 /// ranks (Megatron's order: tensor parallelism innermost, within a node).
 pub struct GptMesh {
     pub tp: Option<TensorParallelGroup>,
-    /// The ranks holding the same slices in the other replicas; `None` with one replica.
-    pub dp: Option<Arc<dyn Communicator>>,
     pub dp_rank: usize,
     pub dp_size: usize,
+    /// The whole job; `None` for one process.
+    pub world: Option<Arc<dyn Communicator>>,
+    /// The ranks holding the same slices in every replica (this rank alone with one replica).
+    pub replicas: Option<Arc<dyn Communicator>>,
+    /// A group of this rank alone (for checkpoint files one rank writes by itself).
+    pub solo: Option<Arc<dyn Communicator>>,
 }
 
 impl GptMesh {
@@ -66,9 +71,11 @@ impl GptMesh {
             }
             return Ok(Self {
                 tp: None,
-                dp: None,
                 dp_rank: 0,
                 dp_size: 1,
+                world: None,
+                replicas: None,
+                solo: None,
             });
         };
         let (rank, size) = (world.rank(), world.world_size());
@@ -76,22 +83,23 @@ impl GptMesh {
             bail!("--tp {tp} does not divide the {size} ranks");
         }
         let key = rank as i64;
-        let tp_group = match tp {
-            1 => None,
-            _ => Some(TensorParallelGroup::new(Arc::from(
-                world.split((rank / tp) as u32, key)?,
-            ))),
-        };
-        let dp = match size / tp {
-            1 => None,
-            _ => Some(Arc::from(world.split((rank % tp) as u32, key)?)),
-        };
+        // Every rank splits in the same order: the groups, the replicas, then itself alone.
+        let group: Arc<dyn Communicator> = Arc::from(world.split((rank / tp) as u32, key)?);
+        let replicas: Arc<dyn Communicator> = Arc::from(world.split((rank % tp) as u32, key)?);
+        let solo: Arc<dyn Communicator> = Arc::from(world.split(rank as u32, key)?);
         Ok(Self {
-            tp: tp_group,
-            dp,
+            tp: (tp > 1).then(|| TensorParallelGroup::new(group)),
             dp_rank: rank / tp,
             dp_size: size / tp,
+            world: Some(world.clone()),
+            replicas: Some(replicas),
+            solo: Some(solo),
         })
+    }
+
+    /// The data-parallel group the strategy reduces over; `None` with one replica.
+    pub fn data_parallel(&self) -> Option<&Arc<dyn Communicator>> {
+        self.replicas.as_ref().filter(|_| self.dp_size > 1)
     }
 }
 
@@ -245,7 +253,7 @@ pub fn gather_full_state(
 
 /// Columns gathered rank by rank (`r0: g0 g1 … | r1: g0 g1 …`) put back group by group
 /// (`g0: r0 r1 … | g1: …`).
-fn regroup_columns(gathered: &Tensor, groups: usize, ranks: usize) -> Result<Tensor> {
+pub fn regroup_columns(gathered: &Tensor, groups: usize, ranks: usize) -> Result<Tensor> {
     let dim = gathered.rank() - 1;
     let part = gathered.dim(dim)? / (groups * ranks);
     let mut pieces = Vec::with_capacity(groups * ranks);

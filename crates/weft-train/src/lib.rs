@@ -11,6 +11,7 @@ pub mod device;
 pub mod distributed;
 pub mod gpt;
 pub mod gpt_args;
+pub mod gpt_checkpoint;
 pub mod gpt_parallel;
 pub mod memory_plan;
 pub mod memory_report;

@@ -1,0 +1,197 @@
+//! Checkpoints of a tensor-parallel GPT run. Each tensor-parallel rank's slices are a sharded
+//! checkpoint in ZeRO's format (`weft-sharded-v1`: the slices of the model, and the optimizer's
+//! state and master weights over the data-parallel shards) in `DIR/tp-RRRRR-of-KKKKK/`, written
+//! by the replicas holding those slices; `DIR/tensor-parallel.json` says how each entry is cut.
+//! Under ZeRO every replica writes its shard; under plain data parallelism (every replica holds
+//! the whole state of its slices) the first replica writes it alone, and each replica reads it
+//! whole. Writing is atomic: the ranks write into `DIR.partial`, renamed to `DIR` once all have
+//! written. [`export_full_model`] joins the slices into the whole model's state dict by name, in
+//! one process with no communication.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+use weft_parallel::zero::checkpoint::{load_sharded, save_sharded};
+use weft_parallel::zero::ShardLayout;
+use weft_parallel::Trainer;
+use weft_tensor::EntryId;
+
+use crate::gpt_parallel::{regroup_columns, GptMesh, Split};
+use crate::run_dir::write_atomically;
+
+const FORMAT: &str = "weft-tensor-parallel-v1";
+const MANIFEST: &str = "tensor-parallel.json";
+
+/// `DIR/tensor-parallel.json`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Manifest {
+    format: String,
+    /// Ranks per tensor-parallel group.
+    size: usize,
+    /// Each split entry by name; the others are whole on every rank.
+    splits: Vec<(String, Split)>,
+}
+
+fn rank_dir(dir: &Path, rank: usize, size: usize) -> PathBuf {
+    dir.join(format!("tp-{rank:05}-of-{size:05}"))
+}
+
+fn partial(dir: &Path) -> PathBuf {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(".partial");
+    PathBuf::from(name)
+}
+
+/// How this rank takes part: the group it writes or reads with and the shards it holds.
+fn role<'a>(
+    mesh: &'a GptMesh,
+    zero_shards: Option<&ShardLayout>,
+    len: usize,
+) -> Result<(&'a dyn weft_collectives::Communicator, ShardLayout, bool)> {
+    let (Some(replicas), Some(solo)) = (&mesh.replicas, &mesh.solo) else {
+        bail!("a tensor-parallel checkpoint needs a job of several ranks");
+    };
+    Ok(match zero_shards {
+        Some(shards) => (replicas.as_ref(), shards.clone(), true),
+        None => (solo.as_ref(), ShardLayout::new(len, 1), mesh.dp_rank == 0),
+    })
+}
+
+/// Writes `trainer`'s checkpoint to `dir` from every rank of `mesh` (a collective): its model's
+/// slices as `splits` cut them, its optimizer state over `zero_shards` (ZeRO) or whole.
+pub fn save_tensor_parallel(
+    trainer: &Trainer,
+    mesh: &GptMesh,
+    splits: &[(EntryId, Split)],
+    zero_shards: Option<&ShardLayout>,
+    dir: &Path,
+) -> Result<()> {
+    let (Some(world), Some(group)) = (&mesh.world, &mesh.tp) else {
+        bail!(
+            "{}: a tensor-parallel checkpoint needs --tp of 2 or more",
+            dir.display()
+        );
+    };
+    if dir.exists() {
+        bail!("{}: the checkpoint folder exists already", dir.display());
+    }
+    let staging = partial(dir);
+    if world.rank() == 0 {
+        std::fs::create_dir_all(&staging)
+            .with_context(|| format!("{}: cannot create", staging.display()))?;
+    }
+    world.barrier().wait()?;
+    let len = trainer.grads().layout().len();
+    let (comm, shards, writes) = role(mesh, zero_shards, len)?;
+    if writes {
+        let own = rank_dir(&staging, group.rank(), group.size());
+        save_sharded(trainer, comm, &shards, &own)?;
+    }
+    world.barrier().wait()?;
+    if world.rank() == 0 {
+        let entries = trainer.model().store().entries();
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            size: group.size(),
+            splits: splits
+                .iter()
+                .map(|&(id, split)| (entries[id].name.clone(), split))
+                .collect(),
+        };
+        write_atomically(
+            &staging.join(MANIFEST),
+            &serde_json::to_vec_pretty(&manifest)?,
+        )?;
+        std::fs::rename(&staging, dir)
+            .with_context(|| format!("{}: cannot rename into place", dir.display()))?;
+    }
+    world.barrier().wait()?;
+    Ok(())
+}
+
+fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let manifest: Manifest = serde_json::from_slice(&text)
+        .with_context(|| format!("{}: not a tensor-parallel manifest", path.display()))?;
+    if manifest.format != FORMAT {
+        bail!(
+            "{}: format {:?}, expected {FORMAT}",
+            path.display(),
+            manifest.format
+        );
+    }
+    Ok(manifest)
+}
+
+/// Loads the checkpoint in `dir` into `trainer` (built with the same tensor-parallel size; any
+/// number of replicas under ZeRO, as ZeRO's own checkpoints).
+pub fn load_tensor_parallel(
+    trainer: &mut Trainer,
+    mesh: &GptMesh,
+    zero_shards: Option<&ShardLayout>,
+    dir: &Path,
+) -> Result<()> {
+    let Some(group) = &mesh.tp else {
+        bail!(
+            "{}: a tensor-parallel checkpoint needs --tp of 2 or more",
+            dir.display()
+        );
+    };
+    let manifest = read_manifest(dir)?;
+    if manifest.size != group.size() {
+        bail!(
+            "{}: written by groups of {} ranks, loaded by groups of {} (--tp)",
+            dir.display(),
+            manifest.size,
+            group.size()
+        );
+    }
+    let len = trainer.grads().layout().len();
+    let (comm, shards, _) = role(mesh, zero_shards, len)?;
+    load_sharded(
+        trainer,
+        comm,
+        &shards,
+        &rank_dir(dir, group.rank(), group.size()),
+    )?;
+    Ok(())
+}
+
+/// The whole model's state dict (weft's names and the padded table) from the slices in `dir`.
+pub fn export_full_model(dir: &Path) -> Result<HashMap<String, Tensor>> {
+    let manifest = read_manifest(dir)?;
+    let parts: Vec<HashMap<String, Tensor>> = (0..manifest.size)
+        .map(|r| {
+            let path = rank_dir(dir, r, manifest.size).join("model.safetensors");
+            candle_core::safetensors::load(&path, &Device::Cpu)
+                .with_context(|| format!("{}: cannot read", path.display()))
+        })
+        .collect::<Result<_>>()?;
+    let mut full = HashMap::new();
+    for (name, first) in &parts[0] {
+        let slices = parts
+            .iter()
+            .map(|p| p.get(name).cloned())
+            .collect::<Option<Vec<_>>>()
+            .with_context(|| format!("{}: a rank's slices lack {name}", dir.display()))?;
+        let split = manifest
+            .splits
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| *s);
+        let whole = match split {
+            None => first.clone(),
+            Some(Split::Rows) => Tensor::cat(&slices, 0)?,
+            Some(Split::Columns { groups }) => {
+                let side_by_side = Tensor::cat(&slices, first.rank() - 1)?;
+                regroup_columns(&side_by_side, groups, manifest.size)?
+            }
+        };
+        full.insert(name.clone(), whole);
+    }
+    Ok(full)
+}
