@@ -12,8 +12,8 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use candle_core::Device;
 use serde::Serialize;
-use weft_data::{read_text_bytes, DistributedSampler, MarkovTokens, TokenWindows};
-use weft_models::gpt::{self, hf, GptConfig};
+use weft_data::{DistributedSampler, TokenWindows};
+use weft_models::gpt::{self, hf};
 use weft_models::loss::NextToken;
 use weft_parallel::tensor::VocabParallelNextToken;
 use weft_parallel::{DdpConfig, Trainer};
@@ -22,6 +22,7 @@ use weft_tensor::{Checkpointing, Objective, Timeline};
 
 use crate::distributed::RankContext;
 use crate::gpt_args::GptArgs;
+use crate::gpt_data::open_data;
 use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
@@ -64,45 +65,6 @@ pub struct GptRunSummary {
     /// The synthetic data's best achievable loss (its entropy rate), when it is synthetic.
     pub loss_floor: Option<f64>,
     pub seconds: f64,
-}
-
-/// Training and validation windows.
-struct TokenData {
-    train: TokenWindows,
-    val: TokenWindows,
-    loss_floor: Option<f64>,
-}
-
-fn open_data(args: &GptArgs, config: &GptConfig, seq_len: usize) -> Result<TokenData> {
-    let vocab = config.vocab_size;
-    match args.data.strip_prefix("text:") {
-        Some(path) => {
-            let tokens = read_text_bytes(std::path::Path::new(path))?;
-            let cut = tokens.len() - tokens.len() / 10;
-            let (train, val) = tokens.split_at(cut);
-            Ok(TokenData {
-                train: TokenWindows::new(train.to_vec(), seq_len, vocab)?,
-                val: TokenWindows::new(val.to_vec(), seq_len, vocab)?,
-                loss_floor: None,
-            })
-        }
-        None => {
-            let chain = MarkovTokens::new(vocab, args.seed)?;
-            Ok(TokenData {
-                train: TokenWindows::new(
-                    chain.generate(args.synthetic_tokens, args.seed.wrapping_add(1)),
-                    seq_len,
-                    vocab,
-                )?,
-                val: TokenWindows::new(
-                    chain.generate(args.val_tokens, args.seed.wrapping_add(2)),
-                    seq_len,
-                    vocab,
-                )?,
-                loss_floor: Some(chain.entropy_rate()),
-            })
-        }
-    }
 }
 
 /// Trains as the flags say (on every rank of the job) and returns the final metrics.

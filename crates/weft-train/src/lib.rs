@@ -12,6 +12,7 @@ pub mod distributed;
 pub mod gpt;
 pub mod gpt_args;
 pub mod gpt_checkpoint;
+pub mod gpt_data;
 pub mod gpt_parallel;
 pub mod memory_plan;
 pub mod memory_report;

@@ -7,10 +7,14 @@
 //! | [`reduce_from_region`] g | all-reduce                | identity                      |
 //! | [`gather_from_region`] | all-gather (last dimension) | keep this rank's slice        |
 //! | [`scatter_to_region`] | keep this rank's slice       | all-gather (last dimension)   |
+//! | [`all_gather_first`]  | all-gather (first dimension) | reduce-scatter (first dim.)   |
+//! | [`reduce_scatter_first`] | reduce-scatter (first dim.) | all-gather (first dimension) |
 //!
 //! f goes before a column-parallel layer (its input is replicated, so the gradients of the
 //! input that each rank computes for its columns must be summed); g after a row-parallel one
-//! (each rank holds a partial sum of the output).
+//! (each rank holds a partial sum of the output). The last pair joins a region whose
+//! activations are split along the sequence (Megatron's sequence parallelism: LayerNorm and
+//! dropout on 1/k of the tokens) to a tensor-parallel region.
 
 use std::sync::Arc;
 
@@ -72,6 +76,19 @@ impl TensorParallelGroup {
         Ok(side_by_side.reshape(out)?)
     }
 
+    /// Every rank's `x` stacked along the first dimension, in rank order.
+    pub fn all_gather_first(&self, x: &Tensor) -> Result<Tensor> {
+        self.comm.all_gather_tensor(&x.contiguous()?)?.wait()
+    }
+
+    /// The sum over the group of `x`, of which this rank keeps its slice of the first
+    /// dimension (which the group's size must divide).
+    pub fn reduce_scatter_first(&self, x: &Tensor) -> Result<Tensor> {
+        self.comm
+            .reduce_scatter_tensor(&x.contiguous()?, ReduceOp::Sum)?
+            .wait()
+    }
+
     /// This rank's slice of the last dimension of `x` (a copy).
     pub fn own_slice_last(&self, x: &Tensor) -> Result<Tensor> {
         let width = x.dim(D::Minus1)? / self.size();
@@ -117,6 +134,28 @@ pub fn scatter_to_region(x: &Tensor, group: &TensorParallelGroup) -> Result<Tens
     }
     let slice = group.own_slice_last(&x.detach())?;
     Ok(x.apply_op2(&slice, PassGradient(Backward::AllGather(group.clone())))?)
+}
+
+/// All-gather along the first dimension forward; reduce-scatter of the gradient backward.
+pub fn all_gather_first(x: &Tensor, group: &TensorParallelGroup) -> Result<Tensor> {
+    if group.size() == 1 {
+        return Ok(x.clone());
+    }
+    let gathered = group.all_gather_first(&x.detach())?;
+    Ok(x.apply_op2(
+        &gathered,
+        PassGradient(Backward::ReduceScatter(group.clone())),
+    )?)
+}
+
+/// Reduce-scatter along the first dimension forward; all-gather of the gradient backward.
+pub fn reduce_scatter_first(x: &Tensor, group: &TensorParallelGroup) -> Result<Tensor> {
+    if group.size() == 1 {
+        return Ok(x.clone());
+    }
+    let scattered = group.reduce_scatter_first(&x.detach())?;
+    let op = PassGradient(Backward::AllGatherFirst(group.clone()));
+    Ok(x.apply_op2(&scattered, op)?)
 }
 
 /// A contiguous copy of the tensor `layout` describes in `storage` (CPU or CUDA).
@@ -165,6 +204,8 @@ enum Backward {
     Identity,
     OwnSlice(TensorParallelGroup),
     AllGather(TensorParallelGroup),
+    ReduceScatter(TensorParallelGroup),
+    AllGatherFirst(TensorParallelGroup),
 }
 
 /// `(x, value) -> value` (a copy of the result computed beside the graph), whose backward
@@ -212,6 +253,12 @@ impl CustomOp2 for PassGradient {
             Backward::AllGather(group) => group
                 .all_gather_last(dy)
                 .map_err(|e| comm_error("scatter backward", e))?,
+            Backward::ReduceScatter(group) => group
+                .reduce_scatter_first(dy)
+                .map_err(|e| comm_error("all-gather backward", e))?,
+            Backward::AllGatherFirst(group) => group
+                .all_gather_first(dy)
+                .map_err(|e| comm_error("reduce-scatter backward", e))?,
         };
         Ok((Some(dx), None))
     }

@@ -1,7 +1,8 @@
 //! Megatron-style tensor parallelism: layers whose weights are split across the ranks of a
 //! tensor-parallel group, joined by conjugate collectives.
 //!
-//! - [`mappings`]: f / g and the gather / scatter pair, each an op with its backward, and the
+//! - [`mappings`]: f / g, the gather / scatter pair and the all-gather / reduce-scatter pair
+//!   (sequence parallelism), each an op with its backward, and the
 //!   [`TensorParallelGroup`] they run over (a sub-communicator from `Communicator::split`).
 //! - [`ColumnParallelLinear`] / [`RowParallelLinear`]: split by output / input features.
 //! - [`VocabParallelEmbedding`] and [`vocab_parallel_cross_entropy`]: the token table split by
@@ -23,7 +24,8 @@ pub use cross_entropy::{vocab_parallel_cross_entropy, VocabParallelNextToken};
 pub use embedding::VocabParallelEmbedding;
 pub use layers::{column_slice, row_slice, ColumnParallelLinear, RowParallelLinear};
 pub use mappings::{
-    copy_to_region, gather_from_region, reduce_from_region, scatter_to_region, TensorParallelGroup,
+    all_gather_first, copy_to_region, gather_from_region, reduce_from_region, reduce_scatter_first,
+    scatter_to_region, TensorParallelGroup,
 };
 pub use strategy::TensorParallel;
 

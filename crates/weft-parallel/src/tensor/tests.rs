@@ -166,6 +166,49 @@ fn gather_and_scatter_are_conjugate() {
     });
 }
 
+/// The sequence-parallel pair: all-gathering the ranks' row blocks rebuilds the tensor and its
+/// backward hands each rank the sum over ranks of its block of their gradients; reduce-scatter
+/// sums the ranks' tensors keeping this rank's block, and its backward gathers the blocks'
+/// gradients (f64, exact sums of small integers).
+#[test]
+fn all_gather_and_reduce_scatter_are_conjugate() {
+    let full = values(&[6, 2], 11);
+    let upstream = values(&[6, 2], 12);
+    on_thread_ranks(3, |rank, comm| {
+        let group = group(comm);
+        let weight = (rank + 1) as f64;
+        let mine = Var::from_tensor(&full.narrow(0, 2 * rank, 2).unwrap()).unwrap();
+        let gathered = all_gather_first(mine.as_tensor(), &group).unwrap();
+        assert!(max_diff(&gathered, &full) < 1e-15);
+        let own_upstream = (&upstream * weight).unwrap();
+        let g = (&gathered * &own_upstream)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let expected = (upstream.narrow(0, 2 * rank, 2).unwrap() * 6.0).unwrap();
+        assert!(max_diff(g.get(mine.as_tensor()).unwrap(), &expected) < 1e-12);
+
+        let whole = Var::from_tensor(&(&full * weight).unwrap()).unwrap();
+        let summed = reduce_scatter_first(whole.as_tensor(), &group).unwrap();
+        let expected = (full.narrow(0, 2 * rank, 2).unwrap() * 6.0).unwrap();
+        assert!(max_diff(&summed, &expected) < 1e-12);
+        let local_up = (upstream.narrow(0, 2 * rank, 2).unwrap() * weight).unwrap();
+        let g = (&summed * &local_up)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let weights = Tensor::new(&[1f64, 1., 2., 2., 3., 3.], &Device::Cpu).unwrap();
+        let expected = upstream
+            .broadcast_mul(&weights.unsqueeze(1).unwrap())
+            .unwrap();
+        assert!(max_diff(g.get(whole.as_tensor()).unwrap(), &expected) < 1e-12);
+    });
+}
+
 /// The vocabulary-parallel embedding and cross-entropy over 2 ranks equal a whole table's
 /// lookup, tied head and cross-entropy (the last two rows are padding, masked), with the
 /// table's gradient split by rows, in f64 within 1e-12.
