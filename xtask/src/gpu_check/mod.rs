@@ -8,9 +8,11 @@
 //! is too ill-conditioned to compare: BatchNorm over 16 values per channel in the last stage
 //! makes even the CPU's f32 and f64 gradients differ by 28 %.) Run it on a GPU machine whenever
 //! GPU code changes and record the table in `docs/gpu-checks.md`. The comparisons live in
-//! [`single_ops`] (single operations) and [`resnet`] (ResNet-50 end to end).
+//! [`single_ops`] (single operations), [`resnet`] (ResNet-50 end to end) and [`gpt`] (a small
+//! GPT end to end).
 
 pub mod ddp;
+mod gpt;
 mod multi_gpu;
 mod optimizers;
 mod resnet;
@@ -319,6 +321,17 @@ pub fn run() -> Result<()> {
         name: "ResNet-50 f64 whole-graph grads".into(),
         error: compare_whole_graph(&gpu)?,
         tolerance: 1e-6,
+    });
+    let (gpt_losses, gpt_params) = gpt::compare_gpt_training(&gpu)?;
+    checks.push(Check {
+        name: "GPT f64 3 AdamW steps, losses".into(),
+        error: gpt_losses,
+        tolerance: 1e-10,
+    });
+    checks.push(Check {
+        name: "GPT f64 3 AdamW steps, parameters".into(),
+        error: gpt_params,
+        tolerance: 1e-10,
     });
     let (grad_error, param_error, loss_error) = compare_training(&gpu)?;
     checks.push(Check {
