@@ -71,13 +71,19 @@ impl Block for TransformerBlock {
         &self.name
     }
 
-    fn forward(&self, h: &Tensor, mode: Mode) -> Result<Tensor> {
+    /// Runs on the tokens as rows (`[B·T, width]`): one reshape in and one out, none around
+    /// each projection and LayerNorm (each costs a pass over the tensor in backward).
+    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let (b, t, c) = x.dims3()?;
+        let h = x.reshape((b * t, c))?;
         let p = if mode.train { self.dropout } else { 0.0 };
-        let qkv = self.c_attn.forward(&self.ln_1.forward(h)?)?;
-        let attended = causal_self_attention(&qkv, self.head_dim, p)?;
+        let qkv = self.c_attn.forward(&self.ln_1.forward(&h)?)?;
+        let attended = causal_self_attention(&qkv.reshape((b, t, ()))?, self.head_dim, p)?;
+        let attended = attended.reshape((b * t, ()))?;
         let h = (h + dropout(self.attn_proj.forward(&attended)?, p, mode)?)?;
         let up = ops::gelu_tanh(&self.c_fc.forward(&self.ln_2.forward(&h)?)?)?;
-        Ok((&h + dropout(self.mlp_proj.forward(&up)?, p, mode)?)?)
+        let h = (&h + dropout(self.mlp_proj.forward(&up)?, p, mode)?)?;
+        Ok(h.reshape((b, t, c))?)
     }
 
     fn entries(&self) -> Range<EntryId> {

@@ -1,6 +1,7 @@
 //! LayerNorm over the last dimension, fused: `(x − mean) · rstd · w + b` with
 //! `rstd = 1 / sqrt(var + eps)` (biased variance, PyTorch's semantics). Forward is one pass per
-//! row that keeps the row's mean and rstd; backward computes `x̂`, the weight and bias
+//! row; backward recomputes the rows' mean and rstd (one more read of `x`), computes `x̂`, the
+//! weight and bias
 //! gradients (column sums) with Candle's ops and the input gradient
 //! `rstd (g − mean(g) − x̂ mean(g x̂))`, `g = dy · w`, in one pass per row. Composed from
 //! Candle's ops, a LayerNorm's backward is some twenty passes over the activations, each with
@@ -35,12 +36,17 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
         pass: Pass::Forward,
         eps,
     };
-    let packed = x.reshape((rows, cols))?.contiguous()?.apply_op3(
-        &weight.contiguous()?,
-        &bias.contiguous()?,
-        op,
-    )?;
-    packed.narrow(1, 0, cols)?.reshape(x.shape())
+    let flat = match x.rank() {
+        2 => x.clone(),
+        _ => x.reshape((rows, cols))?,
+    };
+    let y = flat
+        .contiguous()?
+        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)?;
+    match x.rank() {
+        2 => Ok(y),
+        _ => y.reshape(x.shape()),
+    }
 }
 
 /// The same through Candle's ops.
@@ -58,8 +64,10 @@ pub fn layer_norm_reference(
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
-    /// `(x, w, b)` → `[y | mean | rstd]` per row.
+    /// `(x, w, b)` → `y`.
     Forward,
+    /// `(x, w, b)` → `[mean | rstd]` per row.
+    Stats,
     /// `(x̂, g, [mean | rstd])` → `dx`.
     BackwardInput,
 }
@@ -81,8 +89,8 @@ impl CpuKernel for LayerNormKernel {
         let cols = self.cols;
         let rows = args[0].len() / cols;
         let width = match self.pass {
-            Pass::Forward => cols + 2,
-            Pass::BackwardInput => cols,
+            Pass::Stats => 2,
+            _ => cols,
         };
         let mut out = vec![T::ZERO; rows * width];
         out.par_chunks_mut(width).enumerate().for_each(|(i, out)| {
@@ -91,16 +99,19 @@ impl CpuKernel for LayerNormKernel {
                 .map(|v| v.to_f64())
                 .collect();
             match self.pass {
-                Pass::Forward => {
+                Pass::Forward | Pass::Stats => {
                     let mean = a.iter().sum::<f64>() / cols as f64;
                     let var = a.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / cols as f64;
                     let rstd = 1.0 / (var + self.eps).sqrt();
+                    if self.pass == Pass::Stats {
+                        out[0] = T::from_f64(mean);
+                        out[1] = T::from_f64(rstd);
+                        return;
+                    }
                     for j in 0..cols {
                         let (w, b) = (args[1][j].to_f64(), args[2][j].to_f64());
                         out[j] = T::from_f64((a[j] - mean) * rstd * w + b);
                     }
-                    out[cols] = T::from_f64(mean);
-                    out[cols + 1] = T::from_f64(rstd);
                 }
                 Pass::BackwardInput => {
                     let g: Vec<f64> = args[1][i * cols..(i + 1) * cols]
@@ -124,6 +135,7 @@ impl CustomOp3 for LayerNormOp {
     fn name(&self) -> &'static str {
         match self.pass {
             Pass::Forward => "layer_norm_forward",
+            Pass::Stats => "layer_norm_stats",
             Pass::BackwardInput => "layer_norm_backward_input",
         }
     }
@@ -176,16 +188,18 @@ impl CustomOp3 for LayerNormOp {
         &self,
         x: &Tensor,
         weight: &Tensor,
-        _bias: &Tensor,
-        packed: &Tensor,
-        dpacked: &Tensor,
+        bias: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let cols = x.dim(1)?;
-        let dy = dpacked.narrow(1, 0, cols)?;
-        let stats = packed.narrow(1, cols, 2)?.contiguous()?;
+        let moments = LayerNormOp {
+            pass: Pass::Stats,
+            eps: self.eps,
+        };
+        let stats = x.apply_op3_no_bwd(weight, bias, &moments)?;
         let (mean, rstd) = (stats.narrow(1, 0, 1)?, stats.narrow(1, 1, 1)?);
         let xhat = x.broadcast_sub(&mean)?.broadcast_mul(&rstd)?;
-        let dw = (&dy * &xhat)?.sum(0)?;
+        let dw = (dy * &xhat)?.sum(0)?;
         let db = dy.sum(0)?;
         let g = dy.broadcast_mul(weight)?;
         let op = LayerNormOp {
@@ -202,8 +216,8 @@ impl CustomOp3 for LayerNormOp {
 impl LayerNormOp {
     fn out_shape(&self, rows: usize, cols: usize) -> Shape {
         match self.pass {
-            Pass::Forward => (rows, cols + 2).into(),
-            Pass::BackwardInput => (rows, cols).into(),
+            Pass::Stats => (rows, 2).into(),
+            _ => (rows, cols).into(),
         }
     }
 }

@@ -15,6 +15,7 @@ fn launch<T: CudaDType + DeviceRepr + WithDType>(
 ) -> Result<CudaStorage> {
     let name = match pass {
         Pass::Forward => "layer_norm_forward",
+        Pass::Stats => "layer_norm_stats",
         Pass::BackwardInput => "layer_norm_backward_input",
     };
     let device = device_of(args[0].0);
@@ -23,8 +24,8 @@ fn launch<T: CudaDType + DeviceRepr + WithDType>(
         .map(|(storage, layout)| view::<T>(storage, layout, name))
         .collect::<Result<Vec<_>>>()?;
     let out_len = match pass {
-        Pass::Forward => rows * (cols + 2),
-        Pass::BackwardInput => rows * cols,
+        Pass::Stats => rows * 2,
+        _ => rows * cols,
     };
     let out = output::<T>(&device, out_len)?;
     let func = function(&device, &LAYER_NORM, name, T::DTYPE)?;

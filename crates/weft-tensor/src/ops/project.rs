@@ -7,11 +7,15 @@ use crate::error::Result;
 
 /// `x W` over the last dimension of `x` (any leading dimensions), for `W` `[in, out]`. On the
 /// CPU, 16-bit operands are multiplied in f32 (Candle's CPU matmul has no 16-bit path) and the
-/// product rounded back.
+/// product rounded back. A 2-d `x` is multiplied as it is: every reshape is a node of the
+/// autograd graph whose backward costs a zero-filled accumulator and an add over the tensor.
 pub fn project(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     let dims = x.dims();
     let (inner, rows) = (dims[dims.len() - 1], x.elem_count() / dims[dims.len() - 1]);
-    let flat = x.reshape((rows, inner))?;
+    let flat = match dims.len() {
+        2 => x.clone(),
+        _ => x.reshape((rows, inner))?,
+    };
     let y = if x.device().is_cpu() && matches!(x.dtype(), DType::BF16 | DType::F16) {
         flat.to_dtype(DType::F32)?
             .matmul(&weight.to_dtype(DType::F32)?)?
@@ -19,6 +23,9 @@ pub fn project(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     } else {
         flat.matmul(weight)?
     };
+    if dims.len() == 2 {
+        return Ok(y);
+    }
     let mut out = dims.to_vec();
     *out.last_mut().expect("x has a last dimension") = weight.dim(1)?;
     Ok(y.reshape(out)?)
