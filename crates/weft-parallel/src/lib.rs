@@ -15,6 +15,7 @@
 //!   buckets in reverse order, each bucket all-reduced asynchronously the moment backward has
 //!   produced all its gradients, overlapping communication with the rest of backward).
 //! - [`sync_bn`]: SyncBatchNorm, batch statistics of the global batch over all ranks.
+//! - [`pipeline`]: pipeline schedules as checked plans (GPipe, 1F1B, forward-only).
 //! - [`tensor`]: Megatron tensor parallelism — column/row-parallel linear layers, the
 //!   vocabulary-parallel embedding and cross-entropy, and the f/g collectives joining them.
 //! - [`zero`]: ZeRO — the optimizer's states sharded over the data-parallel ranks (stages 1
@@ -24,6 +25,7 @@ pub mod clip;
 pub mod collectives;
 pub mod ddp;
 pub mod error;
+pub mod pipeline;
 mod ready;
 pub mod single;
 pub mod step;

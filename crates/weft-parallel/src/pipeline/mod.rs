@@ -1,0 +1,18 @@
+//! Pipeline parallelism: a model's blocks split into stages on different ranks, micro-batches in
+//! flight between them. Schedules are plans — per stage the ordered actions of one step
+//! ([`Action`]: forward or backward of a micro-batch, send or receive of an activation or a
+//! gradient), generated before the step ([`Plan::new`] for GPipe, 1F1B and forward-only) and
+//! checked ([`check_complete`], [`simulate`]: complete, deadlock-free, and the bubble they leave).
+//! The plan format has room for interleaved and zero-bubble schedules (more action kinds: a
+//! backward split into its input-gradient and weight-gradient parts), which come later.
+
+mod action;
+mod check;
+mod schedule;
+
+pub use action::{Action, StageAction};
+pub use check::{check_complete, simulate, PlanError, Simulation};
+pub use schedule::{theoretical_bubble, Plan, ScheduleKind};
+
+#[cfg(test)]
+mod tests;
