@@ -10,9 +10,11 @@ use std::collections::HashMap;
 use super::action::Action;
 use super::schedule::{Plan, ScheduleKind};
 
-/// Why a plan is invalid.
+/// Why a plan or a partition is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
+    #[error("pipeline stages: {0}")]
+    Partition(String),
     #[error("stage {stage}: {message}")]
     Incomplete { stage: usize, message: String },
     #[error("the plan deadlocks: {0}")]

@@ -1,5 +1,6 @@
-//! Pipeline parallelism: a model's blocks split into stages on different ranks, micro-batches in
-//! flight between them. Schedules are plans — per stage the ordered actions of one step
+//! Pipeline parallelism: a model's blocks split into stages on different ranks
+//! ([`partition`]: balanced by a weight per block, or as given), micro-batches in flight
+//! between them. Schedules are plans — per stage the ordered actions of one step
 //! ([`Action`]: forward or backward of a micro-batch, send or receive of an activation or a
 //! gradient), generated before the step ([`Plan::new`] for GPipe, 1F1B and forward-only) and
 //! checked ([`check_complete`], [`simulate`]: complete, deadlock-free, and the bubble they leave).
@@ -8,6 +9,7 @@
 
 mod action;
 mod check;
+pub mod partition;
 mod schedule;
 
 pub use action::{Action, StageAction};
