@@ -15,7 +15,9 @@
 //!   buckets in reverse order, each bucket all-reduced asynchronously the moment backward has
 //!   produced all its gradients, overlapping communication with the rest of backward).
 //! - [`sync_bn`]: SyncBatchNorm, batch statistics of the global batch over all ranks.
-//! - [`pipeline`]: pipeline schedules as checked plans (GPipe, 1F1B, forward-only).
+//! - [`mesh`]: the device mesh, named axes `dp`, `tp`, `pp` and their sub-communicators.
+//! - [`pipeline`]: pipeline schedules as checked plans (GPipe, 1F1B, forward-only) and the
+//!   partition of a model's blocks into stages.
 //! - [`tensor`]: Megatron tensor parallelism — column/row-parallel linear layers, the
 //!   vocabulary-parallel embedding and cross-entropy, and the f/g collectives joining them.
 //! - [`zero`]: ZeRO — the optimizer's states sharded over the data-parallel ranks (stages 1
@@ -25,6 +27,7 @@ pub mod clip;
 pub mod collectives;
 pub mod ddp;
 pub mod error;
+pub mod mesh;
 pub mod pipeline;
 mod ready;
 pub mod single;

@@ -13,6 +13,7 @@ use anyhow::{bail, Result};
 use candle_core::Tensor;
 use weft_collectives::Communicator;
 use weft_models::gpt::{GptConfig, GptLayers, Projection, ProjectionRole, TokenEmbedding};
+use weft_parallel::mesh::{DeviceMesh, MeshShape};
 use weft_parallel::tensor::{
     column_slice, row_slice, ColumnParallelLinear, RowParallelLinear, TensorParallelGroup,
     VocabParallelEmbedding,
@@ -49,7 +50,8 @@ pub fn check_layout(config: &GptConfig, tp: usize) -> Result<()> {
 }
 
 /// The ranks of a job as data-parallel replicas of tensor-parallel groups of `tp` consecutive
-/// ranks (Megatron's order: tensor parallelism innermost, within a node).
+/// ranks (Megatron's order: tensor parallelism innermost, within a node), on weft-parallel's
+/// [`DeviceMesh`] with one pipeline stage.
 pub struct GptMesh {
     pub tp: Option<TensorParallelGroup>,
     pub dp_rank: usize,
@@ -78,21 +80,20 @@ impl GptMesh {
                 solo: None,
             });
         };
-        let (rank, size) = (world.rank(), world.world_size());
+        let size = world.world_size();
         if !size.is_multiple_of(tp) {
             bail!("--tp {tp} does not divide the {size} ranks");
         }
-        let key = rank as i64;
-        // Every rank splits in the same order: the groups, the replicas, then itself alone.
-        let group: Arc<dyn Communicator> = Arc::from(world.split((rank / tp) as u32, key)?);
-        let replicas: Arc<dyn Communicator> = Arc::from(world.split((rank % tp) as u32, key)?);
-        let solo: Arc<dyn Communicator> = Arc::from(world.split(rank as u32, key)?);
+        let mesh = DeviceMesh::new(world.as_ref(), MeshShape::new(size / tp, tp, 1, size)?)?;
+        // Every rank splits in the same order: the mesh's axes, then itself alone.
+        let solo: Arc<dyn Communicator> =
+            Arc::from(world.split(world.rank() as u32, world.rank() as i64)?);
         Ok(Self {
-            tp: (tp > 1).then(|| TensorParallelGroup::new(group)),
-            dp_rank: rank / tp,
-            dp_size: size / tp,
+            tp: (tp > 1).then(|| TensorParallelGroup::new(mesh.tp.clone())),
+            dp_rank: mesh.coords.dp,
+            dp_size: mesh.shape.dp,
             world: Some(world.clone()),
-            replicas: Some(replicas),
+            replicas: Some(mesh.dp),
             solo: Some(solo),
         })
     }
