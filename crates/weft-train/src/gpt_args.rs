@@ -33,18 +33,22 @@ pub struct GptArgs {
     /// Global batch size, in sequences
     #[arg(long, default_value_t = 32)]
     pub batch_size: usize,
+    /// Passes over the training windows
     #[arg(long, default_value_t = 1)]
     pub epochs: usize,
     /// Stop after this many optimizer steps in total (overrides epochs when smaller)
     #[arg(long)]
     pub steps: Option<usize>,
+    /// Peak learning rate (reached after the warm-up)
     #[arg(long, default_value_t = 3e-3)]
     pub lr: f64,
     /// SGD momentum (with --optimizer sgd)
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
+    /// Weight decay on every parameter (AdamW's decoupled decay, SGD's L2 term)
     #[arg(long, default_value_t = 0.1)]
     pub weight_decay: f64,
+    /// sgd | adamw, with PyTorch's update rules
     #[arg(long, value_enum, default_value_t = OptimizerKind::Adamw)]
     pub optimizer: OptimizerKind,
     /// constant | step | cosine
@@ -62,7 +66,9 @@ pub struct GptArgs {
     /// fp32 | bf16-mixed | fp16-mixed, as train-resnet's (the mixed presets on the CPU so far)
     #[arg(long, default_value = "fp32")]
     pub precision: String,
-    /// Data-parallel ranks (processes started through weft-run; shm on the CPU, NCCL on GPUs)
+    /// Ranks (processes started through weft-run; shm on the CPU, NCCL on GPUs): nproc / tp
+    /// data-parallel replicas of --tp ranks each; default 1, or one per visible GPU with
+    /// `--device cuda`
     #[arg(long)]
     pub nproc: Option<usize>,
     /// Tensor-parallel degree: each layer's weights split over groups of N consecutive ranks
