@@ -13,12 +13,7 @@
 
 #define TILE 32
 
-template <typename T> __device__ __forceinline__ T exp_of(T x);
-template <> __device__ __forceinline__ float exp_of<float>(float x) { return expf(x); }
-template <> __device__ __forceinline__ double exp_of<double>(double x) { return exp(x); }
-template <typename T> __device__ __forceinline__ T log_of(T x);
-template <> __device__ __forceinline__ float log_of<float>(float x) { return logf(x); }
-template <> __device__ __forceinline__ double log_of<double>(double x) { return log(x); }
+#include "block_reduce.cuh"
 
 // Four consecutive values of a row in shared memory (16-byte aligned): one 128-bit load for
 // f32, four loads for f64.

@@ -1,4 +1,4 @@
-// Shared by weft's row-wise kernels (cross_entropy.cu, layer_norm.cu): exp and log by
+// Shared by weft's attention, cross-entropy and LayerNorm kernels: exp and log by
 // element type, and a block-wide maximum or sum returned to every thread.
 #pragma once
 

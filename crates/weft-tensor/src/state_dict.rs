@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Tensor;
 
 use crate::error::{Result, TensorError};
-use crate::params::ParamStore;
+use crate::params::{EntryId, ParamStore};
 
 /// Writes every parameter and buffer of `store` to `path` (atomically).
 pub fn save_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
@@ -61,6 +61,19 @@ pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
             source,
         }
     })?;
+    load_tensors(store, path, &loaded, |_, value| Ok(value.clone()))
+}
+
+/// Sets every entry of `store` from `loaded` (read from `path`) by name. `part(id, value)`
+/// turns a stored value into what entry `id` holds (a tensor-parallel slice, a dtype
+/// conversion). A key no entry has, an entry no key has, or a part whose shape or dtype is not
+/// the entry's is an error naming the file and the key.
+pub fn load_tensors(
+    store: &ParamStore,
+    path: &Path,
+    loaded: &HashMap<String, Tensor>,
+    part: impl Fn(EntryId, &Tensor) -> Result<Tensor>,
+) -> Result<()> {
     let mut unexpected: Vec<&String> = loaded.keys().filter(|k| store.id(k).is_err()).collect();
     unexpected.sort();
     if let Some(key) = unexpected.first() {
@@ -69,13 +82,14 @@ pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
             key: (*key).clone(),
         });
     }
-    for entry in store.entries() {
-        let value = loaded
+    for (id, entry) in store.entries().iter().enumerate() {
+        let stored = loaded
             .get(&entry.name)
             .ok_or_else(|| TensorError::MissingKey {
                 file: path.into(),
                 key: entry.name.clone(),
             })?;
+        let value = part(id, stored)?;
         if value.dims() != entry.var.dims() {
             return Err(TensorError::ShapeMismatch {
                 file: path.into(),
@@ -92,7 +106,7 @@ pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
                 found: value.dtype(),
             });
         }
-        entry.var.set(value)?;
+        entry.var.set(&value)?;
     }
     Ok(())
 }

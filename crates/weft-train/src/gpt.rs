@@ -69,13 +69,12 @@ pub struct GptRunSummary {
 
 /// Trains as the flags say (on every rank of the job) and returns the final metrics.
 pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
-    args.validate()?;
     let device = crate::device::parse_device_for_rank(&args.device)?.open()?;
     let ctx = RankContext::from_env(&device)?;
     run_in(args, &ctx, &device)
 }
 
-/// [`run`] as one rank of `ctx`'s job, the model on `device`.
+/// [`run`] as one rank of `ctx`'s job, the model on `device` (the flags validated first).
 pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptRunSummary> {
     args.validate()?;
     let started = Instant::now();

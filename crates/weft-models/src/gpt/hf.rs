@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::Tensor;
-use weft_tensor::state_dict::save_tensors;
+use weft_tensor::state_dict::{load_tensors, save_tensors};
 use weft_tensor::{EntryId, ParamStore, TensorError};
 
 use super::GptConfig;
@@ -55,31 +55,24 @@ pub fn load_hf_safetensors_sliced(
         }
         .into());
     }
-    for (id, entry) in store.entries().iter().enumerate() {
-        let short = entry.name.trim_start_matches("transformer.");
-        let value = loaded
-            .get(&entry.name)
-            .or_else(|| loaded.get(short))
-            .ok_or_else(|| TensorError::MissingKey {
-                file: path.into(),
-                key: entry.name.clone(),
-            })?;
-        let full = match entry.name == TABLE && value.dim(0)? == config.vocab_size {
-            true => pad_rows(value, config.padded_vocab())?,
-            false => value.clone(),
+    // The hub's keys under this crate's names, the table padded; the ignored keys left out.
+    let mut named = HashMap::new();
+    for (key, value) in loaded.into_iter().filter(|(k, _)| !is_ignored(k)) {
+        let name = with_prefix(&key);
+        let value = match name == TABLE && value.dim(0)? == config.vocab_size {
+            true => pad_rows(&value, config.padded_vocab())?,
+            false => value,
         };
-        let value = part(id, &full)?;
-        if value.dims() != entry.var.dims() {
-            return Err(TensorError::ShapeMismatch {
-                file: path.into(),
-                key: entry.name.clone(),
-                expected: entry.var.dims().to_vec(),
-                found: value.dims().to_vec(),
-            }
-            .into());
-        }
-        entry.var.set(&value.to_dtype(entry.var.dtype())?)?;
+        named.insert(name, value);
     }
+    let entries = store.entries();
+    load_tensors(store, path, &named, |id, full| {
+        let value = part(id, full).map_err(|e| TensorError::Block {
+            block: entries[id].name.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(value.to_dtype(entries[id].var.dtype())?)
+    })?;
     Ok(())
 }
 

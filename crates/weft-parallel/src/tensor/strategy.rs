@@ -34,9 +34,23 @@ impl TensorParallel {
         Self {
             inner,
             group,
-            replicated,
+            replicated: merge_adjacent(replicated),
         }
     }
+}
+
+/// `ranges` sorted, with neighbours that touch joined (a LayerNorm's weight and bias are one
+/// range): fewer sums per step.
+fn merge_adjacent(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    ranges.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match merged.last_mut() {
+            Some(last) if last.end == r.start => last.end = r.end,
+            _ => merged.push(r),
+        }
+    }
+    merged
 }
 
 impl Strategy for TensorParallel {

@@ -160,11 +160,7 @@ impl CustomOp3 for AttentionOp {
             pass: self.pass,
             shape,
         };
-        let arg = |storage, layout, name| Arg {
-            storage,
-            layout,
-            name,
-        };
+        let arg = Arg::new;
         let args = [arg(s1, l1, "a"), arg(s2, l2, "b"), arg(s3, l3, "c")];
         Ok((run_kernel(&kernel, self.name(), &args)?, out))
     }

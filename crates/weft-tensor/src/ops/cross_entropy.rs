@@ -152,11 +152,7 @@ impl CustomOp3 for CrossEntropyOp {
             cols,
             classes: self.classes,
         };
-        let arg = |storage, layout, name| Arg {
-            storage,
-            layout,
-            name,
-        };
+        let arg = Arg::new;
         let args = [
             arg(s1, l1, "logits"),
             arg(s2, l2, "targets"),

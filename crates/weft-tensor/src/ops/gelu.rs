@@ -99,18 +99,7 @@ impl CustomOp2 for GeluTanhBackward {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let args = [
-            Arg {
-                storage: s1,
-                layout: l1,
-                name: "x",
-            },
-            Arg {
-                storage: s2,
-                layout: l2,
-                name: "dy",
-            },
-        ];
+        let args = [Arg::new(s1, l1, "x"), Arg::new(s2, l2, "dy")];
         Ok((run_kernel(self, self.name(), &args)?, l1.shape().clone()))
     }
 

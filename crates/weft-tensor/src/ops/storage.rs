@@ -85,6 +85,16 @@ pub(crate) struct Arg<'a> {
     pub name: &'static str,
 }
 
+impl<'a> Arg<'a> {
+    pub(crate) fn new(storage: &'a CpuStorage, layout: &'a Layout, name: &'static str) -> Self {
+        Self {
+            storage,
+            layout,
+            name,
+        }
+    }
+}
+
 /// A CPU kernel written once for every supported float type.
 pub(crate) trait CpuKernel {
     /// Runs on the contiguous argument slices, all of element type `T`.
