@@ -13,8 +13,9 @@ use anyhow::{bail, Result};
 use candle_core::Device;
 use serde::Serialize;
 use weft_data::{DistributedSampler, TokenWindows};
-use weft_models::gpt::{self, hf};
+use weft_models::gpt::{self, hf, Dense, GptLayers};
 use weft_models::loss::NextToken;
+use weft_parallel::pipeline::PipelineTrainer;
 use weft_parallel::tensor::VocabParallelNextToken;
 use weft_parallel::{DdpConfig, Trainer};
 use weft_precision::PrecisionPolicy;
@@ -24,6 +25,7 @@ use crate::distributed::RankContext;
 use crate::gpt_args::GptArgs;
 use crate::gpt_data::open_data;
 use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
+use crate::gpt_pipeline::{gather_stages, GptStepper, PipelineReport};
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::progress::Progress;
@@ -42,6 +44,9 @@ pub struct TokenStepMetrics {
     pub grad_norm: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<f64>,
+    /// With a pipeline: each stage's measured bubble and peak of micro-batches in flight.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<PipelineReport>,
 }
 
 /// One line of `metrics.jsonl` per epoch.
@@ -79,16 +84,18 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     args.validate()?;
     let started = Instant::now();
     let device = device.clone();
-    let mesh = GptMesh::new(ctx.comm.as_ref(), args.tp)?;
+    let mesh = GptMesh::with_pipeline(ctx.comm.as_ref(), args.tp, args.pp)?;
     let config = args.model_config()?;
     let seq_len = args.seq_len()?;
     let data = open_data(args, &config, seq_len)?;
     let policy = PrecisionPolicy::from_name(&args.precision)?;
     let split_layers = mesh.tp.clone().map(TensorParallelLayers::new);
-    let model = match &split_layers {
-        Some(layers) => gpt::gpt_with_layers(&config, policy.param, &device, layers)?,
-        None => gpt::gpt(&config, policy.param, &device)?,
+    let blocks = args.stage_blocks()?[mesh.stage].clone();
+    let layers: &dyn GptLayers = match &split_layers {
+        Some(layers) => layers,
+        None => &Dense,
     };
+    let model = gpt::gpt_stage(&config, policy.param, &device, layers, blocks)?;
     if let Some(path) = &args.init_from {
         match (&split_layers, &mesh.tp) {
             (Some(layers), Some(group)) => {
@@ -148,8 +155,18 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             .tp
             .clone()
             .zip(split_layers.as_ref().map(TensorParallelLayers::splits)),
+        pipeline: mesh.pipeline_parallel().cloned(),
     };
-    let mut trainer = parallelize::gpt(trainer, mesh.data_parallel(), &plan)?;
+    let trainer = parallelize::gpt(trainer, mesh.data_parallel(), &plan)?;
+    let mut stepper = match mesh.pipeline_parallel() {
+        Some(stages) => GptStepper::Stage(PipelineTrainer::new(
+            trainer,
+            stages.clone(),
+            args.schedule.kind(),
+            args.micro_batches,
+        )?),
+        None => GptStepper::Whole(trainer),
+    };
     let mut run = RunFolder::open(
         &args.out,
         args.name.as_deref(),
@@ -161,7 +178,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         println!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val sequences of {seq_len} tokens, global batch {}, {} steps over {} epochs -> {}",
             args.model,
-            trainer.model().store().num_parameters(),
+            stepper.model().store().num_parameters(),
             ctx.world_size,
             args.device,
             data.train.len(),
@@ -188,10 +205,18 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             if step == total_steps {
                 break;
             }
-            let (inputs, targets) = data.train.batch(chunk, &device)?;
+            let batch = match stepper.reads_batches() {
+                true => Some(data.train.batch(chunk, &device)?),
+                false => None,
+            };
             let lr = schedule.lr_at(step);
             let t = Instant::now();
-            let outcome = trainer.step_micro_batches(&inputs, &targets, args.micro_batches, lr)?;
+            let (outcome, pipeline) = stepper.step(
+                batch.as_ref(),
+                args.micro_batches,
+                lr,
+                mesh.pipeline_parallel(),
+            )?;
             let seconds = t.elapsed().as_secs_f64();
             let mut global = [
                 outcome.loss * outcome.samples as f64,
@@ -211,6 +236,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                     tokens_per_sec: tokens_per_step / seconds,
                     grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
                     loss_scale: outcome.loss_scale,
+                    pipeline,
                 })?;
             }
             totals[0] += outcome.loss * outcome.samples as f64;
@@ -219,7 +245,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             progress.step(epoch, loss, tokens_per_step / seconds, None);
         }
         ctx.sum(&mut totals)?;
-        let val_loss = validate(&trainer, &data.val, local_batch, &device, ctx, &mesh)?;
+        let val_loss = validate(&mut stepper, &data.val, local_batch, args, ctx, &mesh)?;
         let metrics = TokenEpochMetrics {
             epoch,
             train_loss: totals[0] / totals[1].max(1.0),
@@ -252,16 +278,21 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         loss_floor: data.loss_floor,
         seconds: started.elapsed().as_secs_f64(),
     };
-    let full_state = match (&split_layers, &mesh.tp) {
+    let mut full_state = match (&split_layers, &mesh.tp) {
         (Some(layers), Some(group)) => Some(gather_full_state(
-            trainer.model().store(),
+            stepper.model().store(),
             &layers.splits(),
             group,
         )?),
         _ => None,
     };
+    let first_of_stage = mesh.dp_rank == 0 && mesh.tp.as_ref().is_none_or(|g| g.rank() == 0);
+    if let (Some(stages), true) = (mesh.pipeline_parallel(), first_of_stage) {
+        let stage_state = full_state.as_ref().unwrap_or(stepper.model().store());
+        full_state = gather_stages(stages, stage_state)?;
+    }
     if let Some(writer) = &run.writer {
-        let store = full_state.as_ref().unwrap_or(trainer.model().store());
+        let store = full_state.as_ref().unwrap_or(stepper.model().store());
         let weights = writer.save_checkpoint_with(
             |path| Ok(hf::save_hf_safetensors(store, &config, path)?),
             &summary,
@@ -280,20 +311,30 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
 
 /// Mean next-token loss over the whole validation set in evaluation mode; each replica
 /// evaluates windows `replica, replica + replicas, …` and the sums are reduced (the ranks of a
-/// tensor-parallel group add the same sums, which leaves the mean as it is).
+/// tensor-parallel group, and the stages of a pipeline, add the same sums, which leaves the
+/// mean as it is). A pipeline evaluates in the step's micro-batches where they divide the
+/// batch, whole otherwise.
 fn validate(
-    trainer: &Trainer,
+    stepper: &mut GptStepper,
     val: &TokenWindows,
     batch: usize,
-    device: &Device,
+    args: &GptArgs,
     ctx: &RankContext,
     mesh: &GptMesh,
 ) -> Result<f64> {
+    let device = stepper.model().store().device().clone();
     let indices: Vec<usize> = (mesh.dp_rank..val.len()).step_by(mesh.dp_size).collect();
     let mut sums = [0.0; 2];
     for chunk in indices.chunks(batch) {
-        let (inputs, targets) = val.batch(chunk, device)?;
-        let eval = trainer.evaluate(&inputs, &targets)?;
+        let batch = match stepper.reads_batches() {
+            true => Some(val.batch(chunk, &device)?),
+            false => None,
+        };
+        let micro = match chunk.len().is_multiple_of(args.micro_batches) {
+            true => args.micro_batches,
+            false => 1,
+        };
+        let eval = stepper.evaluate(batch.as_ref(), micro)?;
         sums[0] += eval.loss_sum;
         sums[1] += eval.samples as f64;
     }

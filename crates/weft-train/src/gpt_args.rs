@@ -4,11 +4,32 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde::Serialize;
+use weft_parallel::pipeline::{partition, ScheduleKind};
 
 use crate::args::OptimizerKind;
 use crate::optim_setup::OptimizerFlags;
+
+/// The order of a pipeline's forwards and backwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+pub enum PipelineSchedule {
+    #[value(name = "gpipe")]
+    #[serde(rename = "gpipe")]
+    GPipe,
+    #[value(name = "1f1b")]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+}
+
+impl PipelineSchedule {
+    pub fn kind(self) -> ScheduleKind {
+        match self {
+            PipelineSchedule::GPipe => ScheduleKind::GPipe,
+            PipelineSchedule::OneFOneB => ScheduleKind::OneFOneB,
+        }
+    }
+}
 
 /// Flags of `cargo xtask train-gpt`.
 #[derive(Debug, Clone, Args, Serialize)]
@@ -66,16 +87,30 @@ pub struct GptArgs {
     /// fp32 | bf16-mixed | fp16-mixed, as train-resnet's (the mixed presets on the CPU so far)
     #[arg(long, default_value = "fp32")]
     pub precision: String,
-    /// Ranks (processes started through weft-run; shm on the CPU, NCCL on GPUs): nproc / tp
-    /// data-parallel replicas of --tp ranks each; default 1, or one per visible GPU with
-    /// `--device cuda`
+    /// Ranks (processes started through weft-run; shm on the CPU, NCCL on GPUs), dp x tp x pp
+    /// of them; default --dp x --tp x --pp, or one per visible GPU with a bare `--device cuda`
     #[arg(long)]
     pub nproc: Option<usize>,
+    /// Data-parallel degree: replicas of the model (each a pipeline of tensor-parallel
+    /// groups) training on their own slices of the batch; default nproc / (tp x pp)
+    #[arg(long)]
+    pub dp: Option<usize>,
     /// Tensor-parallel degree: each layer's weights split over groups of N consecutive ranks
-    /// (Megatron: attention by heads, the MLP by features, the vocabulary by rows); the
-    /// --nproc ranks form nproc / N data-parallel replicas
+    /// (Megatron: attention by heads, the MLP by features, the vocabulary by rows)
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// Pipeline-parallel degree: the model's blocks (embeddings, layers, head) cut into N
+    /// stages on different ranks, micro-batches in flight between them
+    #[arg(long, default_value_t = 1)]
+    pub pp: usize,
+    /// The pipeline's schedule: gpipe (all forwards, then all backwards) | 1f1b (one forward,
+    /// one backward: at most P - s micro-batches' activations held on stage s)
+    #[arg(long, value_enum, default_value_t = PipelineSchedule::OneFOneB)]
+    pub schedule: PipelineSchedule,
+    /// Blocks per pipeline stage, e.g. 3,3 (default: balanced by parameter count; the head
+    /// counts its copy of the token table)
+    #[arg(long, value_delimiter = ',')]
+    pub pp_split: Option<Vec<usize>>,
     /// ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (optimizer states sharded), 2
     /// (gradients reduced into their owners too)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
@@ -84,6 +119,7 @@ pub struct GptArgs {
     #[arg(long)]
     pub clip_grad_norm: Option<f64>,
     /// Split each rank's batch into M micro-batches accumulated before one optimizer step
+    /// (with --pp, the micro-batches in flight through the pipeline)
     #[arg(long, default_value_t = 1)]
     pub micro_batches: usize,
     /// Dropout of the embeddings, attention weights and residual branches while training
@@ -104,13 +140,65 @@ pub struct GptArgs {
 }
 
 impl GptArgs {
-    /// The number of ranks: `--nproc`, or one per visible GPU for a bare `--device cuda`, or 1.
-    pub fn ranks(&self) -> usize {
-        match self.nproc {
-            Some(n) => n,
-            None if self.device == "cuda" => crate::device::visible_gpus().max(1),
-            None => 1,
+    /// Checks `--dp`, `--tp`, `--pp`, `--pp-split` and `--nproc` against each other and the
+    /// model's blocks.
+    fn validate_mesh(&self, config: &weft_models::GptConfig) -> Result<()> {
+        let (tp, pp, ranks) = (self.tp, self.pp, self.ranks());
+        if tp == 0 || pp == 0 || self.dp == Some(0) {
+            bail!("--dp, --tp and --pp must be at least 1");
         }
+        if pp > config.num_blocks() {
+            bail!(
+                "--pp {pp} exceeds the {} blocks of {} (embeddings, {} layers, head)",
+                config.num_blocks(),
+                self.model,
+                config.n_layer
+            );
+        }
+        if !ranks.is_multiple_of(tp * pp) {
+            bail!("--tp {tp} x --pp {pp} must divide the {ranks} ranks (--nproc)");
+        }
+        if let Some(dp) = self.dp.filter(|dp| dp * tp * pp != ranks) {
+            bail!(
+                "--dp {dp} x --tp {tp} x --pp {pp} = {} ranks, but --nproc is {ranks}",
+                dp * tp * pp
+            );
+        }
+        if let Some(counts) = self.pp_split.as_ref().filter(|c| c.len() != pp) {
+            bail!(
+                "--pp-split {counts:?} has {} stages, --pp is {pp}",
+                counts.len()
+            );
+        }
+        self.stage_blocks()?;
+        Ok(())
+    }
+
+    /// The number of ranks: `--nproc`, or `--dp x --tp x --pp`, or one per visible GPU for a
+    /// bare `--device cuda`, or `--tp x --pp`.
+    pub fn ranks(&self) -> usize {
+        match (self.nproc, self.dp) {
+            (Some(n), _) => n,
+            (None, Some(dp)) => dp * self.tp * self.pp,
+            (None, None) if self.device == "cuda" => crate::device::visible_gpus().max(1),
+            (None, None) => self.tp * self.pp,
+        }
+    }
+
+    /// The data-parallel degree: `--dp`, or what the ranks leave after `--tp x --pp`.
+    pub fn data_parallel(&self) -> usize {
+        self.dp.unwrap_or(self.ranks() / (self.tp * self.pp).max(1))
+    }
+
+    /// The model's blocks each pipeline stage runs: `--pp-split`, or balanced by parameter
+    /// count.
+    pub fn stage_blocks(&self) -> Result<Vec<std::ops::Range<usize>>> {
+        let config = self.model_config()?;
+        let cuts = match &self.pp_split {
+            Some(counts) => partition::given(counts, config.num_blocks()),
+            None => partition::balanced(&config.block_parameter_counts(), self.pp),
+        };
+        cuts.map_err(|e| anyhow::anyhow!("--pp-split: {e}"))
     }
 
     /// The optimizer and schedule flags for a run of `total_steps`.
@@ -153,23 +241,17 @@ impl GptArgs {
         if self.nproc == Some(0) {
             bail!("--nproc must be at least 1");
         }
-        if self.tp == 0 || !self.ranks().is_multiple_of(self.tp) {
-            bail!(
-                "--tp {} must divide the {} ranks (--nproc)",
-                self.tp,
-                self.ranks()
-            );
-        }
+        self.validate_mesh(&config)?;
         crate::gpt_parallel::check_layout(&config, self.tp)?;
         if self.tp > 1 && self.dropout > 0.0 {
             // Every rank of a group would draw its own masks over the replicated activations.
             bail!("--dropout is not supported with --tp {} yet", self.tp);
         }
-        let replicas = self.ranks() / self.tp;
+        let replicas = self.data_parallel();
         let per_rank = self.batch_size / replicas;
         if !self.batch_size.is_multiple_of(replicas) {
             bail!(
-                "--batch-size {} is not divisible by the {replicas} data-parallel replicas (--nproc / --tp)",
+                "--batch-size {} is not divisible by the {replicas} data-parallel replicas (--dp)",
                 self.batch_size
             );
         }
@@ -195,6 +277,14 @@ impl GptArgs {
             bail!("--steps must be at least 1");
         }
         self.optimizer_flags(0).validate()?;
+        if self.pp > 1 && self.zero == 2 {
+            // ZeRO-2 keeps only its shard of the token table's gradient, which the first and
+            // last stage must sum whole.
+            bail!(
+                "--zero 2 is not supported with --pp {} yet (--zero 0 or 1)",
+                self.pp
+            );
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             bail!("--dropout {} must be in [0, 1)", self.dropout);
         }

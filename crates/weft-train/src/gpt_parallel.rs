@@ -49,42 +49,62 @@ pub fn check_layout(config: &GptConfig, tp: usize) -> Result<()> {
     Ok(())
 }
 
-/// The ranks of a job as data-parallel replicas of tensor-parallel groups of `tp` consecutive
-/// ranks (Megatron's order: tensor parallelism innermost, within a node), on weft-parallel's
-/// [`DeviceMesh`] with one pipeline stage.
+/// The ranks of a job as pipelines of `pp` stages, each stage a group of data-parallel
+/// replicas of tensor-parallel groups of `tp` consecutive ranks (Megatron's order: tensor
+/// parallelism innermost, within a node, then data, then pipeline), on weft-parallel's
+/// [`DeviceMesh`].
 pub struct GptMesh {
     pub tp: Option<TensorParallelGroup>,
     pub dp_rank: usize,
     pub dp_size: usize,
+    /// This rank's pipeline stage and the number of stages.
+    pub stage: usize,
+    pub stages: usize,
     /// The whole job; `None` for one process.
     pub world: Option<Arc<dyn Communicator>>,
     /// The ranks holding the same slices in every replica (this rank alone with one replica).
     pub replicas: Option<Arc<dyn Communicator>>,
+    /// The ranks of this rank's pipeline, one per stage (this rank alone with one stage).
+    pub pipeline: Option<Arc<dyn Communicator>>,
     /// A group of this rank alone (for checkpoint files one rank writes by itself).
     pub solo: Option<Arc<dyn Communicator>>,
 }
 
 impl GptMesh {
-    /// Splits `world` (none: one process) into groups of `tp`.
+    /// Splits `world` (none: one process) into groups of `tp`, with one pipeline stage.
     pub fn new(world: Option<&Arc<dyn Communicator>>, tp: usize) -> Result<Self> {
+        Self::with_pipeline(world, tp, 1)
+    }
+
+    /// Splits `world` (none: one process) into `pp` stages of groups of `tp`; the data-parallel
+    /// degree is what is left.
+    pub fn with_pipeline(
+        world: Option<&Arc<dyn Communicator>>,
+        tp: usize,
+        pp: usize,
+    ) -> Result<Self> {
         let Some(world) = world else {
-            if tp > 1 {
-                bail!("--tp {tp} needs {tp} ranks (--nproc)");
+            if tp * pp > 1 {
+                bail!("--tp {tp} --pp {pp} needs {} ranks (--nproc)", tp * pp);
             }
             return Ok(Self {
                 tp: None,
                 dp_rank: 0,
                 dp_size: 1,
+                stage: 0,
+                stages: 1,
                 world: None,
                 replicas: None,
+                pipeline: None,
                 solo: None,
             });
         };
         let size = world.world_size();
-        if !size.is_multiple_of(tp) {
-            bail!("--tp {tp} does not divide the {size} ranks");
+        if !size.is_multiple_of(tp * pp) {
+            bail!("--tp {tp} x --pp {pp} does not divide the {size} ranks");
         }
-        let mesh = DeviceMesh::new(world.as_ref(), MeshShape::new(size / tp, tp, 1, size)?)?;
+        let shape = MeshShape::new(size / (tp * pp), tp, pp, size)?;
+        let mesh = DeviceMesh::new(world.as_ref(), shape)?;
         // Every rank splits in the same order: the mesh's axes, then itself alone.
         let solo: Arc<dyn Communicator> =
             Arc::from(world.split(world.rank() as u32, world.rank() as i64)?);
@@ -92,8 +112,11 @@ impl GptMesh {
             tp: (tp > 1).then(|| TensorParallelGroup::new(mesh.tp.clone())),
             dp_rank: mesh.coords.dp,
             dp_size: mesh.shape.dp,
+            stage: mesh.coords.pp,
+            stages: pp,
             world: Some(world.clone()),
             replicas: Some(mesh.dp),
+            pipeline: Some(mesh.pp),
             solo: Some(solo),
         })
     }
@@ -101,6 +124,19 @@ impl GptMesh {
     /// The data-parallel group the strategy reduces over; `None` with one replica.
     pub fn data_parallel(&self) -> Option<&Arc<dyn Communicator>> {
         self.replicas.as_ref().filter(|_| self.dp_size > 1)
+    }
+
+    /// The pipeline axis; `None` with one stage.
+    pub fn pipeline_parallel(&self) -> Option<&Arc<dyn Communicator>> {
+        self.pipeline.as_ref().filter(|_| self.stages > 1)
+    }
+
+    pub fn is_first_stage(&self) -> bool {
+        self.stage == 0
+    }
+
+    pub fn is_last_stage(&self) -> bool {
+        self.stage + 1 == self.stages
     }
 }
 

@@ -14,6 +14,7 @@ pub mod gpt_args;
 pub mod gpt_checkpoint;
 pub mod gpt_data;
 pub mod gpt_parallel;
+pub mod gpt_pipeline;
 pub mod memory_plan;
 pub mod memory_report;
 pub mod optim_setup;

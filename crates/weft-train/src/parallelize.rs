@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use weft_collectives::Communicator;
+use weft_parallel::pipeline::PipelineStage;
 use weft_parallel::tensor::{TensorParallel, TensorParallelGroup};
 use weft_parallel::zero::{zero_stage1, zero_stage2};
 use weft_parallel::{DdpConfig, DistributedDataParallel, SingleProcess, Strategy, Trainer};
@@ -59,10 +60,14 @@ pub struct GptParallelism {
     /// The tensor-parallel group and how the model's entries are split over it (the model
     /// was built by [`crate::gpt_parallel::TensorParallelLayers`]).
     pub tensor: Option<(TensorParallelGroup, Vec<(EntryId, Split)>)>,
+    /// The pipeline axis, when the model is one stage of several (built by
+    /// `weft_models::gpt::gpt_stage`).
+    pub pipeline: Option<Arc<dyn Communicator>>,
 }
 
 /// Data parallelism (DDP or ZeRO-1/2) over the replicas `dp` (one replica without it), inside
-/// the tensor-parallel group if there is one.
+/// the tensor-parallel group if there is one, inside the pipeline stage if there is one (the
+/// token table's gradient summed between the first and last stage, which both hold it).
 pub fn gpt(
     trainer: Trainer,
     dp: Option<&Arc<dyn Communicator>>,
@@ -79,6 +84,15 @@ pub fn gpt(
             .map(|slot| slot.range())
             .collect();
         strategy = Box::new(TensorParallel::new(strategy, group.clone(), replicated));
+    }
+    if let Some(stages) = &plan.pipeline {
+        let store = trainer.model().store();
+        let tied = store
+            .id("transformer.wte.weight")
+            .ok()
+            .and_then(|id| trainer.grads().layout().slot_of(id))
+            .map(|slot| slot.range());
+        strategy = Box::new(PipelineStage::new(strategy, stages.clone(), tied)?);
     }
     Ok(trainer.with_strategy(strategy)?)
 }

@@ -132,7 +132,34 @@ fn bad_flags_are_one_line_errors_naming_the_flag() {
             &["--tp", "3", "--nproc", "3", "--batch-size", "3"][..],
             "--tp 3 does not divide the 4 attention heads of gpt-tiny",
         ),
-        (&["--tp", "2"][..], "--tp 2 must divide the 1 ranks"),
+        (
+            &["--tp", "2", "--nproc", "3"][..],
+            "--tp 2 x --pp 1 must divide the 3 ranks",
+        ),
+        (
+            &["--pp", "7"][..],
+            "--pp 7 exceeds the 6 blocks of gpt-tiny",
+        ),
+        (
+            &["--dp", "2", "--tp", "2", "--pp", "2", "--nproc", "4"][..],
+            "--dp 2 x --tp 2 x --pp 2 = 8 ranks, but --nproc is 4",
+        ),
+        (
+            &["--pp", "2", "--batch-size", "4", "--micro-batches", "3"][..],
+            "--micro-batches 3 must divide the per-rank batch of 4",
+        ),
+        (
+            &["--pp", "2", "--zero", "2"][..],
+            "--zero 2 is not supported with --pp 2",
+        ),
+        (
+            &["--pp", "2", "--pp-split", "1,2"][..],
+            "the split [1, 2] covers 3 blocks, the model has 6",
+        ),
+        (
+            &["--pp", "2", "--pp-split", "6"][..],
+            "--pp-split [6] has 1 stages",
+        ),
         (
             &["--tp", "2", "--nproc", "2", "--dropout", "0.1"][..],
             "--dropout is not supported with --tp 2",

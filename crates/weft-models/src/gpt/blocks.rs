@@ -95,6 +95,9 @@ impl Block for TransformerBlock {
 pub struct Head {
     pub(super) ln_f: LayerNorm,
     pub(super) wte: Arc<dyn TokenEmbedding>,
+    /// Whether the table belongs to the embeddings block of the same model (tied weights);
+    /// otherwise this block owns its copy (a pipeline's last stage).
+    pub(super) shared: bool,
     pub(super) entries: Range<EntryId>,
 }
 
@@ -112,6 +115,9 @@ impl Block for Head {
     }
 
     fn shared_parameters(&self) -> Vec<EntryId> {
-        vec![self.wte.table_id()]
+        match self.shared {
+            true => vec![self.wte.table_id()],
+            false => Vec::new(),
+        }
     }
 }

@@ -89,6 +89,26 @@ impl GptConfig {
         self.n_embd / self.n_head
     }
 
+    /// Blocks of the model: the embeddings, one per layer, the head.
+    pub fn num_blocks(&self) -> usize {
+        self.n_layer + 2
+    }
+
+    /// Trainable values of each block (a pipeline's balance): the embeddings' two tables, each
+    /// layer's, and the head's LayerNorm plus the token table it multiplies by (its copy on a
+    /// last stage, and the work of the logits either way).
+    pub fn block_parameter_counts(&self) -> Vec<u64> {
+        let c = self.n_embd;
+        let table = self.padded_vocab() * c;
+        let mut counts = vec![(table + self.context * c) as u64];
+        counts.extend(std::iter::repeat_n(
+            (12 * c * c + 13 * c) as u64,
+            self.n_layer,
+        ));
+        counts.push((table + 2 * c) as u64);
+        counts
+    }
+
     /// Trainable values, the tied head counted once: `V'C + TC + L(12C² + 13C) + 2C`.
     pub fn num_parameters(&self) -> usize {
         let c = self.n_embd;

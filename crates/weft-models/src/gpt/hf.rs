@@ -3,7 +3,7 @@
 //! into the padded one) and exporting a GPT so that `GPT2LMHeadModel.from_pretrained` loads it
 //! (`transformer.`-prefixed keys, the table cut back to the vocabulary, the tied head left out).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use candle_core::Tensor;
@@ -21,8 +21,32 @@ fn is_ignored(key: &str) -> bool {
     key == "lm_head.weight" || key.ends_with(".attn.bias") || key.ends_with(".attn.masked_bias")
 }
 
-/// Loads the GPT-2 checkpoint at `path` into `store` (a GPT of `config`): every parameter must
-/// be there with its shape; the token table may have `vocab_size` rows (padded here with
+/// Every parameter name of the whole GPT of `config`, as this crate names them.
+fn parameter_names(config: &GptConfig) -> HashSet<String> {
+    let mut names: HashSet<String> = ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
+        .map(|n| format!("transformer.{n}"))
+        .into();
+    let parts = [
+        "ln_1",
+        "attn.c_attn",
+        "attn.c_proj",
+        "ln_2",
+        "mlp.c_fc",
+        "mlp.c_proj",
+    ];
+    for layer in 0..config.n_layer {
+        for part in parts {
+            for kind in ["weight", "bias"] {
+                names.insert(format!("transformer.h.{layer}.{part}.{kind}"));
+            }
+        }
+    }
+    names
+}
+
+/// Loads the GPT-2 checkpoint at `path` into `store` (a GPT of `config`, or a pipeline stage
+/// of one: keys of the other stages' blocks are skipped): every parameter must be there with
+/// its shape; the token table may have `vocab_size` rows (padded here with
 /// zeros) or the padded count. Values are converted to the store's dtype.
 pub fn load_hf_safetensors(store: &ParamStore, config: &GptConfig, path: &Path) -> Result<()> {
     load_hf_safetensors_sliced(store, config, path, |_, full| Ok(full.clone()))
@@ -43,9 +67,10 @@ pub fn load_hf_safetensors_sliced(
             source,
         }
     })?;
+    let known = parameter_names(config);
     let mut unexpected: Vec<&String> = loaded
         .keys()
-        .filter(|k| !is_ignored(k) && store.id(&with_prefix(k)).is_err())
+        .filter(|k| !is_ignored(k) && !known.contains(&with_prefix(k)))
         .collect();
     unexpected.sort();
     if let Some(key) = unexpected.first() {
@@ -55,10 +80,14 @@ pub fn load_hf_safetensors_sliced(
         }
         .into());
     }
-    // The hub's keys under this crate's names, the table padded; the ignored keys left out.
+    // The hub's keys under this crate's names, the table padded; the ignored keys and those
+    // of blocks the store does not hold (other pipeline stages') left out.
     let mut named = HashMap::new();
     for (key, value) in loaded.into_iter().filter(|(k, _)| !is_ignored(k)) {
         let name = with_prefix(&key);
+        if store.id(&name).is_err() {
+            continue;
+        }
         let value = match name == TABLE && value.dim(0)? == config.vocab_size {
             true => pad_rows(&value, config.padded_vocab())?,
             false => value,

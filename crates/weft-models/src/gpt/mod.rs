@@ -12,15 +12,17 @@ mod config;
 pub mod hf;
 mod parts;
 
+use std::ops::Range;
+
 use candle_core::{DType, Device, Tensor};
-use weft_tensor::{Block, BlockModel, ParamStore};
+use weft_tensor::{Block, BlockModel, ParamStore, Scope};
 
 pub use attention::causal_self_attention;
 pub use blocks::{Embeddings, Head, TransformerBlock};
 pub use config::{GptConfig, MODEL_NAMES};
 pub use parts::{lookup, Dense, Embedding, GptLayers, Projection, ProjectionRole, TokenEmbedding};
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::layers::{Init, LayerNorm};
 
 /// Builds the GPT of `config` with every part whole.
@@ -35,7 +37,32 @@ pub fn gpt_with_layers(
     device: &Device,
     layers: &dyn GptLayers,
 ) -> Result<BlockModel> {
+    gpt_stage(config, dtype, device, layers, 0..config.num_blocks())
+}
+
+/// Builds blocks `blocks` of the GPT of `config` (block 0 is `embeddings`, `1..=n_layer` the
+/// layers `h.0`…, `n_layer + 1` the `head`): a pipeline stage. Its parameters keep the whole
+/// model's names and the values the whole model built from the same seed has (the other
+/// blocks' values are drawn and dropped, one tensor at a time). A stage with the head but not
+/// the embeddings keeps its own copy of the token table, `transformer.wte.weight`, owned by
+/// the head (Megatron's arrangement: the copies stay equal because their gradients are summed
+/// across the first and last stage before each update).
+pub fn gpt_stage(
+    config: &GptConfig,
+    dtype: DType,
+    device: &Device,
+    layers: &dyn GptLayers,
+    blocks: Range<usize>,
+) -> Result<BlockModel> {
     config.validate()?;
+    let total = config.num_blocks();
+    if blocks.is_empty() || blocks.end > total {
+        return Err(ModelError::Config(format!(
+            "{}: blocks {blocks:?} are not a non-empty range of its {total} blocks",
+            config.name
+        )));
+    }
+    let keep = |block: usize| blocks.contains(&block);
     let (c, std) = (config.n_embd, config.init_std);
     let residual_std = std / (2.0 * config.n_layer as f64).sqrt();
     let mut init = Init::new(config.seed);
@@ -43,72 +70,122 @@ pub fn gpt_with_layers(
     let mut root = store.scope("transformer");
     let mut normal = |shape: &[usize], std: f64| init.normal(shape, std, dtype, device);
     let zeros = |shape: &[usize]| Tensor::zeros(shape, dtype, device);
+    let padded_table = |table: Tensor| -> Result<Tensor> {
+        let padding = zeros(&[config.padded_vocab() - config.vocab_size, c])?;
+        Ok(Tensor::cat(&[table, padding], 0)?)
+    };
 
+    let mut parts: Vec<Box<dyn Block>> = Vec::new();
     let start = root.store_len();
     let table = normal(&[config.vocab_size, c], std)?;
-    let padding = zeros(&[config.padded_vocab() - config.vocab_size, c])?;
-    let wte = layers.token_embedding(&mut root.sub("wte"), Tensor::cat(&[table, padding], 0)?)?;
-    let wpe = root
-        .sub("wpe")
-        .parameter("weight", normal(&[config.context, c], std)?)?;
-    let mut blocks: Vec<Box<dyn Block>> = vec![Box::new(Embeddings {
-        wte: wte.clone(),
-        wpe,
-        dropout: config.dropout,
-        entries: start..root.store_len(),
-    })];
-    for layer in 0..config.n_layer {
-        let mut scope = root.sub(&format!("h.{layer}"));
-        let start = scope.store_len();
-        let ln_1 = LayerNorm::new(&mut scope.sub("ln_1"), c, config.layer_norm_eps)?;
-        let mut attn = scope.sub("attn");
-        let c_attn = layers.projection(
-            &mut attn.sub("c_attn"),
-            ProjectionRole::AttentionQkv,
-            normal(&[c, 3 * c], std)?,
-            zeros(&[3 * c])?,
-        )?;
-        let attn_proj = layers.projection(
-            &mut attn.sub("c_proj"),
-            ProjectionRole::AttentionOutput,
-            normal(&[c, c], residual_std)?,
-            zeros(&[c])?,
-        )?;
-        let ln_2 = LayerNorm::new(&mut scope.sub("ln_2"), c, config.layer_norm_eps)?;
-        let mut mlp = scope.sub("mlp");
-        let c_fc = layers.projection(
-            &mut mlp.sub("c_fc"),
-            ProjectionRole::MlpUp,
-            normal(&[c, 4 * c], std)?,
-            zeros(&[4 * c])?,
-        )?;
-        let mlp_proj = layers.projection(
-            &mut mlp.sub("c_proj"),
-            ProjectionRole::MlpDown,
-            normal(&[4 * c, c], residual_std)?,
-            zeros(&[c])?,
-        )?;
-        blocks.push(Box::new(TransformerBlock {
-            name: format!("h.{layer}"),
-            ln_1,
-            c_attn,
-            attn_proj,
-            ln_2,
-            c_fc,
-            mlp_proj,
-            head_dim: config.head_dim(),
+    let wpe = normal(&[config.context, c], std)?;
+    let mut wte = None;
+    if keep(0) {
+        let table = padded_table(table.clone())?;
+        let embedding = layers.token_embedding(&mut root.sub("wte"), table)?;
+        let wpe = root.sub("wpe").parameter("weight", wpe)?;
+        parts.push(Box::new(Embeddings {
+            wte: embedding.clone(),
+            wpe,
             dropout: config.dropout,
-            entries: start..scope.store_len(),
+            entries: start..root.store_len(),
+        }));
+        wte = Some(embedding);
+    }
+    for layer in 0..config.n_layer {
+        let values = LayerValues {
+            c_attn: normal(&[c, 3 * c], std)?,
+            attn_proj: normal(&[c, c], residual_std)?,
+            c_fc: normal(&[c, 4 * c], std)?,
+            mlp_proj: normal(&[4 * c, c], residual_std)?,
+        };
+        if keep(layer + 1) {
+            parts.push(Box::new(transformer_block(
+                config, &mut root, layers, layer, values,
+            )?));
+        }
+    }
+    if keep(total - 1) {
+        let start = root.store_len();
+        let (wte, shared) = match wte {
+            Some(wte) => (wte, true),
+            None => (
+                layers.token_embedding(&mut root.sub("wte"), padded_table(table)?)?,
+                false,
+            ),
+        };
+        let ln_f = LayerNorm::new(&mut root.sub("ln_f"), c, config.layer_norm_eps)?;
+        parts.push(Box::new(Head {
+            ln_f,
+            wte,
+            shared,
+            entries: start..root.store_len(),
         }));
     }
-    let start = root.store_len();
-    let ln_f = LayerNorm::new(&mut root.sub("ln_f"), c, config.layer_norm_eps)?;
-    blocks.push(Box::new(Head {
-        ln_f,
-        wte,
-        entries: start..root.store_len(),
-    }));
-    Ok(BlockModel::new(store, blocks)?)
+    Ok(BlockModel::new(store, parts)?)
+}
+
+/// The random initial weights of one transformer layer (its biases are zeros).
+struct LayerValues {
+    c_attn: Tensor,
+    attn_proj: Tensor,
+    c_fc: Tensor,
+    mlp_proj: Tensor,
+}
+
+/// Transformer layer `layer` (`h.{layer}`) with its parts made by `layers` from `values`.
+fn transformer_block(
+    config: &GptConfig,
+    root: &mut Scope,
+    layers: &dyn GptLayers,
+    layer: usize,
+    values: LayerValues,
+) -> Result<TransformerBlock> {
+    let c = config.n_embd;
+    let (dtype, device) = (values.c_attn.dtype(), values.c_attn.device().clone());
+    let zeros = |n: usize| Tensor::zeros(n, dtype, &device);
+    let mut scope = root.sub(&format!("h.{layer}"));
+    let start = scope.store_len();
+    let ln_1 = LayerNorm::new(&mut scope.sub("ln_1"), c, config.layer_norm_eps)?;
+    let mut attn = scope.sub("attn");
+    let c_attn = layers.projection(
+        &mut attn.sub("c_attn"),
+        ProjectionRole::AttentionQkv,
+        values.c_attn,
+        zeros(3 * c)?,
+    )?;
+    let attn_proj = layers.projection(
+        &mut attn.sub("c_proj"),
+        ProjectionRole::AttentionOutput,
+        values.attn_proj,
+        zeros(c)?,
+    )?;
+    let ln_2 = LayerNorm::new(&mut scope.sub("ln_2"), c, config.layer_norm_eps)?;
+    let mut mlp = scope.sub("mlp");
+    let c_fc = layers.projection(
+        &mut mlp.sub("c_fc"),
+        ProjectionRole::MlpUp,
+        values.c_fc,
+        zeros(4 * c)?,
+    )?;
+    let mlp_proj = layers.projection(
+        &mut mlp.sub("c_proj"),
+        ProjectionRole::MlpDown,
+        values.mlp_proj,
+        zeros(c)?,
+    )?;
+    Ok(TransformerBlock {
+        name: format!("h.{layer}"),
+        ln_1,
+        c_attn,
+        attn_proj,
+        ln_2,
+        c_fc,
+        mlp_proj,
+        head_dim: config.head_dim(),
+        dropout: config.dropout,
+        entries: start..scope.store_len(),
+    })
 }
 
 #[cfg(test)]

@@ -373,3 +373,74 @@ fn too_long_a_sequence_is_an_error_naming_the_context() {
         "{err}"
     );
 }
+
+/// A pipeline's stages are the whole model cut apart: every stage parameter has the value of
+/// the same-named parameter of the whole model (the last stage's token table copy included),
+/// and running the stages one after another gives the whole model's logits exactly.
+#[test]
+fn stages_chained_equal_the_whole_model() {
+    let config = tiny(3);
+    let (dtype, device) = (DType::F64, Device::Cpu);
+    let whole = gpt(&config, dtype, &device).unwrap();
+    let cuts = [0..2, 2..3, 3..4];
+    let stages: Vec<BlockModel> = cuts
+        .iter()
+        .map(|r| gpt_stage(&config, dtype, &device, &Dense, r.clone()).unwrap())
+        .collect();
+    for stage in &stages {
+        for entry in stage.store().entries() {
+            let full = whole.store().get(&entry.name).unwrap().tensor().clone();
+            let diff = (entry.tensor() - full).unwrap().abs().unwrap();
+            let diff = diff.flatten_all().unwrap().max(0).unwrap();
+            assert_eq!(diff.to_scalar::<f64>().unwrap(), 0.0, "{}", entry.name);
+        }
+    }
+    let last = stages[2].store();
+    assert!(
+        last.get("transformer.wte.weight").is_ok(),
+        "the head's copy"
+    );
+    assert_eq!(stages[2].parameters_used_by(0).len(), last.len(), "owned");
+    let ids = tokens(2, 5, 11, 7);
+    let mut h = ids.clone();
+    for stage in &stages {
+        h = tape::infer(stage, &h, Mode::EVAL).unwrap();
+    }
+    let expected = tape::infer(&whole, &ids, Mode::EVAL).unwrap();
+    let diff = (h - expected)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap();
+    assert_eq!(diff.max(0).unwrap().to_scalar::<f64>().unwrap(), 0.0);
+
+    // Each stage loads its part of a whole-model checkpoint; an unknown key is still refused.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    hf::save_hf_safetensors(whole.store(), &config, &path).unwrap();
+    let other = config.clone().with_seed(4);
+    for r in &cuts {
+        let stage = gpt_stage(&other, dtype, &device, &Dense, r.clone()).unwrap();
+        hf::load_hf_safetensors(stage.store(), &config, &path).unwrap();
+        for entry in stage.store().entries() {
+            let full = whole.store().get(&entry.name).unwrap().tensor().clone();
+            let diff = (entry.tensor() - full).unwrap().abs().unwrap();
+            let diff = diff.flatten_all().unwrap().max(0).unwrap();
+            assert_eq!(diff.to_scalar::<f64>().unwrap(), 0.0, "{}", entry.name);
+        }
+    }
+    let mut saved = candle_core::safetensors::load(&path, &device).unwrap();
+    saved.insert(
+        "transformer.h.7.ln_1.bias".into(),
+        Tensor::zeros(8, dtype, &device).unwrap(),
+    );
+    candle_core::safetensors::save(&saved, &path).unwrap();
+    let err = hf::load_hf_safetensors(stages[1].store(), &config, &path).unwrap_err();
+    assert!(err.to_string().contains("h.7.ln_1.bias"), "{err}");
+
+    let Err(err) = gpt_stage(&config, dtype, &device, &Dense, 3..5) else {
+        panic!("blocks past the head were accepted");
+    };
+    assert!(err.to_string().contains("3..5"), "{err}");
+}

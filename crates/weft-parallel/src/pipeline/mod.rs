@@ -9,12 +9,19 @@
 
 mod action;
 mod check;
+mod evaluate;
+mod execute;
+mod links;
 pub mod partition;
 mod schedule;
+mod stage_strategy;
 
 pub use action::{Action, StageAction};
 pub use check::{check_complete, simulate, PlanError, Simulation};
+pub use execute::{PipelineStepOutcome, PipelineTrainer};
+pub use links::StageLinks;
 pub use schedule::{theoretical_bubble, Plan, ScheduleKind};
+pub use stage_strategy::PipelineStage;
 
 #[cfg(test)]
 mod tests;

@@ -29,7 +29,7 @@ pub use outcome::{StepOutcome, StepTimings};
 use crate::error::{ParallelError, Result};
 use crate::single::SingleProcess;
 use crate::strategy::Strategy;
-use outcome::{outcome, BatchResult};
+pub(crate) use outcome::{outcome, BatchResult};
 
 /// A model with its objective, flat gradients, optimizer (with a flat master copy of the
 /// parameters it steps where it needs one) and strategy.
@@ -222,7 +222,7 @@ impl Trainer {
 
     /// Time since `start`, after the device has finished its queued work when timings are
     /// synchronized.
-    fn lap(&self, start: Instant) -> Result<Duration> {
+    pub(crate) fn lap(&self, start: Instant) -> Result<Duration> {
         if self.synchronized_timings {
             self.model.store().device().synchronize()?;
         }
@@ -335,11 +335,21 @@ impl Trainer {
         let (results, timings) = self.run(micro_batches)?;
         self.wait_for_device()?;
         let mut out = outcome(&results, timings)?;
+        self.report_scaling(&mut out);
+        Ok(out)
+    }
+
+    /// Adds the loss scale and whether the update was skipped to `out` (with a loss scaler).
+    pub(crate) fn report_scaling(&self, out: &mut StepOutcome) {
         if let Some(scaler) = &self.scaler {
             out.loss_scale = Some(scaler.scale());
             out.skipped = self.skipped_last;
         }
-        Ok(out)
+    }
+
+    /// The objective the last block's output is scored with.
+    pub(crate) fn objective(&self) -> &dyn Objective {
+        self.objective.as_ref()
     }
 
     pub(crate) fn set_lr(&mut self, lr: f64) -> Result<()> {

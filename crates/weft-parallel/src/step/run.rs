@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use weft_precision::{unscale_and_check, StepDecision};
-use weft_tensor::tape::{self, BackwardHooks, Seed};
+use weft_tensor::tape::{self, BackwardHooks, Seed, Tape, TapeOptions};
 use weft_tensor::{BlockGrads, BlockModel, FlatBuffer, Slot};
 
 use super::outcome::{BatchResult, StepTimings};
@@ -22,9 +22,7 @@ impl Trainer {
         &mut self,
         micro_batches: &[(Tensor, Tensor)],
     ) -> Result<(Vec<BatchResult>, StepTimings)> {
-        if self.params.is_none() {
-            self.reload_master_weights()?;
-        }
+        self.prepare()?;
         let mut timings = StepTimings::default();
         let total: usize = micro_batches
             .iter()
@@ -32,10 +30,42 @@ impl Trainer {
             .sum();
         let mut results = Vec::with_capacity(micro_batches.len());
         for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
-            self.strategy.set_require_sync(i + 1 == micro_batches.len());
+            self.set_require_sync(i + 1 == micro_batches.len());
             let weight = self.objective.samples(targets) as f64 / total.max(1) as f64;
             results.push(self.forward_backward(inputs, targets, weight, i > 0, &mut timings)?);
         }
+        if let Some(norm) = self.update(&mut timings)? {
+            // Not a sum over samples: only the last micro-batch's result carries it.
+            if let Some(last) = results.last_mut() {
+                last.metrics.push(("grad_norm", norm));
+            }
+        }
+        Ok((results, timings))
+    }
+
+    /// The strategy's call before each micro-batch's forward.
+    pub(crate) fn strategy_before_forward(&mut self) -> Result<()> {
+        self.strategy.before_forward(&self.model)
+    }
+
+    /// Whether the next backward communicates (the last micro-batch's does).
+    pub(crate) fn set_require_sync(&mut self, sync: bool) {
+        self.strategy.set_require_sync(sync)
+    }
+
+    /// Makes the master copy at the first step.
+    pub(crate) fn prepare(&mut self) -> Result<()> {
+        if self.params.is_none() {
+            self.reload_master_weights()?;
+        }
+        Ok(())
+    }
+
+    /// After the last backward of a step: the strategy's gradient sync, the loss scale undone
+    /// and checked (the step skipped on an inf or NaN anywhere), the gradients clipped, this
+    /// rank's range stepped. Returns the gradient norm before clipping (on the device), when
+    /// clipping.
+    pub(crate) fn update(&mut self, timings: &mut StepTimings) -> Result<Option<Tensor>> {
         let start = Instant::now();
         self.strategy.finish_backward(&self.grads)?;
         timings.sync = start.elapsed();
@@ -51,17 +81,18 @@ impl Trainer {
             if scaler.update(found) == StepDecision::Skip {
                 self.skipped_last = true;
                 timings.optimizer = self.lap(start)?;
-                return Ok((results, timings));
+                return Ok(None);
             }
         }
-        if let Some(max_norm) = self.clip_grad_norm {
-            let norm =
-                clip_grad_norm(&self.grads, range.clone(), max_norm, self.strategy.as_mut())?;
-            // Not a sum over samples: only the last micro-batch's result carries it.
-            if let Some(last) = results.last_mut() {
-                last.metrics.push(("grad_norm", norm));
-            }
-        }
+        let norm = match self.clip_grad_norm {
+            Some(max_norm) => Some(clip_grad_norm(
+                &self.grads,
+                range.clone(),
+                max_norm,
+                self.strategy.as_mut(),
+            )?),
+            None => None,
+        };
         self.optimizer
             .step(self.params.as_ref(), &self.grads, self.model.store(), range)?;
         self.strategy.after_step(&self.model)?;
@@ -70,7 +101,7 @@ impl Trainer {
         if let Some(t) = &self.options.timeline {
             t.record("optimizer", "optimizer", "compute", start, Instant::now());
         }
-        Ok((results, timings))
+        Ok(norm)
     }
 
     /// Forward and backward of one micro-batch whose loss is scaled by `weight`; gradients are
@@ -85,38 +116,76 @@ impl Trainer {
         timings: &mut StepTimings,
     ) -> Result<BatchResult> {
         let start = Instant::now();
-        self.strategy.before_forward(&self.model)?;
+        self.strategy_before_forward()?;
+        let tape = self.forward_tape(inputs, false)?;
+        let (result, scaled) = self.weighted_loss(&tape, targets, weight)?;
+        timings.forward += self.lap(start)?;
+
+        let start = Instant::now();
+        self.backward_tape(tape, Seed::Loss(&scaled), accumulate)?;
+        timings.backward += self.lap(start)?;
+        Ok(result)
+    }
+
+    /// The block-wise forward of `inputs`, the strategy called before each block; keeps what
+    /// the gradient of `inputs` needs when `input_grad`.
+    pub(crate) fn forward_tape(&mut self, inputs: &Tensor, input_grad: bool) -> Result<Tape> {
         let (model, strategy) = (&self.model, &mut self.strategy);
-        let tape = tape::forward_with(model, inputs, &self.options, |block| {
+        let options = TapeOptions {
+            input_grad,
+            ..self.options.clone()
+        };
+        let tape = tape::forward_with(model, inputs, &options, |block| {
             strategy.before_block_forward(model, block)
         })?;
-        let output = self.objective.loss(tape.output(), targets)?;
         if self.memory.is_some() {
             self.record_memory("forward", tape.saved_activation_bytes())?;
         }
+        Ok(tape)
+    }
+
+    /// The objective's loss of `tape`'s output on `targets` (unscaled, detached, with the
+    /// metrics) and the loss to back-propagate: scaled by `weight` (the micro-batch's share of
+    /// the step's samples) and the loss scale.
+    pub(crate) fn weighted_loss(
+        &self,
+        tape: &Tape,
+        targets: &Tensor,
+        weight: f64,
+    ) -> Result<(BatchResult, Tensor)> {
+        let output = self.objective.loss(tape.output(), targets)?;
         let factor = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale());
         let scaled = if factor != 1.0 {
             output.loss.affine(factor, 0.0)?
         } else {
             output.loss.clone()
         };
-        timings.forward += self.lap(start)?;
+        let result = BatchResult {
+            loss: output.loss.detach(),
+            metrics: output.metrics,
+            samples: self.objective.samples(targets),
+        };
+        Ok((result, scaled))
+    }
 
-        let start = Instant::now();
+    /// Backward of `tape` from `seed`, gradients written (or, when `accumulate`, added) into
+    /// the flat buffer as they become final, the strategy told; returns the gradient of the
+    /// tape's input when it kept what that needs.
+    pub(crate) fn backward_tape(
+        &mut self,
+        tape: Tape,
+        seed: Seed<'_>,
+        accumulate: bool,
+    ) -> Result<Option<Tensor>> {
         let mut hooks = GradientWriter {
             model: &self.model,
             grads: &self.grads,
             strategy: self.strategy.as_mut(),
             accumulate,
         };
-        tape.backward_with(Seed::Loss(&scaled), &self.model, &mut hooks)?;
-        timings.backward += self.lap(start)?;
+        let input_grad = tape.backward_with(seed, &self.model, &mut hooks)?;
         self.record_memory("backward", 0)?;
-        Ok(BatchResult {
-            loss: output.loss.detach(),
-            metrics: output.metrics,
-            samples: self.objective.samples(targets),
-        })
+        Ok(input_grad)
     }
 }
 

@@ -1,0 +1,188 @@
+//! [`StageLinks`]: the point-to-point channels between a pipeline stage and its neighbours.
+//!
+//! Each boundary between stages `s` and `s + 1` gets two communicators of its own, one per
+//! direction (activations forward, gradients backward), split from the pipeline axis. A
+//! channel carries one kind of message one way, in the order both sides' plans post them, so a
+//! send is queued without holding up anything else the stage does: the `isend` semantics under
+//! which [`super::simulate`] proves a plan free of deadlock (on NCCL each communicator has a
+//! stream of its own, so a send waiting for its receiver holds up only its channel).
+//!
+//! An activation travels with a small header (its shape); a gradient's shape is the receiving
+//! stage's own output's.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Shape, Tensor};
+use weft_collectives::Communicator;
+
+use crate::collectives::{TensorCollectives, TensorWork};
+use crate::error::{ParallelError, Result};
+
+/// The most dimensions an activation between stages may have.
+const MAX_DIMS: usize = 7;
+
+/// One direction of one boundary: a communicator of the two stages beside it.
+struct Channel {
+    comm: Arc<dyn Communicator>,
+    /// The other stage's rank in `comm`.
+    peer: usize,
+}
+
+/// A stage's channels to its neighbours, and the sends still in flight.
+pub struct StageLinks {
+    stage: usize,
+    stages: usize,
+    /// Activations from the previous stage, gradients to it.
+    from_previous: Option<Channel>,
+    to_previous: Option<Channel>,
+    /// Activations to the next stage, gradients from it.
+    to_next: Option<Channel>,
+    from_next: Option<Channel>,
+    pending: Vec<TensorWork>,
+}
+
+/// Splits `pp` into the communicators of the boundaries on one side of every pair of stages:
+/// `offset` 0 pairs stages (0, 1), (2, 3) …; `offset` 1 pairs (1, 2), (3, 4) …. A collective.
+fn split_pairs(pp: &dyn Communicator, offset: usize) -> Result<Arc<dyn Communicator>> {
+    let stage = pp.rank();
+    Ok(Arc::from(
+        pp.split(((stage + offset) / 2) as u32, stage as i64)?,
+    ))
+}
+
+impl StageLinks {
+    /// The channels of this rank's stage (its rank on the pipeline axis `pp`): four splits of
+    /// `pp`, a collective every stage calls.
+    pub fn new(pp: &dyn Communicator) -> Result<Self> {
+        let (stage, stages) = (pp.rank(), pp.world_size());
+        // Boundary b (between stages b and b + 1) is in the even split when b is even.
+        let even = [split_pairs(pp, 0)?, split_pairs(pp, 0)?];
+        let odd = [split_pairs(pp, 1)?, split_pairs(pp, 1)?];
+        let boundary = |b: usize| if b.is_multiple_of(2) { &even } else { &odd };
+        let channel = |comm: &Arc<dyn Communicator>, peer_is_lower: bool| Channel {
+            comm: comm.clone(),
+            peer: usize::from(!peer_is_lower),
+        };
+        let (mut from_previous, mut to_previous, mut to_next, mut from_next) =
+            (None, None, None, None);
+        if stage > 0 {
+            let [activations, gradients] = boundary(stage - 1);
+            from_previous = Some(channel(activations, true));
+            to_previous = Some(channel(gradients, true));
+        }
+        if stage + 1 < stages {
+            let [activations, gradients] = boundary(stage);
+            to_next = Some(channel(activations, false));
+            from_next = Some(channel(gradients, false));
+        }
+        Ok(Self {
+            stage,
+            stages,
+            from_previous,
+            to_previous,
+            to_next,
+            from_next,
+            pending: Vec::new(),
+        })
+    }
+
+    pub fn stage(&self) -> usize {
+        self.stage
+    }
+
+    pub fn stages(&self) -> usize {
+        self.stages
+    }
+
+    fn missing(&self, what: &str) -> ParallelError {
+        ParallelError::Config(format!(
+            "stage {} of {} has no {what}",
+            self.stage, self.stages
+        ))
+    }
+
+    /// Queues `activation` (this stage's output) to the next stage, its shape first.
+    pub fn send_activation(&mut self, activation: &Tensor) -> Result<()> {
+        let channel = self
+            .to_next
+            .as_ref()
+            .ok_or_else(|| self.missing("next stage"))?;
+        let dims = activation.dims();
+        if dims.len() > MAX_DIMS {
+            return Err(ParallelError::Config(format!(
+                "an activation of {} dimensions between stages (at most {MAX_DIMS})",
+                dims.len()
+            )));
+        }
+        let mut header = vec![dims.len() as i64];
+        header.extend(dims.iter().map(|&d| d as i64));
+        header.resize(MAX_DIMS + 1, 0);
+        let header = Tensor::new(header, &Device::Cpu)?;
+        let header = channel.comm.send_tensor(&header, channel.peer)?;
+        let data = channel.comm.send_tensor(activation, channel.peer)?;
+        self.pending.extend([header, data]);
+        Ok(())
+    }
+
+    /// Receives the previous stage's activation, as `dtype` on `device`.
+    pub fn recv_activation(&mut self, dtype: DType, device: &Device) -> Result<Tensor> {
+        let channel = self
+            .from_previous
+            .as_ref()
+            .ok_or_else(|| self.missing("previous stage"))?;
+        let header = channel
+            .comm
+            .recv_tensor(
+                &Shape::from(MAX_DIMS + 1),
+                DType::I64,
+                &Device::Cpu,
+                channel.peer,
+            )?
+            .wait()?
+            .to_vec1::<i64>()?;
+        let rank = header[0] as usize;
+        if rank > MAX_DIMS {
+            return Err(ParallelError::Config(format!(
+                "stage {}: the previous stage sent a header of {rank} dimensions",
+                self.stage
+            )));
+        }
+        let dims: Vec<usize> = header[1..=rank].iter().map(|&d| d as usize).collect();
+        let work = channel
+            .comm
+            .recv_tensor(&Shape::from(dims), dtype, device, channel.peer)?;
+        work.wait()
+    }
+
+    /// Queues `grad` (of this stage's input) to the previous stage.
+    pub fn send_grad(&mut self, grad: &Tensor) -> Result<()> {
+        let channel = self
+            .to_previous
+            .as_ref()
+            .ok_or_else(|| self.missing("previous stage"))?;
+        let work = channel.comm.send_tensor(grad, channel.peer)?;
+        self.pending.push(work);
+        Ok(())
+    }
+
+    /// Receives the gradient of this stage's output (of `shape`) from the next stage.
+    pub fn recv_grad(&mut self, shape: &Shape, dtype: DType, device: &Device) -> Result<Tensor> {
+        let channel = self
+            .from_next
+            .as_ref()
+            .ok_or_else(|| self.missing("next stage"))?;
+        let work = channel
+            .comm
+            .recv_tensor(shape, dtype, device, channel.peer)?;
+        work.wait()
+    }
+
+    /// Waits for every queued send (each with the backend's timeout; a dead peer is an error
+    /// naming it).
+    pub fn finish(&mut self) -> Result<()> {
+        for work in self.pending.drain(..) {
+            work.wait()?;
+        }
+        Ok(())
+    }
+}
