@@ -8,6 +8,8 @@
 #   bench    bench-gpt, GPT-2 small batch 8 x 1024 fp32, beside PyTorch fp32/tf32/bf16/compile
 #   profile  Nsight Compute over one GPT-2 small step, by kind of kernel
 #   tp       (two GPUs) train-gpt --tp 2 against one GPU: gpt-tiny's losses, GPT-2 small's tokens/s
+#   pp       (two GPUs) train-gpt --pp 2 (1F1B and GPipe, 4 micro-batches) against one GPU with the
+#            same micro-batches: gpt-tiny's losses, GPT-2 small's tokens/s, bubbles and activations
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -61,5 +63,31 @@ if want tp; then
   timeout 150 "$X" train-gpt $G --nproc 2 --tp 2 --out "$OUT/runs" --name gpt2-tp2 2>&1 | tail -1
   for n in gpt2-tp1 gpt2-tp2; do
     python3 -c "import json,sys,statistics; r=[json.loads(l) for l in open(sys.argv[1]) if '\"step\"' in l]; print(sys.argv[2], 'median tokens/s (steps 3+):', round(statistics.median(x['tokens_per_sec'] for x in r[3:])))" "$OUT/runs/$n/metrics.jsonl" "$n"
+  done
+fi
+
+if want pp; then
+  echo "== pipeline parallelism on two GPUs"
+  T="--steps 6 --seq-len 64 --batch-size 8 --micro-batches 4 --synthetic-tokens 16384 --val-tokens 2048 --quiet --device cuda"
+  timeout 90 "$X" train-gpt $T --nproc 1 --out "$OUT/runs" --name tiny-pp1 2>&1 | tail -1
+  timeout 120 "$X" train-gpt $T --nproc 2 --pp 2 --schedule 1f1b --out "$OUT/runs" --name tiny-pp2-1f1b 2>&1 | tail -1
+  timeout 120 "$X" train-gpt $T --nproc 2 --pp 2 --schedule gpipe --out "$OUT/runs" --name tiny-pp2-gpipe 2>&1 | tail -1
+  for n in tiny-pp1 tiny-pp2-1f1b tiny-pp2-gpipe; do losses "$OUT/runs/$n/metrics.jsonl"; done
+  G="--model gpt2 --steps 8 --seq-len 1024 --batch-size 8 --micro-batches 4 --synthetic-tokens 262144 --val-tokens 16384 --quiet --device cuda"
+  timeout 150 "$X" train-gpt $G --nproc 1 --out "$OUT/runs" --name gpt2-pp1 2>&1 | tail -1
+  timeout 150 "$X" train-gpt $G --nproc 2 --pp 2 --schedule 1f1b --out "$OUT/runs" --name gpt2-pp2-1f1b 2>&1 | tail -1
+  timeout 150 "$X" train-gpt $G --nproc 2 --pp 2 --schedule gpipe --out "$OUT/runs" --name gpt2-pp2-gpipe 2>&1 | tail -1
+  for n in gpt2-pp1 gpt2-pp2-1f1b gpt2-pp2-gpipe; do
+    python3 - "$OUT/runs/$n/metrics.jsonl" "$n" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l][3:]
+line = f"{sys.argv[2]}: median tokens/s (steps 3+) {round(statistics.median(r['tokens_per_sec'] for r in rows))}"
+if 'bubble' in rows[0]:
+    stages = len(rows[0]['bubble'])
+    bubble = [round(statistics.mean(r['bubble'][s] for r in rows), 3) for s in range(stages)]
+    mib = [round(max(r['peak_activation_bytes'][s] for r in rows) / 2**20) for s in range(stages)]
+    line += f", bubble per stage {bubble} (formula {rows[0]['bubble_theory']:.3f}), peak micro-batches {rows[0]['peak_micro_batches']}, peak activations MiB {mib}"
+print(line)
+PY
   done
 fi

@@ -4,6 +4,7 @@ mod bench_collectives;
 mod bench_ddp;
 mod bench_gpt;
 mod bench_optimizer;
+mod bench_pipeline;
 mod bench_step;
 mod cuda_build;
 mod gpu_bundle;
@@ -39,6 +40,9 @@ enum Command {
     BenchDdp(bench_ddp::BenchDdpArgs),
     /// Collective bandwidth and latency (nccl-tests style), beside PyTorch gloo
     BenchCollectives(bench_collectives::BenchCollectivesArgs),
+    /// Pipeline parallelism on the CPU: measured bubble per stage against (P-1)/(M+P-1), and
+    /// the activation memory GPipe and 1F1B hold
+    BenchPipeline(bench_pipeline::BenchPipelineArgs),
     /// Predict a training run's memory per rank, by category with formulas, before any GPU
     /// is touched
     MemoryPlan(memory_plan::MemoryPlanArgs),
@@ -94,6 +98,7 @@ fn main() {
                 false => bench_collectives::run(&args),
             }
         }
+        Command::BenchPipeline(args) => bench_pipeline::run(&args),
         Command::GpuCheck => match cuda_build::needs_cuda_build("cuda") {
             true => cuda_build::rerun_with_cuda(),
             false => gpu_check::run(),

@@ -16,8 +16,8 @@
 //!   produced all its gradients, overlapping communication with the rest of backward).
 //! - [`sync_bn`]: SyncBatchNorm, batch statistics of the global batch over all ranks.
 //! - [`mesh`]: the device mesh, named axes `dp`, `tp`, `pp` and their sub-communicators.
-//! - [`pipeline`]: pipeline schedules as checked plans (GPipe, 1F1B, forward-only) and the
-//!   partition of a model's blocks into stages.
+//! - [`pipeline`]: pipeline schedules as checked plans (GPipe, 1F1B, forward-only), the
+//!   partition of a model's blocks into stages, and their execution over point-to-point links.
 //! - [`tensor`]: Megatron tensor parallelism — column/row-parallel linear layers, the
 //!   vocabulary-parallel embedding and cross-entropy, and the f/g collectives joining them.
 //! - [`zero`]: ZeRO — the optimizer's states sharded over the data-parallel ranks (stages 1

@@ -2,16 +2,19 @@
 //! [`crate::step`]) calls it at fixed points of the block-wise tape, and every way of
 //! parallelising weft knows plugs in here:
 //!
-//! | point | single process | DDP | ZeRO-1/2/3 (to come) | pipeline (to come) |
+//! | point | single process | DDP | ZeRO-1/2 (stage 3 to come) | pipeline stage |
 //! |---|---|---|---|---|
 //! | `before_forward` | — | broadcast buffers | — | — |
 //! | `before_block_forward/backward` | — | — | stage 3: gather the block's parameters | — |
-//! | `block_ready` | check | launch a bucket's all-reduce | stage 2: reduce-scatter | — |
-//! | `finish_backward` | — | wait for the buckets | wait | — |
+//! | `block_ready` | check | launch a bucket's all-reduce | stage 2: reduce to the owners | — |
+//! | `finish_backward` | — | wait for the buckets | wait | sum the tied table across the ends |
 //! | `reduce_grad_norm_squared` | — | — | sum over the shards | sum over the stages |
 //! | `reduce_found_inf` (loss scaling) | — | max over ranks | max over ranks | max over stages |
-//! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | this stage's blocks |
+//! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | the stage's own buffer |
 //! | `after_step` | — | — | all-gather the updated shards | — |
+//!
+//! Strategies compose by wrapping: a pipeline stage wraps the tensor-parallel strategy of its
+//! blocks, which wraps the data-parallel strategy of its replicas.
 //!
 //! Gradients live in one flat buffer laid out like the parameters ([`weft_tensor::FlatBuffer`]);
 //! the step writes each block's final gradients into it before calling `block_ready`.

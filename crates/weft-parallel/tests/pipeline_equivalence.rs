@@ -6,7 +6,8 @@
 //! table's two parts (embedding and head) summed across stages. LayerNorm makes micro-batching
 //! exact; gradient clipping is on (at a norm it reaches), so the norm reduced over the stages,
 //! with the table counted once, is checked too. Each stage's measured peak of micro-batches in
-//! flight is the plan's: M under GPipe, min(P − s, M) under 1F1B.
+//! flight is the plan's: M under GPipe, min(P − s, M) under 1F1B. An inf found on one stage
+//! makes every stage skip the step.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -16,9 +17,12 @@ use weft_collectives::Communicator;
 use weft_models::gpt::{gpt, gpt_stage, Dense, GptConfig};
 use weft_models::loss::NextToken;
 use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
-use weft_parallel::pipeline::{partition, PipelineStage, PipelineTrainer, Plan, ScheduleKind};
-use weft_parallel::{SingleProcess, Trainer};
-use weft_tensor::{BlockModel, Checkpointing};
+use weft_parallel::pipeline::{
+    measured_block_times, partition, PipelineStage, PipelineTrainer, Plan, ScheduleKind,
+};
+use weft_parallel::{ReadyGrads, SingleProcess, Strategy, Trainer};
+use weft_precision::{DynamicLossScaler, ScalerConfig};
+use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, Objective};
 use weft_testing::on_thread_ranks;
 
 const BATCH: usize = 8;
@@ -157,4 +161,96 @@ fn pipelines_equal_one_process_in_f64() {
             }
         }
     }
+}
+
+/// One process's strategy with an inf written into the gradients on the last stage only.
+struct InfOnLastStage {
+    inner: SingleProcess,
+    last: bool,
+}
+
+impl Strategy for InfOnLastStage {
+    fn name(&self) -> &'static str {
+        "single with an inf on the last stage"
+    }
+    fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> weft_parallel::Result<()> {
+        self.inner.block_ready(ready, grads)
+    }
+    fn finish_backward(&mut self, grads: &FlatBuffer) -> weft_parallel::Result<()> {
+        self.inner.finish_backward(grads)?;
+        if self.last {
+            let inf = Tensor::new(&[f32::INFINITY], &Device::Cpu)?;
+            grads.tensor().slice_set(&inf, 0, 0)?;
+        }
+        Ok(())
+    }
+    fn set_require_sync(&mut self, sync: bool) {
+        self.inner.set_require_sync(sync)
+    }
+}
+
+/// With a loss scaler on every stage, an inf in the last stage's gradients makes every stage
+/// skip the step (its parameters untouched) and halve its scale: the found-inf flag is the
+/// maximum over the stages.
+#[test]
+fn every_stage_skips_when_one_stage_finds_an_inf() {
+    let results = on_thread_ranks(2, |s, comm| {
+        let blocks = [0..2, 2..4][s].clone();
+        let model = gpt_stage(&config(), DType::F32, &Device::Cpu, &Dense, blocks).unwrap();
+        let sgd = Sgd::<f32>::new(SgdConfig {
+            lr: LR,
+            ..SgdConfig::default()
+        })
+        .unwrap();
+        let scaler = DynamicLossScaler::new(ScalerConfig {
+            init_scale: 1024.0,
+            ..ScalerConfig::default()
+        })
+        .unwrap();
+        let plain = Trainer::new(
+            model,
+            Box::new(NextToken { vocab_size: 13 }),
+            ModelOptimizer::F32(Box::new(sgd)),
+            Checkpointing::None,
+        )
+        .unwrap()
+        .with_loss_scaler(scaler);
+        let tied = plain
+            .model()
+            .store()
+            .id("transformer.wte.weight")
+            .ok()
+            .and_then(|id| plain.grads().layout().slot_of(id).map(|slot| slot.range()));
+        let inner = InfOnLastStage {
+            inner: SingleProcess::new(plain.model(), false),
+            last: s == 1,
+        };
+        let strategy = PipelineStage::new(Box::new(inner), comm.clone(), tied).unwrap();
+        let plain = plain.with_strategy(Box::new(strategy)).unwrap();
+        let before = weft_testing::flat_params(plain.model().store());
+        let mut t = PipelineTrainer::new(plain, comm, ScheduleKind::OneFOneB, 2).unwrap();
+        let (x, y) = batch(0);
+        let out = t.step(Some(&x), Some(&y), LR).unwrap();
+        let after = weft_testing::flat_params(t.trainer().model().store());
+        (before == after, out.step.skipped, out.step.loss_scale)
+    });
+    for (s, (unchanged, skipped, scale)) in results.into_iter().enumerate() {
+        assert!(unchanged && skipped, "stage {s} stepped");
+        assert_eq!(scale, Some(512.0), "stage {s}");
+    }
+}
+
+/// Measured block times (the weights of `--pp-balance time`) come one per block, each at least
+/// a microsecond, and cut like any weights; what they are is timing, left to the benchmarks.
+#[test]
+fn measured_block_times_weigh_every_block() {
+    let model = gpt(&config(), DType::F32, &Device::Cpu).unwrap();
+    let (x, y) = batch(0);
+    let objective = NextToken { vocab_size: 13 };
+    let loss = |out: &Tensor| Ok(objective.loss(out, &y)?.loss);
+    let times = measured_block_times(&model, &x, loss, 2).unwrap();
+    assert_eq!(times.len(), model.blocks().len());
+    assert!(times.iter().all(|&t| t >= 1), "{times:?}");
+    let cuts = partition::balanced(&times, 2).unwrap();
+    assert_eq!(cuts.last().unwrap().end, times.len());
 }

@@ -25,7 +25,7 @@ use crate::distributed::RankContext;
 use crate::gpt_args::GptArgs;
 use crate::gpt_data::open_data;
 use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
-use crate::gpt_pipeline::{gather_stages, GptStepper, PipelineReport};
+use crate::gpt_pipeline::{gather_stages, stage_blocks, GptStepper, PipelineReport};
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::progress::Progress;
@@ -90,7 +90,9 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let data = open_data(args, &config, seq_len)?;
     let policy = PrecisionPolicy::from_name(&args.precision)?;
     let split_layers = mesh.tp.clone().map(TensorParallelLayers::new);
-    let blocks = args.stage_blocks()?[mesh.stage].clone();
+    let micro_rows = args.batch_size / mesh.dp_size / args.micro_batches;
+    let stages = stage_blocks(args, &config, &device, &data.train, micro_rows, ctx)?;
+    let blocks = stages[mesh.stage].clone();
     let layers: &dyn GptLayers = match &split_layers {
         Some(layers) => layers,
         None => &Dense,

@@ -31,6 +31,14 @@ impl PipelineSchedule {
     }
 }
 
+/// What the pipeline's stages are balanced by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PipelineBalance {
+    Params,
+    Time,
+}
+
 /// Flags of `cargo xtask train-gpt`.
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct GptArgs {
@@ -107,10 +115,14 @@ pub struct GptArgs {
     /// one backward: at most P - s micro-batches' activations held on stage s)
     #[arg(long, value_enum, default_value_t = PipelineSchedule::OneFOneB)]
     pub schedule: PipelineSchedule,
-    /// Blocks per pipeline stage, e.g. 3,3 (default: balanced by parameter count; the head
-    /// counts its copy of the token table)
+    /// Blocks per pipeline stage, e.g. 3,3 (default: balanced as --pp-balance says)
     #[arg(long, value_delimiter = ',')]
     pub pp_split: Option<Vec<usize>>,
+    /// How the stages are balanced without --pp-split: params (parameter counts; the head
+    /// counts its copy of the token table) | time (each block's forward and backward timed on
+    /// this device, one layer standing for all, averaged over the ranks)
+    #[arg(long, value_enum, default_value_t = PipelineBalance::Params)]
+    pub pp_balance: PipelineBalance,
     /// ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (optimizer states sharded), 2
     /// (gradients reduced into their owners too)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
@@ -170,7 +182,7 @@ impl GptArgs {
                 counts.len()
             );
         }
-        self.stage_blocks()?;
+        self.stage_blocks(None)?;
         Ok(())
     }
 
@@ -190,13 +202,14 @@ impl GptArgs {
         self.dp.unwrap_or(self.ranks() / (self.tp * self.pp).max(1))
     }
 
-    /// The model's blocks each pipeline stage runs: `--pp-split`, or balanced by parameter
-    /// count.
-    pub fn stage_blocks(&self) -> Result<Vec<std::ops::Range<usize>>> {
+    /// The model's blocks each pipeline stage runs: `--pp-split`, or balanced by `weights`
+    /// (one per block; the parameter counts without them).
+    pub fn stage_blocks(&self, weights: Option<&[u64]>) -> Result<Vec<std::ops::Range<usize>>> {
         let config = self.model_config()?;
+        let counts = config.block_parameter_counts();
         let cuts = match &self.pp_split {
-            Some(counts) => partition::given(counts, config.num_blocks()),
-            None => partition::balanced(&config.block_parameter_counts(), self.pp),
+            Some(split) => partition::given(split, config.num_blocks()),
+            None => partition::balanced(weights.unwrap_or(&counts), self.pp),
         };
         cuts.map_err(|e| anyhow::anyhow!("--pp-split: {e}"))
     }

@@ -1,16 +1,60 @@
-//! The GPT trainer's step with or without a pipeline: one [`GptStepper`] for the training loop
-//! either way, the pipeline's per-step measurements gathered for the log, and the stages'
-//! parameters gathered into the whole model for export.
+//! The GPT trainer's step with or without a pipeline: the blocks of each stage, one
+//! [`GptStepper`] for the training loop either way, the pipeline's per-step measurements
+//! gathered for the log, and the stages' parameters gathered into the whole model for export.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Shape, Tensor};
 use serde::Serialize;
 use weft_collectives::{Buffer, Communicator};
-use weft_parallel::pipeline::PipelineTrainer;
+use weft_data::TokenWindows;
+use weft_models::gpt::{self, GptConfig};
+use weft_models::loss::NextToken;
+use weft_parallel::pipeline::{measured_block_times, PipelineTrainer};
 use weft_parallel::{EvalOutcome, StepOutcome, TensorCollectives, Trainer};
-use weft_tensor::{BlockModel, EntryKind, ParamStore};
+use weft_tensor::{BlockModel, EntryKind, Objective, ParamStore};
+
+use crate::distributed::RankContext;
+use crate::gpt_args::{GptArgs, PipelineBalance};
+
+/// Each pipeline stage's blocks: `--pp-split`, or balanced by parameter count, or (with
+/// `--pp-balance time`) by each block's measured forward and backward: the embeddings, one
+/// layer (standing for every layer: they are alike) and the head of a one-layer GPT, timed on
+/// `device` on the first `rows` training sequences and averaged over the job's ranks, so that
+/// every rank cuts alike.
+pub fn stage_blocks(
+    args: &GptArgs,
+    config: &GptConfig,
+    device: &Device,
+    train: &TokenWindows,
+    rows: usize,
+    ctx: &RankContext,
+) -> Result<Vec<Range<usize>>> {
+    if args.pp == 1 || args.pp_split.is_some() || args.pp_balance == PipelineBalance::Params {
+        return args.stage_blocks(None);
+    }
+    let one_layer = GptConfig {
+        n_layer: 1,
+        ..config.clone()
+    };
+    let model = gpt::gpt(&one_layer, DType::F32, device)?;
+    let indices: Vec<usize> = (0..rows.min(train.len())).collect();
+    let (inputs, targets) = train.batch(&indices, device)?;
+    let objective = NextToken {
+        vocab_size: config.vocab_size,
+    };
+    let loss = |output: &Tensor| Ok(objective.loss(output, &targets)?.loss);
+    let times = measured_block_times(&model, &inputs, loss, 3)?;
+    let mut weights = vec![times[0] as f64];
+    weights.extend(std::iter::repeat_n(times[1] as f64, config.n_layer));
+    weights.push(times[2] as f64);
+    ctx.sum(&mut weights)?;
+    let world = ctx.world_size as f64;
+    let weights: Vec<u64> = weights.iter().map(|w| (w / world).round() as u64).collect();
+    args.stage_blocks(Some(&weights))
+}
 
 /// A training step of the whole model (with micro-batches accumulated) or of one stage.
 pub enum GptStepper {
@@ -27,6 +71,8 @@ pub struct PipelineReport {
     pub bubble_theory: f64,
     /// Per stage, the most micro-batches whose activations it held at once.
     pub peak_micro_batches: Vec<usize>,
+    /// Per stage, the most bytes of activations it held at once for its backwards.
+    pub peak_activation_bytes: Vec<usize>,
 }
 
 impl GptStepper {
@@ -64,17 +110,18 @@ impl GptStepper {
                 let Some(stages) = stages else {
                     bail!("a pipeline stage without its pipeline communicator");
                 };
-                let local = vec![out.bubble, out.peak_in_flight as f64];
+                let local = vec![
+                    out.bubble,
+                    out.peak_in_flight as f64,
+                    out.peak_activation_bytes as f64,
+                ];
                 let all: Vec<f64> = stages.all_gather(Buffer::from(local)).wait_vec()?;
+                let column = |k: usize| all.iter().skip(k).step_by(3).copied();
                 let report = PipelineReport {
-                    bubble: all.iter().step_by(2).copied().collect(),
+                    bubble: column(0).collect(),
                     bubble_theory: out.theoretical_bubble,
-                    peak_micro_batches: all
-                        .iter()
-                        .skip(1)
-                        .step_by(2)
-                        .map(|&p| p as usize)
-                        .collect(),
+                    peak_micro_batches: column(1).map(|p| p as usize).collect(),
+                    peak_activation_bytes: column(2).map(|b| b as usize).collect(),
                 };
                 Ok((out.step, Some(report)))
             }

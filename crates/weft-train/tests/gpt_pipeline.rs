@@ -1,6 +1,7 @@
 //! `train-gpt` with pipeline parallelism against one process: `--pp 2` under 1F1B and GPipe,
-//! and the 2 × 2 × 2 mesh (`--dp 2 --tp 2 --pp 2`, eight thread ranks), log the losses of the
-//! unsplit run and end with its weights (the checkpoint gathered from the stages).
+//! and the 2 × 2 × 2 mesh (`--dp 2 --tp 2 --pp 2`, eight thread ranks, with DDP and with ZeRO-1
+//! over the dp axis), log the losses of the unsplit run and end with its weights (the
+//! checkpoint gathered from the stages).
 //!
 //! The runs are f32 and differ in the order of sums only: the tied token table's embedding and
 //! head gradients summed across stages after accumulation instead of inside each backward, the
@@ -120,7 +121,14 @@ fn assert_same_run(out: &Path, a: &str, b: &str) {
     }
 }
 
-/// Each stage's peak of micro-batches in flight, as logged at `step`.
+/// Each stage's peak of activation bytes held, as logged at the first step.
+fn activation_peaks(out: &Path, run: &str) -> Vec<u64> {
+    let line = &step_lines(&out.join(run))[0];
+    let bytes = line["peak_activation_bytes"].as_array().unwrap();
+    bytes.iter().map(|p| p.as_u64().unwrap()).collect()
+}
+
+/// Each stage's peak of micro-batches in flight, as logged at the first step.
 fn peaks(out: &Path, run: &str) -> Vec<u64> {
     let line = &step_lines(&out.join(run))[0];
     let bubble = line["bubble"].as_array().unwrap();
@@ -147,8 +155,20 @@ fn train_gpt_pp2_logs_the_losses_of_pp1() {
         run_on_thread_ranks(2, &flags(out, &name, &extra));
         assert_same_run(out, "pp1", &name);
     }
+    // Stages cut by measured time (each rank times the blocks; the ranks average the times,
+    // so they cut alike, whatever the cut is).
+    let timed = [&micro[..], &["--pp", "2", "--pp-balance", "time"]].concat();
+    run_on_thread_ranks(2, &flags(out, "pp2-time", &timed));
+    assert_same_run(out, "pp1", "pp2-time");
     assert_eq!(peaks(out, "pp2-1f1b"), [2, 1], "1F1B: min(P - s, M)");
     assert_eq!(peaks(out, "pp2-gpipe"), [4, 4], "GPipe: M");
+    // Equal micro-batches keep equal tapes: 1F1B's first stage holds half of GPipe's.
+    let (one, all) = (
+        activation_peaks(out, "pp2-1f1b"),
+        activation_peaks(out, "pp2-gpipe"),
+    );
+    assert!(one[0] > 0 && 2 * one[0] == all[0], "{one:?} vs {all:?}");
+    assert!(4 * one[1] == all[1], "{one:?} vs {all:?}");
 }
 
 #[test]
@@ -168,4 +188,8 @@ fn dp2_tp2_pp2_on_eight_ranks_equals_one_process() {
     ];
     run_on_thread_ranks(8, &flags(out, "mesh", &mesh));
     assert_same_run(out, "one", "mesh");
+    // ZeRO-1 over the dp axis: each replica steps half of its stage's optimizer state.
+    let zero = [&mesh[..], &["--zero", "1"]].concat();
+    run_on_thread_ranks(8, &flags(out, "mesh-zero1", &zero));
+    assert_same_run(out, "one", "mesh-zero1");
 }

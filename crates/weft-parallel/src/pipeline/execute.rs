@@ -46,11 +46,16 @@ pub struct PipelineStepOutcome {
     pub theoretical_bubble: f64,
     /// The most micro-batches whose activations this stage held at once.
     pub peak_in_flight: usize,
+    /// The most bytes of activations this stage held at once for its backwards (what the
+    /// tapes of the micro-batches in flight keep).
+    pub peak_activation_bytes: usize,
 }
 
 /// A micro-batch between its forward and its backward.
 struct InFlight {
     tape: Tape,
+    /// What the tape keeps for backward.
+    bytes: usize,
     /// The loss to back-propagate (last stage only).
     loss: Option<Tensor>,
     output_shape: Shape,
@@ -142,6 +147,7 @@ impl PipelineTrainer {
             bubble: measured.bubble(),
             theoretical_bubble: theoretical_bubble(plan.stages, plan.microbatches),
             peak_in_flight: measured.peak_in_flight,
+            peak_activation_bytes: measured.peak_activation_bytes,
         })
     }
 
@@ -242,15 +248,19 @@ impl PipelineTrainer {
                             None
                         }
                     };
+                    let bytes = tape.saved_activation_bytes();
                     in_flight.insert(
                         i,
                         InFlight {
                             tape,
+                            bytes,
                             loss,
                             output_shape,
                         },
                     );
+                    let held: usize = in_flight.values().map(|f| f.bytes).sum();
                     measured.peak_in_flight = measured.peak_in_flight.max(in_flight.len());
+                    measured.peak_activation_bytes = measured.peak_activation_bytes.max(held);
                     let spent = self.trainer.lap(start)?;
                     timings.forward += spent;
                     measured.compute += spent;
@@ -311,6 +321,7 @@ struct Measured {
     /// From the first action to the last.
     wall: Duration,
     peak_in_flight: usize,
+    peak_activation_bytes: usize,
 }
 
 impl Measured {
