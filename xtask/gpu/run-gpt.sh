@@ -9,7 +9,8 @@
 #   profile  Nsight Compute over one GPT-2 small step, by kind of kernel
 #   tp       (two GPUs) train-gpt --tp 2 against one GPU: gpt-tiny's losses, GPT-2 small's tokens/s
 #   pp       (two GPUs) train-gpt --pp 2 (1F1B and GPipe, 4 micro-batches) against one GPU with the
-#            same micro-batches: gpt-tiny's losses, GPT-2 small's tokens/s, bubbles and activations
+#            same micro-batches: gpt-tiny's losses, GPT-2 small's tokens/s, bubbles and activations,
+#            and GPT-2 small cut by measured block time (--pp-balance time)
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -77,7 +78,8 @@ if want pp; then
   timeout 150 "$X" train-gpt $G --nproc 1 --out "$OUT/runs" --name gpt2-pp1 2>&1 | tail -1
   timeout 150 "$X" train-gpt $G --nproc 2 --pp 2 --schedule 1f1b --out "$OUT/runs" --name gpt2-pp2-1f1b 2>&1 | tail -1
   timeout 150 "$X" train-gpt $G --nproc 2 --pp 2 --schedule gpipe --out "$OUT/runs" --name gpt2-pp2-gpipe 2>&1 | tail -1
-  for n in gpt2-pp1 gpt2-pp2-1f1b gpt2-pp2-gpipe; do
+  timeout 150 "$X" train-gpt $G --nproc 2 --pp 2 --pp-balance time --out "$OUT/runs" --name gpt2-pp2-time 2>&1 | tail -1
+  for n in gpt2-pp1 gpt2-pp2-1f1b gpt2-pp2-gpipe gpt2-pp2-time; do
     python3 - "$OUT/runs/$n/metrics.jsonl" "$n" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l][3:]

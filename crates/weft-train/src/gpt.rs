@@ -190,6 +190,17 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             epochs,
             run.path.display()
         );
+        if args.pp > 1 {
+            println!(
+                "pipeline: {} stages of blocks {stages:?} (0 = embeddings, {} = head), {:?} over {} micro-batches; dp {} x tp {}",
+                args.pp,
+                config.num_blocks() - 1,
+                args.schedule,
+                args.micro_batches,
+                mesh.dp_size,
+                args.tp
+            );
+        }
     }
     let progress =
         Progress::new(total_steps as u64, args.quiet || !ctx.is_main()).with_unit("tok/s");
