@@ -21,6 +21,10 @@ pub struct Mode {
     /// Whether BatchNorm may update its running statistics. False while a checkpointed block is
     /// recomputed during backward, so the statistics are updated exactly once per step.
     pub update_running_stats: bool,
+    /// The seed this forward's dropout masks derive from (with each block's and site's own
+    /// parts, see [`crate::ops::dropout`]): set per step and micro-batch by the trainer, kept
+    /// when a checkpointed block is recomputed, so that it drops what it dropped before.
+    pub dropout_seed: u64,
 }
 
 impl Default for Mode {
@@ -33,11 +37,21 @@ impl Mode {
     pub const TRAIN: Mode = Mode {
         train: true,
         update_running_stats: true,
+        dropout_seed: 0,
     };
     pub const EVAL: Mode = Mode {
         train: false,
         update_running_stats: false,
+        dropout_seed: 0,
     };
+
+    /// The same mode with dropout masks derived from `seed`.
+    pub fn with_dropout_seed(self, seed: u64) -> Mode {
+        Mode {
+            dropout_seed: seed,
+            ..self
+        }
+    }
 
     /// The same mode for recomputing a checkpointed block: no second statistics update.
     pub fn recompute(self) -> Mode {

@@ -147,7 +147,8 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         build_optimizer(&flags, &device, policy.updated_dtype())?,
         Checkpointing::None,
     )?
-    .with_timeline(timeline.clone());
+    .with_timeline(timeline.clone())
+    .with_dropout_seed(args.seed);
     trainer = with_step_settings(trainer, args.clip_grad_norm, &policy)?;
     let plan = GptParallelism {
         zero: args.zero,

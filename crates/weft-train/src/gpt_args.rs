@@ -134,7 +134,9 @@ pub struct GptArgs {
     /// (with --pp, the micro-batches in flight through the pipeline)
     #[arg(long, default_value_t = 1)]
     pub micro_batches: usize,
-    /// Dropout of the embeddings, attention weights and residual branches while training
+    /// Dropout of the embeddings, attention weights and residual branches while training; the
+    /// masks derive from --seed, the step, the micro-batch and each element's place, so every
+    /// layout (--tp, --pp, micro-batches) drops what one process drops
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f64,
     /// Initialise from a Hugging Face GPT-2 safetensors file (e.g. the hub's model.safetensors)
@@ -256,10 +258,6 @@ impl GptArgs {
         }
         self.validate_mesh(&config)?;
         crate::gpt_parallel::check_layout(&config, self.tp)?;
-        if self.tp > 1 && self.dropout > 0.0 {
-            // Every rank of a group would draw its own masks over the replicated activations.
-            bail!("--dropout is not supported with --tp {} yet", self.tp);
-        }
         let replicas = self.data_parallel();
         let per_rank = self.batch_size / replicas;
         if !self.batch_size.is_multiple_of(replicas) {

@@ -248,6 +248,11 @@ impl GptLayers for TensorParallelLayers {
         self.record(embedding.table_id(), &[Split::Rows]);
         Ok(Arc::new(VocabTable(embedding)))
     }
+
+    /// This rank's heads are the `rank`-th of `size` equal slices (attention split by heads).
+    fn first_head(&self, heads: usize) -> usize {
+        heads / self.group.size() * self.group.rank()
+    }
 }
 
 /// Entry `id`'s part of its `full` value on rank `rank` of `size`, as `splits` cut it.

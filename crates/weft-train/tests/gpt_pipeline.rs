@@ -160,6 +160,18 @@ fn train_gpt_pp2_logs_the_losses_of_pp1() {
     let timed = [&micro[..], &["--pp", "2", "--pp-balance", "time"]].concat();
     run_on_thread_ranks(2, &flags(out, "pp2-time", &timed));
     assert_same_run(out, "pp1", "pp2-time");
+    // Dropout: micro-batch i of step s draws the same masks on whichever stage computes it.
+    let dropped = [&micro[..], &["--dropout", "0.1"]].concat();
+    weft_train::gpt::run(&flags(out, "pp1-dropout", &dropped)).unwrap();
+    let staged = [&dropped[..], &["--pp", "2"]].concat();
+    run_on_thread_ranks(2, &flags(out, "pp2-dropout", &staged));
+    assert_same_run(out, "pp1-dropout", "pp2-dropout");
+    let (a, b) = (
+        step_lines(&out.join("pp1")),
+        step_lines(&out.join("pp1-dropout")),
+    );
+    let moved = (a[1]["loss"].as_f64().unwrap() - b[1]["loss"].as_f64().unwrap()).abs();
+    assert!(moved > 1e-3, "dropout changed nothing");
     assert_eq!(peaks(out, "pp2-1f1b"), [2, 1], "1F1B: min(P - s, M)");
     assert_eq!(peaks(out, "pp2-gpipe"), [4, 4], "GPipe: M");
     // Equal micro-batches keep equal tapes: 1F1B's first stage holds half of GPipe's.

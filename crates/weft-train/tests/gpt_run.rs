@@ -160,10 +160,6 @@ fn bad_flags_are_one_line_errors_naming_the_flag() {
             &["--pp", "2", "--pp-split", "6"][..],
             "--pp-split [6] has 1 stages",
         ),
-        (
-            &["--tp", "2", "--nproc", "2", "--dropout", "0.1"][..],
-            "--dropout is not supported with --tp 2",
-        ),
     ] {
         let err = args(flags).validate().unwrap_err().to_string();
         assert!(err.contains(expected), "{flags:?}: {err}");

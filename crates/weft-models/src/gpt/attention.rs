@@ -3,14 +3,21 @@
 //! The number of heads is read from the projection's width (`3 × heads × head_dim`), so the
 //! same function serves the whole model and a tensor-parallel rank holding some of the heads.
 //! The heads run weft-tensor's fused attention (the `T × T` scores never materialised); with
-//! dropout of the attention weights they take the reference path over the full scores.
+//! dropout of the attention weights they take the reference path over the full scores, the
+//! masks placed among the whole model's heads (a tensor-parallel rank drops what the whole
+//! model drops for its heads).
 
 use candle_core::Tensor;
+use weft_tensor::ops::dropout::Dropout;
 use weft_tensor::{ops, Result, TensorError};
 
 /// `softmax(q kᵀ / sqrt(head_dim) + causal mask) v` for `qkv` `[B, T, 3W]`, returning
-/// `[B, T, W]`; `dropout` (training only) drops attention weights.
-pub fn causal_self_attention(qkv: &Tensor, head_dim: usize, dropout: f64) -> Result<Tensor> {
+/// `[B, T, W]`; `dropout` (training only) drops attention weights (`[B, heads, T, T]`).
+pub fn causal_self_attention(
+    qkv: &Tensor,
+    head_dim: usize,
+    dropout: Option<&Dropout>,
+) -> Result<Tensor> {
     let (b, t, fused) = qkv.dims3()?;
     if fused % (3 * head_dim) != 0 {
         return Err(TensorError::Block {
@@ -28,9 +35,9 @@ pub fn causal_self_attention(qkv: &Tensor, head_dim: usize, dropout: f64) -> Res
             .contiguous()?)
     };
     let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-    let y = match dropout > 0.0 {
-        true => ops::causal_attention_reference(&q, &k, &v, dropout)?,
-        false => ops::causal_attention(&q, &k, &v)?,
+    let y = match dropout {
+        Some(dropout) => ops::causal_attention_reference(&q, &k, &v, Some(dropout))?,
+        None => ops::causal_attention(&q, &k, &v)?,
     };
     Ok(y.transpose(1, 2)?.reshape((b, t, width))?)
 }
@@ -50,7 +57,7 @@ mod tests {
             rows.extend([0.0, 0.0, 0.0, 0.0, v[0], v[1]]);
         }
         let qkv = Tensor::from_vec(rows, (1, 3, 6), &Device::Cpu)?;
-        let y = causal_self_attention(&qkv, 2, 0.0)?
+        let y = causal_self_attention(&qkv, 2, None)?
             .squeeze(0)?
             .to_vec2::<f64>()?;
         assert_eq!(y[0], [1.0, 10.0]);
@@ -68,7 +75,7 @@ mod tests {
             &[[[0f64, 0., 0., 0., 4., 8.], [1., 0., ln3, 0., 8., 2.]]],
             &Device::Cpu,
         )?;
-        let y = causal_self_attention(&qkv, 1, 0.0)?
+        let y = causal_self_attention(&qkv, 1, None)?
             .squeeze(0)?
             .to_vec2::<f64>()?;
         assert_eq!(y[0], [4.0, 8.0]);

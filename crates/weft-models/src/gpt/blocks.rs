@@ -5,18 +5,46 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::{Tensor, Var};
+use weft_tensor::ops::dropout::{derive_seed, name_seed, Dropout, Placement};
 use weft_tensor::{ops, Block, EntryId, Mode, Result, TensorError};
 
 use super::attention::causal_self_attention;
 use super::parts::{Projection, TokenEmbedding};
 use crate::layers::LayerNorm;
 
-/// Drops values with probability `p` while training (inverted dropout); identity otherwise.
-fn dropout(x: Tensor, p: f64, mode: Mode) -> Result<Tensor> {
-    match mode.train && p > 0.0 {
-        true => Ok(candle_nn::ops::dropout(&x, p as f32)?),
-        false => Ok(x),
+/// Where in a block a dropout sits (part of its masks' seed).
+#[derive(Debug, Clone, Copy)]
+enum Site {
+    Embeddings = 1,
+    AttentionWeights,
+    AttentionOutput,
+    MlpOutput,
+}
+
+/// The seed of the masks of `site` in block `block` for a forward in `mode`.
+fn site_seed(mode: Mode, block: &str, site: Site) -> u64 {
+    derive_seed(
+        derive_seed(mode.dropout_seed, name_seed(block)),
+        site as u64,
+    )
+}
+
+/// Drops values with probability `p` while training (inverted dropout, masks from the mode's
+/// seed, the block and the site: every rank holding the whole activation drops the same
+/// elements); identity otherwise.
+fn dropout(x: Tensor, p: f64, mode: Mode, block: &str, site: Site) -> Result<Tensor> {
+    if !(mode.train && p > 0.0) {
+        return Ok(x);
     }
+    let seed = site_seed(mode, block, site);
+    ops::dropout::dropout(
+        &x,
+        &Dropout {
+            p,
+            seed,
+            placement: None,
+        },
+    )
 }
 
 /// Token plus learned position embeddings: `[B, T]` ids to `[B, T, width]`.
@@ -43,7 +71,7 @@ impl Block for Embeddings {
         }
         let positions = self.wpe.as_tensor().narrow(0, 0, t)?;
         let h = self.wte.forward(ids)?.broadcast_add(&positions)?;
-        dropout(h, self.dropout, mode)
+        dropout(h, self.dropout, mode, self.name(), Site::Embeddings)
     }
 
     fn entries(&self) -> Range<EntryId> {
@@ -62,6 +90,11 @@ pub struct TransformerBlock {
     pub(super) c_fc: Box<dyn Projection>,
     pub(super) mlp_proj: Box<dyn Projection>,
     pub(super) head_dim: usize,
+    /// The model's heads, and the first of them this block's projections hold (all of them
+    /// from 0 unless tensor parallelism split them): where its attention weights sit among
+    /// the whole model's, for their dropout masks.
+    pub(super) heads: usize,
+    pub(super) first_head: usize,
     pub(super) dropout: f64,
     pub(super) entries: Range<EntryId>,
 }
@@ -78,11 +111,26 @@ impl Block for TransformerBlock {
         let h = x.reshape((b * t, c))?;
         let p = if mode.train { self.dropout } else { 0.0 };
         let qkv = self.c_attn.forward(&self.ln_1.forward(&h)?)?;
-        let attended = causal_self_attention(&qkv.reshape((b, t, ()))?, self.head_dim, p)?;
+        let weights_dropout = (p > 0.0).then(|| Dropout {
+            p,
+            seed: site_seed(mode, &self.name, Site::AttentionWeights),
+            placement: Some(Placement {
+                axis: 1,
+                offset: self.first_head,
+                total: self.heads,
+            }),
+        });
+        let attended = causal_self_attention(
+            &qkv.reshape((b, t, ()))?,
+            self.head_dim,
+            weights_dropout.as_ref(),
+        )?;
         let attended = attended.reshape((b * t, ()))?;
-        let h = (h + dropout(self.attn_proj.forward(&attended)?, p, mode)?)?;
+        let projected = self.attn_proj.forward(&attended)?;
+        let h = (h + dropout(projected, p, mode, &self.name, Site::AttentionOutput)?)?;
         let up = ops::gelu_tanh(&self.c_fc.forward(&self.ln_2.forward(&h)?)?)?;
-        let h = (&h + dropout(self.mlp_proj.forward(&up)?, p, mode)?)?;
+        let down = self.mlp_proj.forward(&up)?;
+        let h = (&h + dropout(down, p, mode, &self.name, Site::MlpOutput)?)?;
         Ok(h.reshape((b, t, c))?)
     }
 

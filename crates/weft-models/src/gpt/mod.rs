@@ -183,6 +183,8 @@ fn transformer_block(
         c_fc,
         mlp_proj,
         head_dim: config.head_dim(),
+        heads: config.n_head,
+        first_head: layers.first_head(config.n_head),
         dropout: config.dropout,
         entries: start..scope.store_len(),
     })

@@ -57,6 +57,13 @@ pub trait GptLayers {
 
     /// The token embedding registered as `weight` (`[padded vocab, width]`) in `scope`.
     fn token_embedding(&self, scope: &mut Scope, table: Tensor) -> Result<Arc<dyn TokenEmbedding>>;
+
+    /// Of the model's `heads` attention heads, the first the attention projections made here
+    /// hold (a slice of heads starts there): 0 for whole projections.
+    fn first_head(&self, heads: usize) -> usize {
+        let _ = heads;
+        0
+    }
 }
 
 /// The unsharded model: every part whole.

@@ -250,14 +250,40 @@ fn gradients_match_finite_differences_in_f64() {
 /// The block-wise backward (each block's graph cut at its input, the tied table's two parts
 /// summed and reported with the embeddings) gives the whole graph's gradients exactly up to
 /// summation order (1e-12 in f64).
+/// Also with dropout: the masks derive from the mode's seed, so the whole graph, the block-wise
+/// tape and the checkpointed tape (its blocks recomputed in backward) drop the same elements.
 #[test]
 fn block_wise_backward_equals_the_whole_graph() {
-    let config = tiny(2);
+    for dropout in [0.0, 0.2] {
+        block_wise_backward_equals_the_whole_graph_with(dropout);
+    }
+}
+
+fn block_wise_backward_equals_the_whole_graph_with(dropout: f64) {
+    let config = tiny(2).with_dropout(dropout);
     let model = gpt(&config, DType::F64, &Device::Cpu).unwrap();
     let (ids, targets) = (tokens(2, 6, 11, 3), tokens(2, 6, 11, 4));
-    let reference = loss_of(&model, &ids, &targets, 11).backward().unwrap();
+    let mode = Mode::TRAIN.with_dropout_seed(17);
+    let logits = model.forward(&ids, mode).unwrap();
+    let loss = NextToken { vocab_size: 11 }
+        .loss(&logits, &targets)
+        .unwrap()
+        .loss;
+    let undropped = loss_of(&model, &ids, &targets, 11);
+    let moved = (&loss - &undropped)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap();
+    assert_eq!(
+        moved > 1e-3,
+        dropout > 0.0,
+        "dropout {dropout} moved the loss by {moved}"
+    );
+    let reference = loss.backward().unwrap();
     for checkpointing in [Checkpointing::None, Checkpointing::All] {
-        let tape = tape::forward(&model, &ids, Mode::TRAIN, &checkpointing).unwrap();
+        let tape = tape::forward(&model, &ids, mode, &checkpointing).unwrap();
         let out = NextToken { vocab_size: 11 }
             .loss(tape.output(), &targets)
             .unwrap();

@@ -240,7 +240,7 @@ impl PipelineTrainer {
                             .ok_or_else(|| missing("activation", i))?,
                     };
                     self.trainer.strategy_before_forward()?;
-                    let tape = self.trainer.forward_tape(&x, !first)?;
+                    let tape = self.trainer.forward_tape(&x, i, !first)?;
                     let output_shape = tape.output().shape().clone();
                     let loss = match last {
                         true => {

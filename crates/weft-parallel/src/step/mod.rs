@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use candle_core::{DType, Tensor};
 use weft_optim::ModelOptimizer;
 use weft_precision::DynamicLossScaler;
+use weft_tensor::ops::dropout::derive_seed;
 use weft_tensor::tape::{self, TapeOptions};
 use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Objective, Timeline};
 
@@ -52,6 +53,10 @@ pub struct Trainer {
     scaler: Option<DynamicLossScaler>,
     /// Whether the last step was skipped by the loss scaler.
     skipped_last: bool,
+    /// The seed every step's dropout masks derive from, and the steps taken so far: micro-batch
+    /// `i` of step `s` draws from `(seed, s, i)`, whichever rank or stage computes it.
+    dropout_seed: u64,
+    steps_taken: u64,
     pub(crate) synchronized_timings: bool,
     /// Memory samples of each step, when tracked.
     memory: Option<memory::MemoryTracker>,
@@ -106,6 +111,8 @@ impl Trainer {
             clip_grad_norm: None,
             scaler: None,
             skipped_last: false,
+            dropout_seed: 0,
+            steps_taken: 0,
             synchronized_timings: false,
             memory: None,
             #[cfg(feature = "cuda")]
@@ -198,6 +205,19 @@ impl Trainer {
     /// The loss scaler, if the step scales the loss.
     pub fn loss_scaler(&self) -> Option<&DynamicLossScaler> {
         self.scaler.as_ref()
+    }
+
+    /// Derives every step's dropout masks from `seed` (default 0): micro-batch `i` of step `s`
+    /// draws the same masks on every rank and stage that computes it.
+    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
+        self.dropout_seed = seed;
+        self
+    }
+
+    /// The dropout seed of micro-batch `micro` of the current step.
+    pub(crate) fn micro_batch_seed(&self, micro: usize) -> u64 {
+        let step = derive_seed(self.dropout_seed, self.steps_taken);
+        derive_seed(step, micro as u64)
     }
 
     /// Trains in `mode` (e.g. BatchNorm with running statistics for exact-equivalence tests).

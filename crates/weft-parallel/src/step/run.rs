@@ -32,7 +32,7 @@ impl Trainer {
         for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
             self.set_require_sync(i + 1 == micro_batches.len());
             let weight = self.objective.samples(targets) as f64 / total.max(1) as f64;
-            results.push(self.forward_backward(inputs, targets, weight, i > 0, &mut timings)?);
+            results.push(self.forward_backward(inputs, targets, weight, i, &mut timings)?);
         }
         if let Some(norm) = self.update(&mut timings)? {
             // Not a sum over samples: only the last micro-batch's result carries it.
@@ -66,6 +66,7 @@ impl Trainer {
     /// rank's range stepped. Returns the gradient norm before clipping (on the device), when
     /// clipping.
     pub(crate) fn update(&mut self, timings: &mut StepTimings) -> Result<Option<Tensor>> {
+        self.steps_taken += 1;
         let start = Instant::now();
         self.strategy.finish_backward(&self.grads)?;
         timings.sync = start.elapsed();
@@ -104,35 +105,45 @@ impl Trainer {
         Ok(norm)
     }
 
-    /// Forward and backward of one micro-batch whose loss is scaled by `weight`; gradients are
-    /// written (or, when `accumulate`, added) into the flat gradient buffer. Returns the
-    /// unscaled mean loss and the metrics, on the device.
+    /// Forward and backward of micro-batch `micro` whose loss is scaled by `weight`; gradients
+    /// are written (the first micro-batch) or added (the others) into the flat gradient buffer.
+    /// Returns the unscaled mean loss and the metrics, on the device.
     fn forward_backward(
         &mut self,
         inputs: &Tensor,
         targets: &Tensor,
         weight: f64,
-        accumulate: bool,
+        micro: usize,
         timings: &mut StepTimings,
     ) -> Result<BatchResult> {
         let start = Instant::now();
         self.strategy_before_forward()?;
-        let tape = self.forward_tape(inputs, false)?;
+        let tape = self.forward_tape(inputs, micro, false)?;
         let (result, scaled) = self.weighted_loss(&tape, targets, weight)?;
         timings.forward += self.lap(start)?;
 
         let start = Instant::now();
-        self.backward_tape(tape, Seed::Loss(&scaled), accumulate)?;
+        self.backward_tape(tape, Seed::Loss(&scaled), micro > 0)?;
         timings.backward += self.lap(start)?;
         Ok(result)
     }
 
-    /// The block-wise forward of `inputs`, the strategy called before each block; keeps what
-    /// the gradient of `inputs` needs when `input_grad`.
-    pub(crate) fn forward_tape(&mut self, inputs: &Tensor, input_grad: bool) -> Result<Tape> {
+    /// The block-wise forward of micro-batch `micro`'s `inputs`, the strategy called before
+    /// each block; keeps what the gradient of `inputs` needs when `input_grad`.
+    pub(crate) fn forward_tape(
+        &mut self,
+        inputs: &Tensor,
+        micro: usize,
+        input_grad: bool,
+    ) -> Result<Tape> {
+        let mode = self
+            .options
+            .mode
+            .with_dropout_seed(self.micro_batch_seed(micro));
         let (model, strategy) = (&self.model, &mut self.strategy);
         let options = TapeOptions {
             input_grad,
+            mode,
             ..self.options.clone()
         };
         let tape = tape::forward_with(model, inputs, &options, |block| {

@@ -13,6 +13,7 @@ use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, D};
 
 use super::attention_cpu::{AttentionKernel, AttentionPass, AttentionShape};
+use super::dropout::Dropout;
 use super::storage::{half_on_cpu, run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg};
 
 /// Whether a CUDA kernel exists for head width `d` in `dtype`: 4 to 64 in f32, 4 to 32 in
@@ -44,7 +45,7 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     let fused = uses_cpu_kernels(&[q, k, v])
         || (uses_cuda_kernels(&[q, k, v]) && has_cuda_attention(q.dtype(), d));
     if !fused {
-        return causal_attention_reference(q, k, v, 0.0);
+        return causal_attention_reference(q, k, v, None);
     }
     let op = AttentionOp {
         pass: AttentionPass::Forward,
@@ -57,13 +58,14 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
 }
 
 /// The same attention through Candle's ops over the full `seq × seq` scores (16-bit scores
-/// normalised in f32), with `dropout` of the attention weights (training only): the
-/// reference the fused kernels are tested against, and the path of dropout.
+/// normalised in f32), with `dropout` of the attention weights (training only; the weights
+/// `[B, H, T, T]` placed among all the model's heads as `dropout` says): the reference the
+/// fused kernels are tested against, and the path of dropout.
 pub fn causal_attention_reference(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    dropout: f64,
+    dropout: Option<&Dropout>,
 ) -> Result<Tensor> {
     let (_, _, t, d) = q.dims4()?;
     let scores = (q.matmul(&k.t()?.contiguous()?)? * (1.0 / (d as f64).sqrt()))?;
@@ -78,13 +80,9 @@ pub fn causal_attention_reference(
     if narrow {
         weights = weights.to_dtype(q.dtype())?;
     }
-    if dropout > 0.0 {
-        let keep = (weights
-            .rand_like(0.0, 1.0)?
-            .ge(dropout)?
-            .to_dtype(weights.dtype())?
-            / (1.0 - dropout))?;
-        weights = (weights * keep)?;
+    if let Some(dropout) = dropout {
+        weights = super::dropout::dropout(&weights, dropout)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     }
     weights.matmul(&v.contiguous()?)
 }
@@ -250,7 +248,7 @@ mod tests {
             );
             let upstream = values(shape, 99);
             let fused = causal_attention(q, k, v).unwrap();
-            let reference = causal_attention_reference(q, k, v, 0.0).unwrap();
+            let reference = causal_attention_reference(q, k, v, None).unwrap();
             assert!(max_diff(&fused, &reference) < 1e-12, "{shape:?}: output");
             let g1 = (&fused * &upstream)
                 .unwrap()

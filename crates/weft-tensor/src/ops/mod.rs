@@ -17,6 +17,8 @@
 //! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative; [`project`]: `x W` over the last
 //!   dimension for `[in, out]` weights.
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
+//! - [`dropout`]: dropout masks from a seed and each element's place (reproducible on
+//!   recomputation and across the ranks of a tensor-parallel group).
 //! - `cuda_launch` (feature `cuda`): loading PTX modules and launching kernels on a device's
 //!   compute stream, for weft's kernels here and in other crates (the optimizers').
 //!
@@ -55,6 +57,7 @@ pub mod cuda_launch;
 mod cudnn_plan;
 #[cfg(feature = "cudnn")]
 mod cudnn_search;
+pub mod dropout;
 mod gelu;
 #[cfg(feature = "cuda")]
 mod gelu_cuda;
