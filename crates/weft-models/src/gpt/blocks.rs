@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use candle_core::{Tensor, Var};
 use weft_tensor::ops::dropout::{derive_seed, name_seed, Dropout, Placement};
-use weft_tensor::{ops, Block, EntryId, Mode, Result, TensorError};
+use weft_tensor::{ops, Block, EntryId, ExplicitBackward, Mode, Result, TensorError};
 
 use super::attention::causal_self_attention;
 use super::parts::{Projection, TokenEmbedding};
@@ -102,6 +102,10 @@ pub struct TransformerBlock {
 impl Block for TransformerBlock {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
     }
 
     /// Runs on the tokens as rows (`[B·T, width]`): one reshape in and one out, none around

@@ -9,6 +9,7 @@
 mod attention;
 mod blocks;
 mod config;
+mod explicit;
 pub mod hf;
 mod parts;
 

@@ -31,6 +31,12 @@ pub enum ProjectionRole {
 /// A projection over the last dimension (a Conv1D or a slice of one).
 pub trait Projection: Send + Sync {
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// The whole Conv1D, when this projection is one (a block can then differentiate it
+    /// itself); `None` for a slice that communicates.
+    fn as_conv1d(&self) -> Option<&Conv1D> {
+        None
+    }
 }
 
 /// The token embedding table, used twice: looked up by the first block and, transposed, as the
@@ -73,6 +79,10 @@ pub struct Dense;
 impl Projection for Conv1D {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Conv1D::forward(self, x)
+    }
+
+    fn as_conv1d(&self) -> Option<&Conv1D> {
+        Some(self)
     }
 }
 

@@ -282,6 +282,11 @@ fn block_wise_backward_equals_the_whole_graph_with(dropout: f64) {
         "dropout {dropout} moved the loss by {moved}"
     );
     let reference = loss.backward().unwrap();
+    // The layers differentiate themselves unless they drop (then the tape records the graph).
+    let layer = model.blocks()[1].explicit().expect("a transformer layer");
+    let embedded = model.blocks()[0].forward(&ids, mode).unwrap();
+    let own = layer.forward_saving(&embedded, mode).unwrap().is_some();
+    assert_eq!(own, dropout == 0.0, "dropout {dropout}");
     for checkpointing in [Checkpointing::None, Checkpointing::All] {
         let tape = tape::forward(&model, &ids, mode, &checkpointing).unwrap();
         let out = NextToken { vocab_size: 11 }

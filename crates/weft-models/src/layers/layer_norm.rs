@@ -24,6 +24,18 @@ impl LayerNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         layer_norm(x, self.weight.as_tensor(), self.bias.as_tensor(), self.eps)
     }
+
+    pub fn weight(&self) -> &Tensor {
+        self.weight.as_tensor()
+    }
+
+    pub fn bias(&self) -> &Tensor {
+        self.bias.as_tensor()
+    }
+
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
 }
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dimension of `x`, through

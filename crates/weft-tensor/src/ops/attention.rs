@@ -87,6 +87,63 @@ pub fn causal_attention_reference(
     weights.matmul(&v.contiguous()?)
 }
 
+/// The fused forward without an autograd graph, for blocks that differentiate themselves:
+/// the output and what [`causal_attention_backward`] needs (the output packed with each row's
+/// log-sum-exp). `None` where the fused kernels do not apply ([`has_cuda_attention`]; 16-bit).
+pub fn causal_attention_saving(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let (_, _, _, d) = q.dims4()?;
+    let fused = uses_cpu_kernels(&[q, k, v])
+        || (uses_cuda_kernels(&[q, k, v]) && has_cuda_attention(q.dtype(), d));
+    if !fused || k.dims() != q.dims() || v.dims() != q.dims() {
+        return Ok(None);
+    }
+    let op = AttentionOp {
+        pass: AttentionPass::Forward,
+        scale: 1.0 / (d as f64).sqrt(),
+    };
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let packed = q.apply_op3_no_bwd(&k, &v, &op)?;
+    Ok(Some((packed.narrow(3, 0, d)?, packed)))
+}
+
+/// The gradients `(dq, dk, dv)` of the fused attention from what [`causal_attention_saving`]
+/// kept (`packed`) and the output's gradient `d_out`.
+pub fn causal_attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    packed: &Tensor,
+    d_out: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let scale = 1.0 / (q.dim(3)? as f64).sqrt();
+    backward_packed(q, k, v, packed, d_out, scale)
+}
+
+/// FlashAttention's backward in two passes: key rows (`dK`, `dV`), then query rows (`dQ`).
+fn backward_packed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    packed: &Tensor,
+    d_out: &Tensor,
+    scale: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let d = q.dim(3)?;
+    let (o, lse) = (packed.narrow(3, 0, d)?, packed.narrow(3, d, 1)?);
+    let delta = (d_out * &o)?.sum_keepdim(3)?;
+    let q_do = Tensor::cat(&[q, d_out], 3)?.contiguous()?;
+    let kv = Tensor::cat(&[k, v], 3)?.contiguous()?;
+    let stats = Tensor::cat(&[&lse, &delta], 3)?.contiguous()?;
+    let pass = |pass| AttentionOp { pass, scale };
+    let dkv = q_do.apply_op3_no_bwd(&kv, &stats, &pass(AttentionPass::KeyValueGrads))?;
+    let dq = q_do.apply_op3_no_bwd(&kv, &stats, &pass(AttentionPass::QueryGrads))?;
+    Ok((dq, dkv.narrow(3, 0, d)?, dkv.narrow(3, d, d)?))
+}
+
 fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?.detach();
     let exp = x.broadcast_sub(&max)?.exp()?;
@@ -187,24 +244,9 @@ impl CustomOp3 for AttentionOp {
         packed: &Tensor,
         dpacked: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let d = q.dim(3)?;
-        let (o, lse) = (packed.narrow(3, 0, d)?, packed.narrow(3, d, 1)?);
-        let d_out = dpacked.narrow(3, 0, d)?;
-        let delta = (&d_out * &o)?.sum_keepdim(3)?;
-        let q_do = Tensor::cat(&[q, &d_out], 3)?.contiguous()?;
-        let kv = Tensor::cat(&[k, v], 3)?.contiguous()?;
-        let stats = Tensor::cat(&[&lse, &delta], 3)?.contiguous()?;
-        let pass = |pass| AttentionOp {
-            pass,
-            scale: self.scale,
-        };
-        let dkv = q_do.apply_op3_no_bwd(&kv, &stats, &pass(AttentionPass::KeyValueGrads))?;
-        let dq = q_do.apply_op3_no_bwd(&kv, &stats, &pass(AttentionPass::QueryGrads))?;
-        Ok((
-            Some(dq),
-            Some(dkv.narrow(3, 0, d)?),
-            Some(dkv.narrow(3, d, d)?),
-        ))
+        let d_out = dpacked.narrow(3, 0, q.dim(3)?)?;
+        let (dq, dk, dv) = backward_packed(q, k, v, packed, &d_out, self.scale)?;
+        Ok((Some(dq), Some(dk), Some(dv)))
     }
 }
 

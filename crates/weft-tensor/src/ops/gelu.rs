@@ -59,13 +59,18 @@ impl CustomOp1 for GeluTanh {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let dx = match uses_cpu_kernels(&[x, dy]) || uses_cuda_kernels(&[x, dy]) {
-            true => x
-                .contiguous()?
-                .apply_op2_no_bwd(&dy.contiguous()?, &GeluTanhBackward)?,
-            false => (dy * gelu_tanh_derivative(x)?)?,
-        };
-        Ok(Some(dx))
+        Ok(Some(gelu_tanh_backward(x, dy)?))
+    }
+}
+
+/// `dy · gelu'(x)`, the gradient of [`gelu_tanh`] without an autograd graph (one fused pass
+/// where the kernels apply).
+pub fn gelu_tanh_backward(x: &Tensor, dy: &Tensor) -> candle_core::Result<Tensor> {
+    match uses_cpu_kernels(&[x, dy]) || uses_cuda_kernels(&[x, dy]) {
+        true => x
+            .contiguous()?
+            .apply_op2_no_bwd(&dy.contiguous()?, &GeluTanhBackward),
+        false => dy * gelu_tanh_derivative(x)?,
     }
 }
 

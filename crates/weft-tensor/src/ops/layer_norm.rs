@@ -49,6 +49,54 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
     }
 }
 
+/// The gradients `(dx, dw, db)` of [`layer_norm`] of `x` (`[rows, C]`, contiguous) with
+/// `weight` and `bias` from the output's gradient `dy`, computed by the fused kernels without an
+/// autograd graph (for blocks that differentiate themselves; same conditions as the forward's
+/// kernels).
+pub fn layer_norm_backward(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    backward_rows(
+        &x.contiguous()?,
+        &weight.contiguous()?,
+        &bias.contiguous()?,
+        &dy.contiguous()?,
+        eps,
+    )
+}
+
+/// The backward of the fused op over contiguous rows.
+fn backward_rows(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let moments = LayerNormOp {
+        pass: Pass::Stats,
+        eps,
+    };
+    let stats = x.apply_op3_no_bwd(weight, bias, &moments)?;
+    let (mean, rstd) = (stats.narrow(1, 0, 1)?, stats.narrow(1, 1, 1)?);
+    let xhat = x.broadcast_sub(&mean)?.broadcast_mul(&rstd)?;
+    let dw = (dy * &xhat)?.sum(0)?;
+    let db = dy.sum(0)?;
+    let g = dy.broadcast_mul(weight)?;
+    let op = LayerNormOp {
+        pass: Pass::BackwardInput,
+        eps,
+    };
+    let dx = xhat
+        .contiguous()?
+        .apply_op3_no_bwd(&g.contiguous()?, &stats, &op)?;
+    Ok((dx, dw, db))
+}
+
 /// The same through Candle's ops.
 pub fn layer_norm_reference(
     x: &Tensor,
@@ -188,23 +236,7 @@ impl CustomOp3 for LayerNormOp {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let moments = LayerNormOp {
-            pass: Pass::Stats,
-            eps: self.eps,
-        };
-        let stats = x.apply_op3_no_bwd(weight, bias, &moments)?;
-        let (mean, rstd) = (stats.narrow(1, 0, 1)?, stats.narrow(1, 1, 1)?);
-        let xhat = x.broadcast_sub(&mean)?.broadcast_mul(&rstd)?;
-        let dw = (dy * &xhat)?.sum(0)?;
-        let db = dy.sum(0)?;
-        let g = dy.broadcast_mul(weight)?;
-        let op = LayerNormOp {
-            pass: Pass::BackwardInput,
-            eps: self.eps,
-        };
-        let dx = xhat
-            .contiguous()?
-            .apply_op3_no_bwd(&g.contiguous()?, &stats, &op)?;
+        let (dx, dw, db) = backward_rows(x, weight, bias, dy, self.eps)?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
 }

@@ -81,7 +81,10 @@ mod running_average;
 mod scratch;
 mod storage;
 
-pub use attention::{causal_attention, causal_attention_reference, has_cuda_attention};
+pub use attention::{
+    causal_attention, causal_attention_backward, causal_attention_reference,
+    causal_attention_saving, has_cuda_attention,
+};
 pub use batch_norm::{
     batch_norm_relu_train, batch_norm_train, batch_norm_train_backward, batch_norm_train_forward,
     BatchNormGrads, BatchNormOutput,
@@ -95,8 +98,8 @@ pub use cross_entropy::cross_entropy_rows;
 pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
 };
-pub use gelu::{gelu_tanh, gelu_tanh_derivative};
-pub use layer_norm::{layer_norm, layer_norm_reference};
+pub use gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_derivative};
+pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_reference};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
 pub use multi_tensor::copy_tensors;
 pub use project::project;
