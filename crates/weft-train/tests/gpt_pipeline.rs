@@ -172,6 +172,20 @@ fn train_gpt_pp2_logs_the_losses_of_pp1() {
     );
     let moved = (a[1]["loss"].as_f64().unwrap() - b[1]["loss"].as_f64().unwrap()).abs();
     assert!(moved > 1e-3, "dropout changed nothing");
+    // The gathered checkpoint initialises each stage with its blocks (and the last stage's copy
+    // of the token table) as it initialises the whole model.
+    let init = out.join("pp2-1f1b/model.safetensors");
+    let init = init.to_str().unwrap();
+    let from = [&micro[..], &["--init-from", init]].concat();
+    weft_train::gpt::run(&flags(out, "from-pp1", &from)).unwrap();
+    let staged = [&from[..], &["--pp", "2"]].concat();
+    run_on_thread_ranks(2, &flags(out, "from-pp2", &staged));
+    let first = |run: &str| step_lines(&out.join(run))[0]["loss"].as_f64().unwrap();
+    assert!((first("from-pp1") - first("from-pp2")).abs() < 1e-5);
+    assert!(
+        first("from-pp1") < first("pp1") - 0.05,
+        "trained weights were loaded"
+    );
     assert_eq!(peaks(out, "pp2-1f1b"), [2, 1], "1F1B: min(P - s, M)");
     assert_eq!(peaks(out, "pp2-gpipe"), [4, 4], "GPipe: M");
     // Equal micro-batches keep equal tapes: 1F1B's first stage holds half of GPipe's.
