@@ -37,7 +37,8 @@ fn batch(n: usize, step: usize, device: &Device) -> Result<(Tensor, Tensor)> {
     Ok((images, Tensor::from_vec(labels, n, device)?))
 }
 
-fn trainer(seed: u64, device: &Device, mode: Mode) -> Result<Trainer> {
+/// ResNet-18 in f64 on `device`, its SGD on `optimizer_device` (the CPU: ZeRO-Offload).
+fn trainer(seed: u64, device: &Device, mode: Mode, optimizer_device: &Device) -> Result<Trainer> {
     let model = resnet(
         &ResNetConfig::from_name("resnet18", 10)?.with_seed(seed),
         DType::F64,
@@ -49,7 +50,7 @@ fn trainer(seed: u64, device: &Device, mode: Mode) -> Result<Trainer> {
         weight_decay: 1e-4,
         ..SgdConfig::default()
     });
-    let optimizer = ModelOptimizer::new(sgd, ParamGroups::default(), device, DType::F64)?;
+    let optimizer = ModelOptimizer::new(sgd, ParamGroups::default(), optimizer_device, DType::F64)?;
     let trainer = Trainer::new(
         model,
         Box::new(Classification),
@@ -83,15 +84,18 @@ pub fn run_rank() -> Result<()> {
     #[cfg(feature = "cudnn")]
     weft_tensor::ops::set_allow_tf32(false);
     let comm: Arc<dyn Communicator> = Arc::from(init_for_device(&device)?);
+    // (SyncBatchNorm, CUDA graph, ZeRO stage, optimizer offloaded to the host)
     let scenarios = [
-        (false, false, 0),
-        (true, false, 0),
-        (false, true, 0),
-        (false, false, 1),
-        (false, false, 2),
+        (false, false, 0, false),
+        (true, false, 0, false),
+        (false, true, 0, false),
+        (false, false, 1, false),
+        (false, false, 2, false),
+        (false, false, 1, true),
+        (false, false, 2, true),
     ];
-    for (sync_bn, graph, zero) in scenarios {
-        scenario(&comm, &device, (sync_bn, graph), zero)?;
+    for (sync_bn, graph, zero, offload) in scenarios {
+        scenario(&comm, &device, (sync_bn, graph), (zero, offload))?;
     }
     zero2_gradients(&comm, &device)?;
     results_in_flight(&comm, &device)?;
@@ -146,7 +150,8 @@ fn zero2_gradients(comm: &Arc<dyn Communicator>, device: &Device) -> Result<()> 
             },
             ..ResNetParallelism::default()
         };
-        let mut t = parallelize::resnet(trainer(1, device, Mode::EVAL)?, Some(comm), &plan)?;
+        let mut t =
+            parallelize::resnet(trainer(1, device, Mode::EVAL, device)?, Some(comm), &plan)?;
         t.step(&mine(&x)?, &mine(&y)?, 0.0)?;
         grads.push(t.grads().tensor().copy()?);
     }
@@ -167,20 +172,22 @@ fn zero2_gradients(comm: &Arc<dyn Communicator>, device: &Device) -> Result<()> 
     Ok(())
 }
 
-/// DDP (ZeRO stage `zero` over it) on every rank (replaying its step from a CUDA graph with
-/// `graph`) against one process on rank 0's GPU; rank 0 prints two rows.
+/// DDP (ZeRO stage `zero` over it, each rank's optimizer shard stepped on the host with
+/// `offload`) on every rank (replaying its step from a CUDA graph with `graph`) against one
+/// process on rank 0's GPU; rank 0 prints two rows.
 fn scenario(
     comm: &Arc<dyn Communicator>,
     device: &Device,
     (sync_bn, graph): (bool, bool),
-    zero: u8,
+    (zero, offload): (u8, bool),
 ) -> Result<()> {
     // Two eager warm-up steps, the captured one, then replays.
     let steps = if graph { 6 } else { STEPS };
     let (rank, world) = (comm.rank(), comm.world_size());
     let mode = if sync_bn { Mode::TRAIN } else { Mode::EVAL };
     // Another initialisation on every other rank: DDP must overwrite it with rank 0's.
-    let ddp = trainer(1 + rank as u64, device, mode)?;
+    let optimizer_device = if offload { &Device::Cpu } else { device };
+    let ddp = trainer(1 + rank as u64, device, mode, optimizer_device)?;
     let plan = ResNetParallelism {
         sync_bn,
         zero,
@@ -215,7 +222,7 @@ fn scenario(
         .flatten_all()?
         .to_vec1::<f64>()?[0];
     if rank == 0 {
-        let mut single = trainer(1, device, mode)?;
+        let mut single = trainer(1, device, mode, device)?;
         for step in 0..steps {
             let (x, y) = batch(PER_RANK * world, step, device)?;
             single.step(&x, &y, 1e-3)?;
@@ -231,9 +238,10 @@ fn scenario(
             println!("gpu-check-ddp: only {replayed} of {steps} steps were replayed");
             error = f64::INFINITY;
         }
-        let strategy = match zero {
-            0 => "DDP".to_string(),
-            stage => format!("ZeRO-{stage}"),
+        let strategy = match (zero, offload) {
+            (0, _) => "DDP".to_string(),
+            (stage, false) => format!("ZeRO-{stage}"),
+            (stage, true) => format!("ZeRO-{stage} + offload"),
         };
         println!(
             "{ROW}\t{strategy} {world} GPUs = 1 GPU, {what}, {buckets} buckets\t{error:e}\t1e-9"
