@@ -101,8 +101,24 @@ impl StageLinks {
         ))
     }
 
+    /// Waits for the sends that have completed (reporting their errors) and lets go of them and
+    /// of the tensors they held, keeping the others: a stage holds only the activations still on
+    /// their way, not every micro-batch's until the step ends.
+    fn reap(&mut self) -> Result<()> {
+        let mut in_flight = Vec::with_capacity(self.pending.len());
+        for mut work in self.pending.drain(..) {
+            match work.is_complete() {
+                true => drop(work.wait()?),
+                false => in_flight.push(work),
+            }
+        }
+        self.pending = in_flight;
+        Ok(())
+    }
+
     /// Queues `activation` (this stage's output) to the next stage, its shape first.
     pub fn send_activation(&mut self, activation: &Tensor) -> Result<()> {
+        self.reap()?;
         let channel = self
             .to_next
             .as_ref()
@@ -156,6 +172,7 @@ impl StageLinks {
 
     /// Queues `grad` (of this stage's input) to the previous stage.
     pub fn send_grad(&mut self, grad: &Tensor) -> Result<()> {
+        self.reap()?;
         let channel = self
             .to_previous
             .as_ref()
