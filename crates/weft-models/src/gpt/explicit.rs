@@ -21,11 +21,12 @@ fn affine(x: &Tensor, layer: &Conv1D) -> Result<Tensor> {
         .broadcast_add(&layer.bias().detach())?)
 }
 
-/// The gradients of `x W + b` from `dy`: `(dx, dW, db)`.
+/// The gradients of `x W + b` from `dy`: `(dx, dW, db)` (`xᵀ` a transposed view: the GEMM reads
+/// it transposed, no copy).
 fn affine_backward(x: &Tensor, layer: &Conv1D, dy: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
     let dx = dy.matmul(&layer.weight().detach().t()?)?;
-    let dw = x.t()?.contiguous()?.matmul(dy)?;
-    Ok((dx, dw, dy.sum(0)?))
+    let dw = x.t()?.matmul(dy)?;
+    Ok((dx, dw, ops::column_sums(dy)?))
 }
 
 /// `[B·T, 3C]` fused q | k | v to three `[B, heads, T, head_dim]` tensors.

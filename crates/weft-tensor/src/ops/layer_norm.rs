@@ -15,6 +15,7 @@ use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
+use super::project::column_sums;
 use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKernel, Float};
 
 /// LayerNorm of `x` (`[.., C]`) with `weight` and `bias` (`[C]`), differentiable.
@@ -84,8 +85,8 @@ fn backward_rows(
     let stats = x.apply_op3_no_bwd(weight, bias, &moments)?;
     let (mean, rstd) = (stats.narrow(1, 0, 1)?, stats.narrow(1, 1, 1)?);
     let xhat = x.broadcast_sub(&mean)?.broadcast_mul(&rstd)?;
-    let dw = (dy * &xhat)?.sum(0)?;
-    let db = dy.sum(0)?;
+    let dw = column_sums(&(dy * &xhat)?)?;
+    let db = column_sums(dy)?;
     let g = dy.broadcast_mul(weight)?;
     let op = LayerNormOp {
         pass: Pass::BackwardInput,

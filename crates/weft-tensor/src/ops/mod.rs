@@ -102,7 +102,7 @@ pub use gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_derivative};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_reference};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
 pub use multi_tensor::copy_tensors;
-pub use project::project;
+pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::blend_into;
 pub use storage::{has_kernels, set_cuda_kernels};

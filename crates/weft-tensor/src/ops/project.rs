@@ -30,3 +30,12 @@ pub fn project(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     *out.last_mut().expect("x has a last dimension") = weight.dim(1)?;
     Ok(y.reshape(out)?)
 }
+
+/// The sum over the rows of a 2-d `x` (`[rows, cols]` to `[cols]`): a bias's or a LayerNorm
+/// parameter's gradient. Computed as `1ᵀ x`, one matrix-vector product (on a GPU a cuBLAS call
+/// reading `x` once; Candle's reduction over the first dimension walks it with strides).
+pub fn column_sums(x: &Tensor) -> candle_core::Result<Tensor> {
+    let (rows, cols) = x.dims2()?;
+    let ones = Tensor::ones((1, rows), x.dtype(), x.device())?;
+    ones.matmul(&x.contiguous()?)?.reshape(cols)
+}
