@@ -22,6 +22,7 @@ mod execute;
 mod links;
 pub mod partition;
 mod schedule;
+mod stage_step;
 mod stage_strategy;
 
 pub use action::{Action, StageAction};
