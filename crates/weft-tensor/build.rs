@@ -5,9 +5,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 8] = [
+const KERNELS: [&str; 9] = [
     "attention",
     "batch_norm",
+    "bias",
     "cross_entropy",
     "gelu",
     "layer_norm",

@@ -17,8 +17,8 @@ use crate::layers::Conv1D;
 
 /// `x W + b` over rows.
 fn affine(x: &Tensor, layer: &Conv1D) -> Result<Tensor> {
-    Ok(x.matmul(&layer.weight().detach())?
-        .broadcast_add(&layer.bias().detach())?)
+    let product = x.matmul(&layer.weight().detach())?;
+    Ok(ops::add_bias(&product, &layer.bias().detach())?)
 }
 
 /// The gradients of `x W + b` from `dy`: `(dx, dW, db)` (`xᵀ` a transposed view: the GEMM reads

@@ -30,6 +30,10 @@ pub(crate) const ATTENTION: Module = Module {
     name: "weft_attention",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/attention.ptx")),
 };
+pub(crate) const BIAS: Module = Module {
+    name: "weft_bias",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/bias.ptx")),
+};
 pub(crate) const CROSS_ENTROPY: Module = Module {
     name: "weft_cross_entropy",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx")),

@@ -17,6 +17,8 @@
 //! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative; [`project`]: `x W` over the last
 //!   dimension for `[in, out]` weights.
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
+//! - [`add_bias`] and [`column_sums`]: a bias added to every row, and its gradient, graph-free
+//!   (one pass, and one GEMV).
 //! - [`dropout`]: dropout masks from a seed and each element's place (reproducible on
 //!   recomputation and across the ranks of a tensor-parallel group).
 //! - `cuda_launch` (feature `cuda`): loading PTX modules and launching kernels on a device's
@@ -42,6 +44,9 @@ mod batch_norm_cpu;
 #[cfg(feature = "cuda")]
 mod batch_norm_cuda;
 mod batch_norm_op;
+mod bias;
+#[cfg(feature = "cuda")]
+mod bias_cuda;
 mod conv2d;
 mod conv_add;
 mod conv_cpu;
@@ -89,6 +94,7 @@ pub use batch_norm::{
     batch_norm_relu_train, batch_norm_train, batch_norm_train_backward, batch_norm_train_forward,
     BatchNormGrads, BatchNormOutput,
 };
+pub use bias::add_bias;
 pub use conv2d::{conv2d, conv2d_backward, conv2d_forward};
 pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]
