@@ -145,7 +145,10 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         model,
         objective,
         build_optimizer(&flags, &device, policy.updated_dtype())?,
-        Checkpointing::None,
+        match args.checkpoint_activations {
+            true => Checkpointing::All,
+            false => Checkpointing::None,
+        },
     )?
     .with_timeline(timeline.clone())
     .with_dropout_seed(args.seed);

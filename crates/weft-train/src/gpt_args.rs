@@ -134,6 +134,10 @@ pub struct GptArgs {
     /// (with --pp, the micro-batches in flight through the pipeline)
     #[arg(long, default_value_t = 1)]
     pub micro_batches: usize,
+    /// Recompute each block's forward during backward instead of storing its activations (the
+    /// same masks when dropping: they derive from the seed, not from a generator's state)
+    #[arg(long, default_value_t = false)]
+    pub checkpoint_activations: bool,
     /// Dropout of the embeddings, attention weights and residual branches while training; the
     /// masks derive from --seed, the step, the micro-batch and each element's place, so every
     /// layout (--tp, --pp, micro-batches) drops what one process drops
