@@ -228,12 +228,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             };
             let lr = schedule.lr_at(step);
             let t = Instant::now();
-            let (outcome, pipeline) = stepper.step(
-                batch.as_ref(),
-                args.micro_batches,
-                lr,
-                mesh.pipeline_parallel(),
-            )?;
+            let (outcome, pipeline) = stepper.step(batch.as_ref(), args.micro_batches, lr)?;
             let seconds = t.elapsed().as_secs_f64();
             let mut global = [
                 outcome.loss * outcome.samples as f64,

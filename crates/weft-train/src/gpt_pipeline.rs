@@ -92,13 +92,13 @@ impl GptStepper {
         }
     }
 
-    /// One step on `batch` (`None` on a middle stage) in `micro_batches`, with rate `lr`.
+    /// One step on `batch` (`None` on a middle stage) in `micro_batches`, with rate `lr`; with
+    /// a pipeline, every stage's measurements too.
     pub fn step(
         &mut self,
         batch: Option<&(Tensor, Tensor)>,
         micro_batches: usize,
         lr: f64,
-        stages: Option<&Arc<dyn Communicator>>,
     ) -> Result<(StepOutcome, Option<PipelineReport>)> {
         match (self, batch) {
             (GptStepper::Whole(t), Some((x, y))) => {
@@ -107,15 +107,12 @@ impl GptStepper {
             (GptStepper::Whole(_), None) => bail!("a whole model's step needs its batch"),
             (GptStepper::Stage(p), batch) => {
                 let out = p.step(batch.map(|b| &b.0), batch.map(|b| &b.1), lr)?;
-                let Some(stages) = stages else {
-                    bail!("a pipeline stage without its pipeline communicator");
-                };
                 let local = vec![
                     out.bubble,
                     out.peak_in_flight as f64,
                     out.peak_activation_bytes as f64,
                 ];
-                let all: Vec<f64> = stages.all_gather(Buffer::from(local)).wait_vec()?;
+                let all: Vec<f64> = p.pipeline().all_gather(Buffer::from(local)).wait_vec()?;
                 let column = |k: usize| all.iter().skip(k).step_by(3).copied();
                 let report = PipelineReport {
                     bubble: column(0).collect(),

@@ -81,6 +81,11 @@ impl PipelineTrainer {
         &mut self.trainer
     }
 
+    /// The pipeline axis: this stage and the others.
+    pub fn pipeline(&self) -> &Arc<dyn Communicator> {
+        &self.stages
+    }
+
     pub fn stage(&self) -> usize {
         self.links.stage()
     }
