@@ -4,14 +4,14 @@
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use weft_tensor::{tape, Mode};
 
 use super::execute::PipelineTrainer;
 use super::schedule::{Plan, ScheduleKind};
 use super::Action;
 use crate::error::{ParallelError, Result};
-use crate::step::EvalOutcome;
+use crate::step::{outcome, BatchResult, EvalOutcome, StepTimings};
 
 impl PipelineTrainer {
     /// The loss of one batch in evaluation mode: the first stage gives `inputs`, the last
@@ -43,8 +43,7 @@ impl PipelineTrainer {
         let (dtype, device) = (model.store().dtype(), model.store().device().clone());
         let mut received: HashMap<usize, Tensor> = HashMap::new();
         let mut outputs: HashMap<usize, Tensor> = HashMap::new();
-        let (mut loss_sum, mut samples) = (0.0, 0);
-        let mut metrics: Vec<(&'static str, f64)> = Vec::new();
+        let mut scored: Vec<BatchResult> = Vec::new();
         for &action in &plan.actions[stage] {
             let missing =
                 || ParallelError::Config(format!("stage {stage}: {action:?} before its input"));
@@ -63,17 +62,12 @@ impl PipelineTrainer {
                         continue;
                     }
                     let objective = self.trainer.objective();
-                    let scored = objective.loss(&output, &targets[i])?;
-                    let n = objective.samples(&targets[i]);
-                    loss_sum += scalar(&scored.loss)? * n as f64;
-                    samples += n;
-                    for (name, value) in scored.metrics {
-                        let value = scalar(&value)?;
-                        match metrics.iter_mut().find(|(n, _)| *n == name) {
-                            Some((_, sum)) => *sum += value,
-                            None => metrics.push((name, value)),
-                        }
-                    }
+                    let result = objective.loss(&output, &targets[i])?;
+                    scored.push(BatchResult {
+                        loss: result.loss,
+                        metrics: result.metrics,
+                        samples: objective.samples(&targets[i]),
+                    });
                 }
                 Action::SendActivation(i) => {
                     let output = outputs.remove(&i).ok_or_else(missing)?;
@@ -87,15 +81,13 @@ impl PipelineTrainer {
             }
         }
         self.links.finish()?;
-        let (loss_sum, samples) = self.last_stage_sums(loss_sum, samples)?;
+        let read = outcome(&scored, StepTimings::default())?;
+        let loss_sum = read.loss * read.samples as f64;
+        let (loss_sum, samples) = self.last_stage_sums(loss_sum, read.samples)?;
         Ok(EvalOutcome {
             loss_sum,
             samples,
-            metrics,
+            metrics: read.metrics,
         })
     }
-}
-
-fn scalar(t: &Tensor) -> Result<f64> {
-    Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?)
 }
