@@ -22,6 +22,7 @@ fn main() {
     // The kernel list lives here: a new entry must rebuild.
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=kernels/block_reduce.cuh");
+    println!("cargo::rerun-if-changed=kernels/float_types.cuh");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }

@@ -1,5 +1,9 @@
 """PyTorch anchor for `cargo xtask bench-step`: times forward + backward + SGD (or AdamW) step of a
-torchvision ResNet on synthetic data, and prints one JSON line with the median times."""
+torchvision ResNet on synthetic data, and prints one JSON line with the median times.
+
+Configurations: `--amp bf16|fp16` (autocast over fp32 weights; fp16 with a GradScaler),
+`--channels-last` (model and input in NHWC memory format), `--compile` (`torch.compile` with
+mode="reduce-overhead": Inductor's kernels replayed from CUDA graphs)."""
 import argparse
 import json
 import statistics
@@ -29,12 +33,19 @@ def main() -> None:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--device", default="cpu")
     p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--compile", action="store_true")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     model = build(args.model, args.num_classes, args.cifar_stem).to(dev).train()
+    model = model.to(memory_format=memory_format)
     if args.optimizer == "adamw":
         # PyTorch's fastest AdamW on a GPU: one fused kernel over all parameters.
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2,
@@ -42,30 +53,38 @@ def main() -> None:
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev)
+    x = x.to(memory_format=memory_format)
     y = torch.randint(0, args.num_classes, (args.batch_size,), device=dev)
     loss_fn = torch.nn.CrossEntropyLoss()
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    scaler = torch.amp.GradScaler(dev.type, enabled=args.amp == "fp16")
+    forward = torch.compile(model, mode="reduce-overhead") if args.compile else model
+    # torch.compile records its CUDA graphs over the first few calls.
+    warmup = max(args.warmup, 3) if args.compile else args.warmup
 
     def sync() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
     fwd, bwd, step = [], [], []
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup and dev.type == "cuda":
+    for i in range(warmup + args.steps):
+        if i == warmup and dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         sync()
         t0 = time.perf_counter()
-        loss = loss_fn(model(x), y)
+        with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = loss_fn(forward(x), y)
         sync()
         t1 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
         sync()
         t2 = time.perf_counter()
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         sync()
         t3 = time.perf_counter()
-        if i >= args.warmup:
+        if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
             step.append(t3 - t0)
@@ -78,6 +97,9 @@ def main() -> None:
         "framework": "pytorch",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "amp": args.amp,
+        "channels_last": args.channels_last,
+        "compile": args.compile,
         "forward_s": statistics.median(fwd),
         "backward_s": statistics.median(bwd),
         "step_s": statistics.median(step),

@@ -14,6 +14,7 @@ use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
 use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::{StepTimings, Trainer};
+use weft_precision::PrecisionPolicy;
 use weft_tensor::Checkpointing;
 use weft_train::args::OptimizerKind;
 
@@ -46,6 +47,10 @@ pub struct BenchStepArgs {
     /// difference)
     #[arg(long, value_enum, default_value_t = CudaKernels::Weft)]
     cuda_kernels: CudaKernels,
+    /// 16-bit convolutions on a GPU through cuDNN in NHWC, their operands copied in and out
+    /// (to measure that layout; off by default)
+    #[arg(long, default_value_t = false)]
+    conv_nhwc: bool,
     /// Leave cudarc's per-allocation event tracking on (to measure what turning it off saves)
     #[arg(long, default_value_t = false)]
     cuda_event_tracking: bool,
@@ -68,6 +73,40 @@ pub struct BenchStepArgs {
     /// blocker allocation): a run against a smaller GPU
     #[arg(long)]
     gpu_memory_cap: Option<String>,
+    /// weft's precision policy (fp32, bf16-mixed, fp16-mixed, bf16-true); the anchor autocasts
+    /// to the same 16-bit type (fp16 with a GradScaler)
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    /// PyTorch configurations to time, each in the same call: `eager` (NCHW), `channels-last`,
+    /// `compile` (channels-last under `torch.compile(mode="reduce-overhead")`)
+    #[arg(long, value_delimiter = ',', default_value = "eager")]
+    anchors: Vec<AnchorConfig>,
+}
+
+/// A PyTorch configuration of the anchor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AnchorConfig {
+    Eager,
+    ChannelsLast,
+    Compile,
+}
+
+impl AnchorConfig {
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            AnchorConfig::Eager => &[],
+            AnchorConfig::ChannelsLast => &["--channels-last"],
+            AnchorConfig::Compile => &["--channels-last", "--compile"],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            AnchorConfig::Eager => "pytorch",
+            AnchorConfig::ChannelsLast => "pt-nhwc",
+            AnchorConfig::Compile => "pt-comp",
+        }
+    }
 }
 
 /// Whose kernels CUDA tensors take for batch norm, ReLU and max-pool.
@@ -100,19 +139,35 @@ pub fn run(args: &BenchStepArgs) -> Result<()> {
         if args.cifar_stem { " (CIFAR stem)" } else { "" },
         args.steps, args.warmup, threads, args.device
     );
-    let weft = measure_weft(args)?;
+    let policy = PrecisionPolicy::from_name(&args.precision)?;
+    let weft = measure_weft(args, &policy)?;
     print_row("weft", &weft);
     if args.no_anchor {
         return Ok(());
     }
-    let torch = measure_torch(args, threads)?;
-    print_row("pytorch", &torch);
-    println!(
-        "ratio weft/pytorch: step {:.2}x (time), forward {:.2}x, backward {:.2}x",
-        weft.step / torch.step,
-        weft.forward / torch.forward,
-        weft.backward / torch.backward
-    );
+    let mut fastest: Option<(AnchorConfig, f64)> = None;
+    for &config in &args.anchors {
+        let torch = measure_torch(args, threads, config, &policy)?;
+        print_row(config.name(), &torch);
+        println!(
+            "ratio weft/{}: step {:.2}x (time), forward {:.2}x, backward {:.2}x; images/s {:.2}x",
+            config.name(),
+            weft.step / torch.step,
+            weft.forward / torch.forward,
+            weft.backward / torch.backward,
+            weft.images_per_sec / torch.images_per_sec
+        );
+        if fastest.is_none_or(|(_, best)| torch.images_per_sec > best) {
+            fastest = Some((config, torch.images_per_sec));
+        }
+    }
+    if let Some((config, best)) = fastest.filter(|_| args.anchors.len() > 1) {
+        println!(
+            "weft against PyTorch's fastest configuration ({}): {:.2}x images/s",
+            config.name(),
+            weft.images_per_sec / best
+        );
+    }
     Ok(())
 }
 
@@ -146,7 +201,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
+fn measure_weft(args: &BenchStepArgs, policy: &PrecisionPolicy) -> Result<Measured> {
     let device = weft_train::device::parse_device(&args.device)?.open()?;
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
@@ -158,6 +213,7 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
             },
         )?;
         weft_tensor::ops::set_cuda_kernels(args.cuda_kernels == CudaKernels::Weft);
+        weft_tensor::ops::set_conv_nhwc(args.conv_nhwc);
     }
     #[cfg(feature = "cuda")]
     let _blocker = match &args.gpu_memory_cap {
@@ -193,7 +249,7 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
     if args.cifar_stem {
         config = config.with_cifar_stem();
     }
-    let model = resnet(&config, DType::F32, &device)?;
+    let model = resnet(&config, policy.param, &device)?;
     // As the trainer does: the CPU rule over a master copy on the CPU, the CUDA kernels on a
     // GPU. The anchor uses the same hyperparameters.
     let config = match args.optimizer {
@@ -216,20 +272,21 @@ fn measure_weft(args: &BenchStepArgs) -> Result<Measured> {
         config,
         ParamGroups::default(),
         &optimizer_device,
-        DType::F32,
+        policy.updated_dtype(),
     )?;
-    let mut trainer = Trainer::new(
+    let trainer = Trainer::new(
         model,
         Box::new(Classification),
         optimizer,
         Checkpointing::None,
     )?
     .with_synchronized_timings();
+    let mut trainer = weft_train::optim_setup::with_step_settings(trainer, None, policy)?;
     if args.cuda_graph {
         trainer = trainer.with_cuda_graph();
     }
     let shape = (args.batch_size, 3, args.image_size, args.image_size);
-    let images = Tensor::randn(0f32, 1.0, shape, &device)?;
+    let images = Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(policy.compute)?;
     let labels = Tensor::from_vec(
         (0..args.batch_size as u32)
             .map(|i| i % args.num_classes as u32)
@@ -314,7 +371,12 @@ fn device_memory(device: &candle_core::Device) -> Result<Option<u64>> {
     }
 }
 
-fn measure_torch(args: &BenchStepArgs, threads: usize) -> Result<Measured> {
+fn measure_torch(
+    args: &BenchStepArgs,
+    threads: usize,
+    config: AnchorConfig,
+    policy: &PrecisionPolicy,
+) -> Result<Measured> {
     let python = python::torch_python()?;
     let mut cmd = Command::new(python);
     cmd.arg(python::script("bench_step.py"))
@@ -336,6 +398,12 @@ fn measure_torch(args: &BenchStepArgs, threads: usize) -> Result<Measured> {
     if args.cifar_stem {
         cmd.arg("--cifar-stem");
     }
+    let amp = match policy.compute {
+        DType::BF16 => "bf16",
+        DType::F16 => "fp16",
+        _ => "none",
+    };
+    cmd.args(["--amp", amp]).args(config.flags());
     let output = cmd.output().context("cannot run the PyTorch anchor")?;
     if !output.status.success() {
         bail!(
@@ -347,9 +415,13 @@ fn measure_torch(args: &BenchStepArgs, threads: usize) -> Result<Measured> {
     let json: serde_json::Value = serde_json::from_str(line.trim().lines().last().unwrap_or(""))
         .with_context(|| format!("PyTorch anchor printed no JSON: {line}"))?;
     println!(
-        "anchor: torch {} with {} threads{}",
+        "anchor {}: torch {} with {} threads, autocast {}, channels-last {}, compile {}{}",
+        config.name(),
         json["torch"],
         json["threads"],
+        json["amp"],
+        json["channels_last"],
+        json["compile"],
         match (
             json["tf32_convolutions"].as_bool(),
             json["tf32_matmul"].as_bool()

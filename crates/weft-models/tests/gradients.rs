@@ -76,6 +76,10 @@ fn linear_pooling_and_cross_entropy_match_finite_differences() {
 }
 
 fn tiny_resnet(block: BlockKind, stem: StemKind, seed: u64) -> BlockModel {
+    tiny_resnet_in(block, stem, seed, DType::F64)
+}
+
+fn tiny_resnet_in(block: BlockKind, stem: StemKind, seed: u64, dtype: DType) -> BlockModel {
     let config = ResNetConfig {
         block,
         layers: vec![1, 2],
@@ -86,7 +90,7 @@ fn tiny_resnet(block: BlockKind, stem: StemKind, seed: u64) -> BlockModel {
         zero_init_residual: false,
         seed,
     };
-    resnet(&config, DType::F64, &Device::Cpu).unwrap()
+    resnet(&config, dtype, &Device::Cpu).unwrap()
 }
 
 fn grads_by_name(
@@ -111,6 +115,8 @@ fn grads_by_name(
                     grads
                         .get(e.tensor())
                         .unwrap()
+                        .to_dtype(DType::F64)
+                        .unwrap()
                         .flatten_all()
                         .unwrap()
                         .to_vec1()
@@ -123,7 +129,8 @@ fn grads_by_name(
             let l = loss::cross_entropy(tape.output(), labels).unwrap();
             tape.backward(&l, model, |ready| -> weft_tensor::Result<()> {
                 for (id, g) in ready.grads {
-                    let g = g.unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                    let g = g.unwrap().to_dtype(DType::F64).unwrap();
+                    let g = g.flatten_all().unwrap().to_vec1().unwrap();
                     out.push((store.entries()[id].name.clone(), g));
                 }
                 Ok(())
@@ -213,4 +220,69 @@ fn checkpointing_holds_fewer_activation_bytes() {
         .unwrap()
         .saved_activation_bytes();
     assert!(ckpt * 2 < plain, "checkpointed {ckpt} B vs plain {plain} B");
+}
+
+/// `‖a − b‖ / ‖a‖` over every parameter's gradient.
+fn relative_l2(a: &[(String, Vec<f64>)], b: &[(String, Vec<f64>)]) -> f64 {
+    let (mut diff, mut norm) = (0.0, 0.0);
+    for ((_, a), (_, b)) in a.iter().zip(b) {
+        for (x, y) in a.iter().zip(b) {
+            diff += (x - y) * (x - y);
+            norm += x * x;
+        }
+    }
+    (diff / norm).sqrt()
+}
+
+/// A bf16/f16 ResNet on the CPU takes the same graph-free path as on a GPU (16-bit data, f32
+/// batch-norm statistics; each kernel is checked exactly against f32 in weft-tensor). Here the
+/// whole model: its block-wise gradients agree with the whole 16-bit graph (composed Candle
+/// ops rounding each output), and both with the f64 model of the same seed.
+///
+/// Bounds, in units of the type's rounding step u (2^-11 for f16, 2^-8 for bf16), as relative
+/// L2 errors: block-wise against the whole graph 8u (measured 2u f16, 1.4u bf16: the same
+/// roundings in another order); the head's gradients, one layer from the loss, against f64
+/// 16u (measured 8u). The whole gradient against f64 only within a half (f16: 0.12, bf16:
+/// 0.32 measured), since 16-bit roundings flip ReLU masks and max-pool choices of this tiny
+/// net and batch norms over as few as 16 elements amplify them (f32 lands 2e-6 from f64).
+#[test]
+fn resnet_in_16_bit_takes_the_graph_free_path_and_agrees_with_f64() {
+    let x = (Tensor::arange(0u32, 8 * 3 * 32 * 32, &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        * 0.37)
+        .unwrap()
+        .sin()
+        .unwrap()
+        .reshape((8, 3, 32, 32))
+        .unwrap();
+    let labels = Tensor::new(&[0u32, 2, 1, 2, 1, 0, 0, 2], &Device::Cpu).unwrap();
+    let kind = (BlockKind::Bottleneck, StemKind::ImageNet);
+    let reference = grads_by_name(&tiny_resnet(kind.0, kind.1, 7), &x, &labels, None);
+    let head = |grads: &[(String, Vec<f64>)]| -> Vec<(String, Vec<f64>)> {
+        grads
+            .iter()
+            .filter(|(name, _)| name.starts_with("fc."))
+            .cloned()
+            .collect()
+    };
+    for (dtype, unit) in [(DType::F16, 2f64.powi(-11)), (DType::BF16, 2f64.powi(-8))] {
+        let model = || tiny_resnet_in(kind.0, kind.1, 7, dtype);
+        let x = x.to_dtype(dtype).unwrap();
+        assert!(weft_tensor::ops::has_kernels(&x));
+        let whole = grads_by_name(&model(), &x, &labels, None);
+        let blockwise = grads_by_name(&model(), &x, &labels, Some(&Checkpointing::None));
+        let same = relative_l2(&whole, &blockwise);
+        assert!(
+            same <= 8.0 * unit,
+            "{dtype:?}: block-wise against whole graph {same}"
+        );
+        for (path, grads) in [("whole graph", &whole), ("block-wise", &blockwise)] {
+            let at_head = relative_l2(&head(&reference), &head(grads));
+            assert!(at_head <= 16.0 * unit, "{dtype:?} {path}: head {at_head}");
+            let all = relative_l2(&reference, grads);
+            assert!(all <= 0.5, "{dtype:?} {path}: all gradients {all}");
+        }
+    }
 }

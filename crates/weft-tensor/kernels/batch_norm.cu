@@ -11,6 +11,11 @@
 // result does not depend on scheduling. Moments sum x - x[channel's first element] (shifted
 // data, so the variance does not cancel). Element-wise passes run one block row per plane
 // (grid N*C x chunks) with the channel's coefficients computed once per thread.
+// Element types f32, f64, bf16 and f16. The statistics and tables are of type S = Wide<T>::type:
+// f32 for the 16-bit types (fp32 statistics, as cuDNN's and PyTorch's batch norm keep them), the
+// data's own type otherwise; 16-bit data is normalised in f32 and rounded once.
+
+#include "float_types.cuh"
 
 #define WARP 32
 
@@ -44,10 +49,10 @@ template <typename T>
 __device__ void moments_partial(const T* x, double* partial, int n, int c, int hw) {
     const int ch = blockIdx.y;
     const unsigned m = (unsigned)n * hw, stride = gridDim.x * blockDim.x;
-    const double shift = (double)x[(long long)ch * hw];
+    const double shift = cvt<double>(x[(long long)ch * hw]);
     double s = 0.0, q = 0.0;
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += stride) {
-        const double d = (double)x[at(i, ch, c, hw)] - shift;
+        const double d = cvt<double>(x[at(i, ch, c, hw)]) - shift;
         s += d;
         q += d * d;
     }
@@ -60,8 +65,8 @@ __device__ void moments_partial(const T* x, double* partial, int n, int c, int h
     }
 }
 
-template <typename T>
-__device__ void moments_finalize(const T* x, const double* partial, T* out, int c, int hw,
+template <typename T, typename S>
+__device__ void moments_finalize(const T* x, const double* partial, S* out, int c, int hw,
                                  int splits, double m) {
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c) return;
@@ -71,29 +76,30 @@ __device__ void moments_finalize(const T* x, const double* partial, T* out, int 
         q += partial[2ll * c * k + c + ch];
     }
     const double d = s / m;
-    out[ch] = (T)((double)x[(long long)ch * hw] + d);
-    out[c + ch] = (T)fmax(q / m - d * d, 0.0);
+    out[ch] = (S)(cvt<double>(x[(long long)ch * hw]) + d);
+    out[c + ch] = (S)fmax(q / m - d * d, 0.0);
 }
 
-template <typename T>
-__device__ void forward(const T* x, const T* affine, const T* stats, T* y, int c, int hw,
+// `affine` is `[weight; bias]` of type A: T (the parameters) or S (a table's rows).
+template <typename T, typename A, typename S>
+__device__ void forward(const T* x, const A* affine, const S* stats, T* y, int c, int hw,
                         double eps, int relu) {
     const long long plane = blockIdx.x;
     const int ch = (int)(plane % c);
-    const double scale = (double)affine[ch] * rsqrt((double)stats[c + ch] + eps);
-    const T a = (T)scale;
-    const T b = (T)((double)affine[c + ch] - (double)stats[ch] * scale);
+    const double scale = cvt<double>(affine[ch]) * rsqrt((double)stats[c + ch] + eps);
+    const S a = (S)scale;
+    const S b = (S)(cvt<double>(affine[c + ch]) - (double)stats[ch] * scale);
     const T* xp = x + plane * hw;
     T* yp = y + plane * hw;
     for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < hw; j += gridDim.y * blockDim.x) {
-        T v = a * xp[j] + b;
-        if (relu && v < (T)0) v = (T)0;
-        yp[j] = v;
+        S v = a * cvt<S>(xp[j]) + b;
+        if (relu && v < (S)0) v = (S)0;
+        yp[j] = cvt<T>(v);
     }
 }
 
-template <typename T>
-__device__ void grad_sums_partial(const T* x, const T* dy, const T* stats, double* partial,
+template <typename T, typename S>
+__device__ void grad_sums_partial(const T* x, const T* dy, const S* stats, double* partial,
                                   int n, int c, int hw) {
     const int ch = blockIdx.y;
     const unsigned m = (unsigned)n * hw, stride = gridDim.x * blockDim.x;
@@ -101,8 +107,8 @@ __device__ void grad_sums_partial(const T* x, const T* dy, const T* stats, doubl
     double dot = 0.0, sum_dy = 0.0;
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += stride) {
         const long long k = at(i, ch, c, hw);
-        const double g = (double)dy[k];
-        dot += ((double)x[k] - mean) * g;
+        const double g = cvt<double>(dy[k]);
+        dot += (cvt<double>(x[k]) - mean) * g;
         sum_dy += g;
     }
     dot = block_sum(dot);
@@ -114,8 +120,8 @@ __device__ void grad_sums_partial(const T* x, const T* dy, const T* stats, doubl
     }
 }
 
-template <typename T>
-__device__ void grad_sums_finalize(const T* stats, const double* partial, T* out, int c,
+template <typename S>
+__device__ void grad_sums_finalize(const S* stats, const double* partial, S* out, int c,
                                    int splits, double eps) {
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c) return;
@@ -124,36 +130,36 @@ __device__ void grad_sums_finalize(const T* stats, const double* partial, T* out
         dot += partial[2ll * c * k + ch];
         sum_dy += partial[2ll * c * k + c + ch];
     }
-    out[ch] = (T)(dot * rsqrt((double)stats[c + ch] + eps));
-    out[c + ch] = (T)sum_dy;
+    out[ch] = (S)(dot * rsqrt((double)stats[c + ch] + eps));
+    out[c + ch] = (S)sum_dy;
 }
 
 // The graph-free path's tables: [mean; var; weight; bias] from the moments, and that table
 // followed by [sum(dy * xhat); sum(dy)] from the gradient sums (so no separate copies are needed
 // to assemble them).
-template <typename T>
+template <typename T, typename S>
 __device__ void table_finalize(const T* x, const double* partial, const T* weight,
-                               const T* bias, T* out, int c, int hw, int splits, double m) {
-    moments_finalize<T>(x, partial, out, c, hw, splits, m);
+                               const T* bias, S* out, int c, int hw, int splits, double m) {
+    moments_finalize<T, S>(x, partial, out, c, hw, splits, m);
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c) return;
-    out[2 * c + ch] = weight[ch];
-    out[3 * c + ch] = bias[ch];
+    out[2 * c + ch] = cvt<S>(weight[ch]);
+    out[3 * c + ch] = cvt<S>(bias[ch]);
 }
 
-template <typename T>
-__device__ void grad_table_finalize(const T* table, const double* partial, T* out, int c,
+template <typename S>
+__device__ void grad_table_finalize(const S* table, const double* partial, S* out, int c,
                                     int splits, double eps) {
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= c) return;
     for (int row = 0; row < 4; ++row) out[row * c + ch] = table[row * c + ch];
-    grad_sums_finalize<T>(table, partial, out + 4 * c, c, splits, eps);
+    grad_sums_finalize<S>(table, partial, out + 4 * c, c, splits, eps);
 }
 
 // dx = dy * k + x * u + t, with k = w * inv_std, u = -k * inv_std * mean(dy * xhat),
 // t = k * (mean * inv_std * mean(dy * xhat) - mean(dy)) (the CPU kernel's coefficients).
-template <typename T>
-__device__ void grad_input(const T* x, const T* dy, const T* table, T* dx, int c, int hw,
+template <typename T, typename S>
+__device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, int c, int hw,
                            double m, double eps) {
     const long long plane = blockIdx.x;
     const int ch = (int)(plane % c);
@@ -161,69 +167,79 @@ __device__ void grad_input(const T* x, const T* dy, const T* table, T* dx, int c
     const double k = inv_std * (double)table[2 * c + ch];
     const double mean_dy_xhat = (double)table[4 * c + ch] / m;
     const double mean_dy = (double)table[5 * c + ch] / m;
-    const T dy_scale = (T)k;
-    const T x_scale = (T)(-k * inv_std * mean_dy_xhat);
-    const T shift = (T)(k * ((double)table[ch] * inv_std * mean_dy_xhat - mean_dy));
+    const S dy_scale = (S)k;
+    const S x_scale = (S)(-k * inv_std * mean_dy_xhat);
+    const S shift = (S)(k * ((double)table[ch] * inv_std * mean_dy_xhat - mean_dy));
     const T* xp = x + plane * hw;
     const T* gp = dy + plane * hw;
     T* dxp = dx + plane * hw;
     for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < hw; j += gridDim.y * blockDim.x) {
-        dxp[j] = dy_scale * gp[j] + x_scale * xp[j] + shift;
+        dxp[j] = cvt<T>(dy_scale * cvt<S>(gp[j]) + x_scale * cvt<S>(xp[j]) + shift);
     }
 }
 
-#define BATCH_NORM_KERNELS(T, SUFFIX)                                                            \
+#define BATCH_NORM_KERNELS(T, S, SUFFIX)                                                         \
     extern "C" __global__ void bn_moments_partial_##SUFFIX(const T* x, double* partial, int n,   \
                                                            int c, int hw) {                      \
         moments_partial<T>(x, partial, n, c, hw);                                                \
     }                                                                                            \
     extern "C" __global__ void bn_moments_finalize_##SUFFIX(const T* x, const double* partial,   \
-                                                            T* out, int c, int hw, int splits,   \
+                                                            S* out, int c, int hw, int splits,   \
                                                             double m) {                          \
-        moments_finalize<T>(x, partial, out, c, hw, splits, m);                                  \
+        moments_finalize<T, S>(x, partial, out, c, hw, splits, m);                               \
     }                                                                                            \
-    extern "C" __global__ void bn_forward_##SUFFIX(const T* x, const T* affine, const T* stats,  \
+    extern "C" __global__ void bn_forward_##SUFFIX(const T* x, const T* affine, const S* stats,  \
                                                    T* y, int c, int hw, double eps, int relu) {  \
-        forward<T>(x, affine, stats, y, c, hw, eps, relu);                                       \
+        forward<T, T, S>(x, affine, stats, y, c, hw, eps, relu);                                 \
+    }                                                                                            \
+    extern "C" __global__ void bn_forward_table_##SUFFIX(const T* x, const S* affine,            \
+                                                         const S* stats, T* y, int c, int hw,    \
+                                                         double eps, int relu) {                 \
+        forward<T, S, S>(x, affine, stats, y, c, hw, eps, relu);                                 \
     }                                                                                            \
     extern "C" __global__ void bn_grad_sums_partial_##SUFFIX(const T* x, const T* dy,            \
-                                                             const T* stats, double* partial,    \
+                                                             const S* stats, double* partial,    \
                                                              int n, int c, int hw) {             \
-        grad_sums_partial<T>(x, dy, stats, partial, n, c, hw);                                   \
+        grad_sums_partial<T, S>(x, dy, stats, partial, n, c, hw);                                \
     }                                                                                            \
-    extern "C" __global__ void bn_grad_sums_finalize_##SUFFIX(const T* stats,                    \
-                                                              const double* partial, T* out,     \
+    extern "C" __global__ void bn_grad_sums_finalize_##SUFFIX(const S* stats,                    \
+                                                              const double* partial, S* out,     \
                                                               int c, int splits, double eps) {   \
-        grad_sums_finalize<T>(stats, partial, out, c, splits, eps);                              \
+        grad_sums_finalize<S>(stats, partial, out, c, splits, eps);                              \
     }                                                                                            \
-    extern "C" __global__ void bn_table_finalize_##SUFFIX(                                     \
-        const T* x, const double* partial, const T* weight, const T* bias, T* out, int c,        \
+    extern "C" __global__ void bn_table_finalize_##SUFFIX(                                       \
+        const T* x, const double* partial, const T* weight, const T* bias, S* out, int c,        \
         int hw, int splits, double m) {                                                          \
-        table_finalize<T>(x, partial, weight, bias, out, c, hw, splits, m);                      \
+        table_finalize<T, S>(x, partial, weight, bias, out, c, hw, splits, m);                   \
     }                                                                                            \
-    extern "C" __global__ void bn_grad_table_finalize_##SUFFIX(                                \
-        const T* table, const double* partial, T* out, int c, int splits, double eps) {          \
-        grad_table_finalize<T>(table, partial, out, c, splits, eps);                             \
+    extern "C" __global__ void bn_grad_table_finalize_##SUFFIX(                                  \
+        const S* table, const double* partial, S* out, int c, int splits, double eps) {          \
+        grad_table_finalize<S>(table, partial, out, c, splits, eps);                             \
     }                                                                                            \
-    extern "C" __global__ void bn_grad_input_##SUFFIX(const T* x, const T* dy, const T* table,   \
+    extern "C" __global__ void bn_grad_input_##SUFFIX(const T* x, const T* dy, const S* table,   \
                                                       T* dx, int c, int hw, double m,            \
                                                       double eps) {                              \
-        grad_input<T>(x, dy, table, dx, c, hw, m, eps);                                          \
+        grad_input<T, S>(x, dy, table, dx, c, hw, m, eps);                                       \
     }
 
-BATCH_NORM_KERNELS(float, f32)
-BATCH_NORM_KERNELS(double, f64)
+BATCH_NORM_KERNELS(float, float, f32)
+BATCH_NORM_KERNELS(double, double, f64)
+BATCH_NORM_KERNELS(bf16, float, bf16)
+BATCH_NORM_KERNELS(f16, float, f16)
 
 // running = (1 - momentum) * running + momentum * scale * batch, in place (the running
-// statistics; `scale` turns the biased batch variance into the unbiased one).
-#define BLEND_KERNEL(T, SUFFIX)                                                                  \
-    extern "C" __global__ void bn_blend_running_##SUFFIX(T* running, const T* batch, int n,      \
+// statistics; `scale` turns the biased batch variance into the unbiased one). The batch
+// statistics are of type S (f32 for 16-bit running statistics).
+#define BLEND_KERNEL(T, S, SUFFIX)                                                               \
+    extern "C" __global__ void bn_blend_running_##SUFFIX(T* running, const S* batch, int n,      \
                                                          double momentum, double scale) {        \
         const int i = blockIdx.x * blockDim.x + threadIdx.x;                                     \
         if (i < n)                                                                               \
-            running[i] = (T)((1.0 - momentum) * (double)running[i] +                             \
-                             momentum * scale * (double)batch[i]);                               \
+            running[i] = cvt<T>((1.0 - momentum) * cvt<double>(running[i]) +                    \
+                                momentum * scale * (double)batch[i]);                            \
     }
 
-BLEND_KERNEL(float, f32)
-BLEND_KERNEL(double, f64)
+BLEND_KERNEL(float, float, f32)
+BLEND_KERNEL(double, double, f64)
+BLEND_KERNEL(bf16, float, bf16)
+BLEND_KERNEL(f16, float, f16)

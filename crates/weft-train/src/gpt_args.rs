@@ -325,7 +325,10 @@ impl GptArgs {
             bail!("--precision {}: not supported yet", self.precision);
         }
         if policy.param != candle_core::DType::F32 && self.device != "cpu" {
-            bail!("--precision {} runs on the CPU so far", self.precision);
+            bail!(
+                "--precision {} runs on the CPU so far for the GPT: its GPU kernels (attention, LayerNorm, GELU) are fp32/fp64 only",
+                self.precision
+            );
         }
         crate::device::parse_device(&self.device)?;
         Ok(())

@@ -1,8 +1,8 @@
 //! `cargo xtask gpu-check`: the CUDA path against the CPU reference, as a pass/fail table.
 //! Each op's forward output and input/parameter gradients on the GPU are compared with the same
 //! computation on the CPU (fresh random inputs, f32, relative error to the largest value): the
-//! convolutions, weft's kernels (batch norm, ReLU, max-pool) and the Candle ops that other
-//! dtypes fall back to. Then ResNet-50 is compared in f64: whole-graph gradients (Candle's
+//! convolutions, weft's kernels (batch norm, ReLU, max-pool; in f32, and in bf16 and f16 in
+//! [`half`]) and the Candle ops that other dtypes fall back to. Then ResNet-50 is compared in f64: whole-graph gradients (Candle's
 //! autograd), the block-wise trainer's gradients (the blocks' own backward) and parameters
 //! after one SGD step, and the losses of three steps. (In f32 a ResNet-50 at batch 4
 //! is too ill-conditioned to compare: BatchNorm over 16 values per channel in the last stage
@@ -13,6 +13,7 @@
 
 pub mod ddp;
 mod gpt;
+mod half;
 mod multi_gpu;
 mod optimizers;
 mod resnet;
@@ -255,6 +256,7 @@ pub fn run() -> Result<()> {
         error: compare_op(&gpu, &[&[64, 300]], |t| ops::gelu_tanh(&t[0]))?,
         tolerance: 1e-5,
     });
+    half::run(&gpu, &mut checks)?;
     // Candle's ops, which CUDA tensors of other dtypes take.
     ops::set_cuda_kernels(false);
     let fallback_checks: [OpCheck; 3] = [

@@ -158,8 +158,10 @@ fn capture(
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .map_err(|e| cuda_error("begin capture", e))?;
-    // Waiting for the device is not allowed while capturing.
+    // Waiting for the device is not allowed while capturing, nor reading the memory pool's
+    // use (the memory tracker's samples).
     let synchronized = std::mem::replace(&mut trainer.synchronized_timings, false);
+    let tracker = trainer.memory.take();
     let body = (|| -> Result<()> {
         let (results, _) = trainer.run(batch)?;
         let result: &BatchResult = &results[0];
@@ -177,6 +179,7 @@ fn capture(
         Ok(())
     })();
     trainer.synchronized_timings = synchronized;
+    trainer.memory = tracker;
     // The capture ends whatever happened, so that the stream is usable again.
     let graph = stream.end_capture(CUgraphInstantiate_flags(0));
     // Errors recorded by cudarc while capturing (e.g. an invalidated capture) are this

@@ -7,14 +7,17 @@
 
 use super::batch_norm_op::{BatchNormOp, BnPass};
 use super::relu::{relu, relu_backward};
-use super::storage::{dims4, half_on_cpu, uses_cpu_kernels, uses_cuda_kernels};
+use super::storage::{
+    dims4, half_on_cpu, uses_cpu_kernels, uses_cuda_kernels_with_half, uses_kernels_with_half,
+};
 use candle_core::{bail, DType, Result, Tensor};
 
 /// Normalises `x` (`N x C x H x W`) per channel with its batch mean and biased variance
 /// over `N, H, W`, then scales by `weight` and shifts by `bias` (both of shape `C`):
 /// `y = (x - mean) / sqrt(var + eps) * weight + bias`. Returns `(y, mean, var)`; `y` is
 /// differentiable w.r.t. `x`, `weight` and `bias`, while `mean` and `var` (shape `C`,
-/// biased variance) are detached, for updating running statistics.
+/// biased variance; f32 for 16-bit `x` on weft's kernels) are detached, for updating running
+/// statistics.
 pub fn batch_norm_train(
     x: &Tensor,
     weight: &Tensor,
@@ -76,7 +79,7 @@ pub fn batch_norm_train_forward(
 ) -> Result<BatchNormOutput> {
     check_arguments(x, weight, bias, eps)?;
     let tensors = [x, weight, bias];
-    if !uses_cpu_kernels(&tensors) && !uses_cuda_kernels(&tensors) {
+    if !uses_kernels_with_half(&tensors) {
         bail!(
             "batch_norm_train_forward: no weft kernel for {:?} tensors on {:?}",
             x.dtype(),
@@ -147,12 +150,12 @@ pub(super) fn backward_passes(
     let sums = x.apply_op3_no_bwd(&dy, stats, &BatchNormOp::new(BnPass::GradSums, eps, false))?;
     let dx = match input_grad {
         true => {
-            let table = Tensor::cat(&[stats, affine, &sums], 0)?;
+            let table = Tensor::cat(&[stats, &affine.to_dtype(stats.dtype())?, &sums], 0)?;
             Some(input_gradient(&x, &dy, &table, eps)?)
         }
         false => None,
     };
-    Ok((dx, sums))
+    Ok((dx, sums.to_dtype(affine.dtype())?))
 }
 
 /// The gradient of the normalised output from that of the output `y` (a ReLU's when `relu`).
@@ -202,13 +205,12 @@ fn batch_norm(
     check_arguments(x, weight, bias, eps)?;
     let tensors = [x, weight, bias];
     if half_on_cpu(&tensors) {
-        // Statistics and normalisation in f32; the output and statistics rounded back.
+        // Statistics and normalisation in f32; the output rounded back, the statistics kept.
         let wide = |t: &Tensor| t.to_dtype(DType::F32);
         let (y, mean, var) = batch_norm(&wide(x)?, &wide(weight)?, &wide(bias)?, eps, relu_after)?;
-        let narrow = |t: Tensor| t.to_dtype(x.dtype());
-        return Ok((narrow(y)?, narrow(mean)?, narrow(var)?));
+        return Ok((y.to_dtype(x.dtype())?, mean, var));
     }
-    if !uses_cpu_kernels(&tensors) && !uses_cuda_kernels(&tensors) {
+    if !uses_cpu_kernels(&tensors) && !uses_cuda_kernels_with_half(&tensors) {
         let (y, mean, var) = batch_norm_train_candle(x, weight, bias, eps)?;
         let y = if relu_after { relu(&y)? } else { y };
         return Ok((y, mean, var));

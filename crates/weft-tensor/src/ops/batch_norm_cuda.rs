@@ -1,11 +1,13 @@
 //! Launches the fused batch-norm kernels of `kernels/batch_norm.cu` on CUDA storages: the
 //! reductions (moments, gradient sums) as `splits x C` blocks writing double partial sums plus
-//! a finalize kernel, the element-wise passes as one row of blocks per `H x W` plane.
+//! a finalize kernel, the element-wise passes as one row of blocks per `H x W` plane. 16-bit
+//! data has f32 statistics and tables.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
 use candle_core::{bail, DType, Layout, Result, WithDType};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
+use half::{bf16, f16};
 
 use super::batch_norm_op::BnPass;
 use super::cuda_launch::{device_of, function, launched, output, view, BATCH_NORM, THREADS};
@@ -59,20 +61,51 @@ impl BnShape {
     }
 }
 
-fn run<T: CudaDType + DeviceRepr + WithDType>(
+/// A typed view of one argument: data (`x`, `dy`, the affine parameters) of element type `T`,
+/// or statistics (a table, `[mean; var]`) of type `S`.
+enum BnView<'a, T, S> {
+    Data(CudaView<'a, T>),
+    Stat(CudaView<'a, S>),
+}
+
+impl<T: DeviceRepr, S: DeviceRepr> BnView<'_, T, S> {
+    fn push<'b>(&'b self, builder: &mut LaunchArgs<'b>) {
+        match self {
+            BnView::Data(v) => builder.arg(v),
+            BnView::Stat(v) => builder.arg(v),
+        };
+    }
+
+    /// Rows `rows` (of `c` elements) of a statistics table.
+    fn rows(&self, rows: std::ops::Range<usize>, c: usize) -> Result<CudaView<'_, S>> {
+        match self {
+            BnView::Stat(v) => Ok(v.slice(rows.start * c..rows.end * c)),
+            BnView::Data(_) => bail!("batch-norm kernel: expected a statistics table"),
+        }
+    }
+}
+
+/// Element type `T` of the data, `S` of the statistics and tables (f32 for 16-bit data).
+fn run<T, S>(
     pass: BnPass,
     eps: f64,
     relu: bool,
     shape: BnShape,
     args: &[(&CudaStorage, &Layout, &'static str)],
     out_len: usize,
-) -> Result<CudaStorage> {
+) -> Result<CudaStorage>
+where
+    T: CudaDType + DeviceRepr + WithDType,
+    S: CudaDType + DeviceRepr + WithDType,
+{
     let device = device_of(args[0].0);
     let views = args
         .iter()
-        .map(|(storage, layout, name)| view::<T>(storage, layout, name))
-        .collect::<Result<Vec<_>>>()?;
-    let out = output::<T>(&device, out_len)?;
+        .map(|(storage, layout, name)| match *name {
+            "stats" | "table" => Ok(BnView::Stat(view::<S>(storage, layout, name)?)),
+            _ => Ok(BnView::Data(view::<T>(storage, layout, name)?)),
+        })
+        .collect::<Result<Vec<BnView<'_, T, S>>>>()?;
     let (n, c, hw) = (shape.n as i32, shape.c as i32, shape.plane as i32);
     let m = (shape.n * shape.plane) as f64;
     let splits = shape.splits() as i32;
@@ -84,6 +117,7 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
     // pass).
     match pass {
         BnPass::Moments | BnPass::GradSums | BnPass::Table | BnPass::GradTable => {
+            let out = output::<S>(&device, out_len)?;
             let (partial_kernel, finalize_kernel) = match pass {
                 BnPass::Moments => ("bn_moments_partial", "bn_moments_finalize"),
                 BnPass::Table => ("bn_moments_partial", "bn_table_finalize"),
@@ -100,7 +134,7 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
                 _ => &views[..3],
             };
             for v in inputs {
-                builder.arg(v);
+                v.push(&mut builder);
             }
             builder.arg(&partial).arg(&n).arg(&c).arg(&hw);
             launched(partial_kernel, unsafe { builder.launch(shape.reduction()) })?;
@@ -108,22 +142,28 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
             let mut builder = func.builder();
             match pass {
                 BnPass::Moments | BnPass::Table => {
-                    builder.arg(&views[0]).arg(&partial);
+                    views[0].push(&mut builder);
+                    builder.arg(&partial);
                     if let BnPass::Table = pass {
-                        builder.arg(&views[1]).arg(&views[2]);
+                        views[1].push(&mut builder);
+                        views[2].push(&mut builder);
                     }
                     builder.arg(&out).arg(&c).arg(&hw).arg(&splits).arg(&m);
                 }
                 _ => {
-                    builder.arg(&views[2]).arg(&partial).arg(&out);
+                    views[2].push(&mut builder);
+                    builder.arg(&partial).arg(&out);
                     builder.arg(&c).arg(&splits).arg(&eps);
                 }
             }
             launched(finalize_kernel, unsafe { builder.launch(shape.finalize()) })?;
+            Ok(CudaStorage::wrap_cuda_slice(out, device))
         }
         BnPass::Forward | BnPass::ForwardTable | BnPass::GradInput => {
+            let out = output::<T>(&device, out_len)?;
             let kernel = match pass {
                 BnPass::GradInput => "bn_grad_input",
+                BnPass::ForwardTable => "bn_forward_table",
                 _ => "bn_forward",
             };
             let func = function(&device, &BATCH_NORM, kernel, T::DTYPE)?;
@@ -132,13 +172,14 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
             let (affine, stats);
             match pass {
                 BnPass::ForwardTable => {
-                    affine = views[1].slice(2 * shape.c..4 * shape.c);
-                    stats = views[1].slice(..2 * shape.c);
-                    builder.arg(&views[0]).arg(&affine).arg(&stats);
+                    affine = views[1].rows(2..4, shape.c)?;
+                    stats = views[1].rows(0..2, shape.c)?;
+                    views[0].push(&mut builder);
+                    builder.arg(&affine).arg(&stats);
                 }
                 _ => {
                     for v in &views {
-                        builder.arg(v);
+                        v.push(&mut builder);
                     }
                 }
             }
@@ -148,9 +189,9 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
                 _ => builder.arg(&eps).arg(&relu),
             };
             launched(kernel, unsafe { builder.launch(shape.planes()) })?;
+            Ok(CudaStorage::wrap_cuda_slice(out, device))
         }
     }
-    Ok(CudaStorage::wrap_cuda_slice(out, device))
 }
 
 /// Runs `pass` on CUDA arguments (x first); the result has `out_len` elements. `relu` applies
@@ -168,13 +209,15 @@ pub(crate) fn run_cuda(
         bail!("batch-norm kernel: x with {elements} elements is too large for the CUDA kernels");
     }
     match args[0].0.dtype() {
-        DType::F32 => run::<f32>(pass, eps, relu, shape, args, out_len),
-        DType::F64 => run::<f64>(pass, eps, relu, shape, args, out_len),
-        other => bail!("batch-norm kernel: dtype {other:?} is not supported (f32, f64)"),
+        DType::F32 => run::<f32, f32>(pass, eps, relu, shape, args, out_len),
+        DType::F64 => run::<f64, f64>(pass, eps, relu, shape, args, out_len),
+        DType::BF16 => run::<bf16, f32>(pass, eps, relu, shape, args, out_len),
+        DType::F16 => run::<f16, f32>(pass, eps, relu, shape, args, out_len),
+        other => bail!("batch-norm kernel: dtype {other:?} is not supported"),
     }
 }
 
-fn blend<T: CudaDType + DeviceRepr + WithDType>(
+fn blend<T: CudaDType + DeviceRepr + WithDType, S: CudaDType>(
     running: &mut CudaStorage,
     range: std::ops::Range<usize>,
     batch: (&CudaStorage, &Layout),
@@ -184,7 +227,7 @@ fn blend<T: CudaDType + DeviceRepr + WithDType>(
     let device = device_of(running);
     let n = range.len();
     let func = function(&device, &BATCH_NORM, "bn_blend_running", T::DTYPE)?;
-    let src = view::<T>(batch.0, batch.1, "batch")?;
+    let src = view::<S>(batch.0, batch.1, "batch")?;
     let mut dst = running.as_cuda_slice_mut::<T>()?.slice_mut(range);
     let len = n as i32;
     let mut builder = func.builder();
@@ -213,8 +256,10 @@ pub(crate) fn blend_running(
     scale: f64,
 ) -> Result<()> {
     match running.dtype() {
-        DType::F32 => blend::<f32>(running, range, batch, momentum, scale),
-        DType::F64 => blend::<f64>(running, range, batch, momentum, scale),
-        other => bail!("blend_into: dtype {other:?} is not supported (f32, f64)"),
+        DType::F32 => blend::<f32, f32>(running, range, batch, momentum, scale),
+        DType::F64 => blend::<f64, f64>(running, range, batch, momentum, scale),
+        DType::BF16 => blend::<bf16, f32>(running, range, batch, momentum, scale),
+        DType::F16 => blend::<f16, f32>(running, range, batch, momentum, scale),
+        other => bail!("blend_into: dtype {other:?} is not supported"),
     }
 }

@@ -33,6 +33,17 @@ pub(crate) enum BnPass {
     GradTable,
 }
 
+impl BnPass {
+    /// Whether the pass writes statistics (a `[mean; var]` pair, sums or a table): f32 for
+    /// 16-bit data; the other passes write data of `x`'s type.
+    pub(crate) fn writes_statistics(self) -> bool {
+        matches!(
+            self,
+            BnPass::Moments | BnPass::GradSums | BnPass::Table | BnPass::GradTable
+        )
+    }
+}
+
 /// A batch-norm custom op (unary for `Moments`, binary for `ForwardTable`, ternary otherwise); `relu` applies a ReLU
 /// after the forward pass (and its mask before the backward passes).
 pub(super) struct BatchNormOp {
@@ -90,6 +101,10 @@ impl CpuKernel for BnKernel {
                 args.len()
             ),
         })
+    }
+
+    fn writes_statistics(&self) -> bool {
+        self.pass.writes_statistics()
     }
 }
 

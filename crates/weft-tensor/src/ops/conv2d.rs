@@ -11,6 +11,7 @@ use super::storage::{dims4, half_on_cpu, run_kernel, uses_cpu_kernels, Arg, CpuK
 #[cfg(feature = "cudnn")]
 use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// 2-D convolution of `x` (`N x C_in x H x W`) with `w` (`C_out x C_in x KH x KW`), equal
 /// stride and zero padding on both spatial axes; returns `N x C_out x OH x OW` with
@@ -37,13 +38,17 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<T
 /// [`conv2d`] without an autograd graph, for blocks with their own backward (see
 /// [`conv2d_backward`]). The tensors must take weft's kernels ([`super::has_kernels`]).
 pub fn conv2d_forward(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
-    conv_problem(x.dims(), w.dims(), stride, padding)?;
-    if !(uses_cpu_kernels(&[x, w]) || uses_cudnn(&[x, w])) {
+    let _problem = conv_problem(x.dims(), w.dims(), stride, padding)?;
+    if !graph_free(&[x, w]) {
         bail!(
             "conv2d_forward: no weft kernel for {:?} tensors on {:?}",
             x.dtype(),
             x.device().location()
         );
+    }
+    #[cfg(feature = "cudnn")]
+    if uses_nhwc(x) {
+        return super::conv_nhwc::forward(x, w, _problem);
     }
     x.contiguous()?
         .apply_op2_no_bwd(&w.contiguous()?, &Conv2dOp { stride, padding })
@@ -86,6 +91,20 @@ fn conv_grads(
     padding: usize,
     wanted: (bool, bool),
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    #[cfg(feature = "cudnn")]
+    if uses_nhwc(x) {
+        use super::conv_nhwc::{backward_data, backward_filter};
+        let problem = conv_problem(x.dims(), w.dims(), stride, padding)?;
+        let dx = wanted
+            .0
+            .then(|| backward_data(dy, w, problem))
+            .transpose()?;
+        let dw = wanted
+            .1
+            .then(|| backward_filter(x, dy, problem))
+            .transpose()?;
+        return Ok((dx, dw));
+    }
     let (_, _, in_h, in_w) = x.dims4()?;
     let (_, _, k_h, k_w) = w.dims4()?;
     let dx = if wanted.0 {
@@ -111,12 +130,40 @@ fn conv_grads(
     Ok((dx, dw))
 }
 
-/// Whether the tensors go to cuDNN: f32/f64 on a CUDA device, in a build with `cudnn`.
+/// Whether the tensors go to cuDNN: f32, f64, bf16 or f16 on a CUDA device, in a build with
+/// `cudnn` (16-bit convolutions accumulate in f32).
 pub(super) fn uses_cudnn(tensors: &[&Tensor]) -> bool {
     cfg!(feature = "cudnn")
-        && tensors
-            .iter()
-            .all(|t| t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::F64))
+        && tensors.iter().all(|t| {
+            t.device().is_cuda()
+                && matches!(
+                    t.dtype(),
+                    DType::F32 | DType::F64 | DType::BF16 | DType::F16
+                )
+        })
+}
+
+static CONV_NHWC: AtomicBool = AtomicBool::new(false);
+
+/// Runs the graph-free convolution passes of 16-bit CUDA tensors in NHWC memory order, their
+/// operands copied in and out (off by default: on an H100 the copies cost more than NHWC saves
+/// while the model's own tensors are NCHW; BENCHMARKS.md). For measurements and checks.
+pub fn set_conv_nhwc(on: bool) {
+    CONV_NHWC.store(on, Ordering::Relaxed);
+}
+
+/// Whether the graph-free passes of `x` run through cuDNN in NHWC (`conv_nhwc`): 16-bit on a
+/// CUDA device, after [`set_conv_nhwc`]`(true)`.
+pub(super) fn uses_nhwc(x: &Tensor) -> bool {
+    CONV_NHWC.load(Ordering::Relaxed)
+        && uses_cudnn(&[x])
+        && matches!(x.dtype(), DType::BF16 | DType::F16)
+}
+
+/// Whether the graph-free passes take the tensors: cuDNN's, or the CPU kernels (16-bit CPU
+/// tensors computed in f32).
+pub(super) fn graph_free(tensors: &[&Tensor]) -> bool {
+    uses_cudnn(tensors) || uses_cpu_kernels(tensors) || half_on_cpu(tensors)
 }
 
 /// Validates the shapes of a convolution and derives its problem description.
@@ -270,7 +317,7 @@ impl CustomOp2 for Conv2dOp {
         let shape = problem.output_shape();
         let storage = cudnn_conv(
             CudnnPass::Forward,
-            &problem,
+            (&problem, false),
             (s1, l1),
             (s2, l2),
             shape.elem_count(),
@@ -342,7 +389,7 @@ impl CustomOp2 for Conv2dBackwardData {
         let shape: Shape = (batch, c_in, in_h, in_w).into();
         let storage = cudnn_conv(
             CudnnPass::BackwardData,
-            &problem,
+            (&problem, false),
             (s1, l1),
             (s2, l2),
             shape.elem_count(),
@@ -403,7 +450,7 @@ impl CustomOp2 for Conv2dBackwardFilter {
         let shape: Shape = (c_out, c_in, k_h, k_w).into();
         let storage = cudnn_conv(
             CudnnPass::BackwardFilter,
-            &problem,
+            (&problem, false),
             (s1, l1),
             (s2, l2),
             shape.elem_count(),

@@ -3,11 +3,11 @@
 //! a residual block's input (shortcut and branch) need no separate addition: on CUDA one cuDNN
 //! backward-data launch with beta = 1, on the CPU the input-gradient kernel then one pass of adds.
 
-use super::conv2d::{conv2d_backward_filter, conv_problem, uses_cudnn};
+use super::conv2d::{conv2d_backward_filter, conv_problem, graph_free, uses_nhwc};
 use super::conv_cpu::{conv_backward_data, ConvProblem};
 #[cfg(feature = "cudnn")]
 use super::conv_cudnn::cudnn_conv_backward_data_add;
-use super::storage::{dims4, uses_cpu_kernels, Float};
+use super::storage::{dims4, widened, Arg, Float};
 use candle_core::backend::BackendStorage;
 #[cfg(feature = "cudnn")]
 use candle_core::CudaStorage;
@@ -39,7 +39,7 @@ pub fn conv2d_backward_add(
     if !acc.is_contiguous() {
         bail!("conv2d_backward_add: the tensor added into must be contiguous");
     }
-    if !(uses_cpu_kernels(&[acc, w, dy]) || uses_cudnn(&[acc, w, dy])) {
+    if !graph_free(&[acc, w, dy]) {
         bail!(
             "conv2d_backward_add: no weft kernel for {:?} tensors on {:?}",
             acc.dtype(),
@@ -47,26 +47,71 @@ pub fn conv2d_backward_add(
         );
     }
     let dy = dy.contiguous()?;
-    acc.inplace_op3(&dy, &w.contiguous()?, &AddBackwardData { problem })?;
+    match uses_nhwc(acc) {
+        // cuDNN adds in NHWC into a copy of `acc`, copied back.
+        #[cfg(feature = "cudnn")]
+        true => {
+            use super::conv_nhwc::{from_nhwc, to_nhwc};
+            let acc_nhwc = to_nhwc(acc)?;
+            let op = AddBackwardData {
+                problem,
+                nhwc: true,
+            };
+            acc_nhwc.inplace_op3(&to_nhwc(&dy)?, &to_nhwc(w)?, &op)?;
+            super::copy_tensors(&[(&from_nhwc(&acc_nhwc)?, acc)])?;
+        }
+        _ => {
+            let op = AddBackwardData {
+                problem,
+                nhwc: false,
+            };
+            acc.inplace_op3(&dy, &w.contiguous()?, &op)?;
+        }
+    }
     conv2d_backward_filter(x, w, &dy, stride, padding)
 }
 
 /// In-place op on `(acc, dy, w)`: `acc += dx`.
 struct AddBackwardData {
     problem: ConvProblem,
+    /// Operands in NHWC memory order (the filter in KRSC), as cuDNN's NHWC plans take them.
+    nhwc: bool,
+}
+
+/// The NCHW dimensions of an operand given in NHWC order when `nhwc`.
+fn logical(dims: &[usize], nhwc: bool) -> Vec<usize> {
+    match (nhwc, dims) {
+        (true, &[n, h, w, c]) => vec![n, c, h, w],
+        _ => dims.to_vec(),
+    }
 }
 
 impl AddBackwardData {
     fn check(&self, acc: &Layout, dy: &Layout, w: &Layout) -> Result<()> {
         let name = self.name();
-        let (batch, c_in, in_h, in_w) = dims4(acc.dims(), name, "acc")?;
+        let (batch, c_in, in_h, in_w) = dims4(&logical(acc.dims(), self.nhwc), name, "acc")?;
         let g = &self.problem.geom;
         if (batch, c_in, in_h, in_w) != (self.problem.batch, g.c_in, g.in_h, g.in_w) {
             bail!("{name}: the tensor added into has shape {:?}", acc.dims());
         }
-        self.problem.check_output_grad(dy.dims(), name)?;
+        self.problem
+            .check_output_grad(&logical(dy.dims(), self.nhwc), name)?;
         dims4(w.dims(), name, "w")?;
         Ok(())
+    }
+}
+
+impl AddBackwardData {
+    /// The input gradient of 16-bit `dy` and `w`, computed in f32.
+    fn half_input_gradient(
+        &self,
+        dy: (&CpuStorage, &Layout),
+        w: (&CpuStorage, &Layout),
+    ) -> Result<Vec<f32>> {
+        let name = self.name();
+        let dy = widened(name, &Arg::new(dy.0, dy.1, "dy"))?;
+        let w = widened(name, &Arg::new(w.0, w.1, "w"))?;
+        Ok(conv_backward_data(&dy, &w, &self.problem))
     }
 }
 
@@ -120,8 +165,20 @@ impl InplaceOp3 for AddBackwardData {
                 contiguous(w, w_l, "w")?,
                 &self.problem,
             ),
+            CpuStorage::BF16(acc) => {
+                let dx = self.half_input_gradient((dy, dy_l), (w, w_l))?;
+                for (a, d) in acc[start..end].iter_mut().zip(dx) {
+                    *a = half::bf16::from_f32(a.to_f32() + d);
+                }
+            }
+            CpuStorage::F16(acc) => {
+                let dx = self.half_input_gradient((dy, dy_l), (w, w_l))?;
+                for (a, d) in acc[start..end].iter_mut().zip(dx) {
+                    *a = half::f16::from_f32(a.to_f32() + d);
+                }
+            }
             other => bail!(
-                "conv2d_backward_add: dtype {:?} is not supported (f32, f64)",
+                "conv2d_backward_add: dtype {:?} is not supported",
                 other.dtype()
             ),
         }
@@ -139,6 +196,11 @@ impl InplaceOp3 for AddBackwardData {
         w_l: &Layout,
     ) -> Result<()> {
         self.check(acc_l, dy_l, w_l)?;
-        cudnn_conv_backward_data_add(&self.problem, (acc, acc_l), (dy, dy_l), (w, w_l))
+        cudnn_conv_backward_data_add(
+            (&self.problem, self.nhwc),
+            (acc, acc_l),
+            (dy, dy_l),
+            (w, w_l),
+        )
     }
 }

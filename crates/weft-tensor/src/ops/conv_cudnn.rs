@@ -1,5 +1,6 @@
 //! Convolution forward, backward-data and backward-filter through cuDNN (cudarc's `result`
-//! layer), for contiguous f32/f64 NCHW tensors on a CUDA device (feature `cudnn`). One cuDNN
+//! layer), for contiguous f32, f64, bf16 and f16 NCHW tensors on a CUDA device (feature
+//! `cudnn`; 16-bit convolutions accumulate in f32, cuDNN's "pseudo-half" configurations). One cuDNN
 //! handle per thread and stream (handles are neither `Send` nor `Sync`); per pass and shape a
 //! [`Plan`] (descriptors and the algorithm, chosen as `cudnn_search` describes) is built on
 //! first use and cached, so each later call is one
@@ -36,7 +37,8 @@ pub fn set_allow_tf32(allow: bool) {
 /// Workspace (bytes) offered to cuDNN's own timed search of a new plan (`exhaustive` mode).
 const SEARCH_WORKSPACE: usize = 256 << 20;
 
-type PlanKey = (CudnnPass, DType, [usize; 9], bool);
+/// Pass, dtype, shape, TF32 allowed, NHWC memory order.
+type PlanKey = (CudnnPass, DType, [usize; 9], bool, bool);
 
 thread_local! {
     static HANDLES: RefCell<HashMap<usize, Rc<Handle>>> = RefCell::new(HashMap::new());
@@ -88,7 +90,9 @@ fn data_type(dtype: DType) -> Result<sys::cudnnDataType_t> {
     match dtype {
         DType::F32 => Ok(sys::cudnnDataType_t::CUDNN_DATA_FLOAT),
         DType::F64 => Ok(sys::cudnnDataType_t::CUDNN_DATA_DOUBLE),
-        other => bail!("cuDNN convolution: dtype {other:?} is not supported (f32, f64)"),
+        DType::BF16 => Ok(sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16),
+        DType::F16 => Ok(sys::cudnnDataType_t::CUDNN_DATA_HALF),
+        other => bail!("cuDNN convolution: dtype {other:?} is not supported"),
     }
 }
 
@@ -104,12 +108,13 @@ fn plan(
     if let Some(plan) = cached_plan(&key) {
         return Ok(plan);
     }
-    let mode = AlgoSearch::from_env()?;
+    let mode = AlgoSearch::for_dtype(key.1)?;
     let stream = device.cuda_stream();
     // SAFETY: the handle is bound to this device's stream and `on` holds the problem's
     // tensors (see `run`); the search's workspace is allocated for it.
     let plan = unsafe {
-        let mut plan = Plan::describe(p, data_type(key.1)?, key.3).map_err(wrap("descriptors"))?;
+        let mut plan =
+            Plan::describe(p, data_type(key.1)?, key.3, key.4).map_err(wrap("descriptors"))?;
         let candidates = if mode == AlgoSearch::Exhaustive {
             let workspace: CudaSlice<u8> = device.alloc::<u8>(SEARCH_WORKSPACE)?;
             let (ws, _) = workspace.device_ptr(&stream);
@@ -146,6 +151,7 @@ fn operands(pass: CudnnPass, a: *mut c_void, b: *mut c_void, out: *mut c_void) -
 fn run<T: CudaDType + DeviceRepr + WithDType>(
     pass: CudnnPass,
     p: &ConvProblem,
+    nhwc: bool,
     (a, la): (&CudaStorage, &Layout),
     (b, lb): (&CudaStorage, &Layout),
     output: Output<'_>,
@@ -185,9 +191,11 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
             p.batch, p.c_out, g.c_in, g.in_h, g.in_w, g.k_h, g.k_w, g.stride, g.padding,
         ],
         ALLOW_TF32.load(Ordering::Relaxed),
+        nhwc,
     );
     // cuDNN's own search writes its candidates' results: never into a tensor added into.
-    let searches = AlgoSearch::from_env()? == AlgoSearch::Exhaustive && cached_plan(&key).is_none();
+    let searches =
+        AlgoSearch::for_dtype(T::DTYPE)? == AlgoSearch::Exhaustive && cached_plan(&key).is_none();
     let search_scratch = if beta != 0.0 && searches {
         // SAFETY: scratch memory the search writes before reading.
         Some(unsafe { device.alloc::<T>(out_len)? })
@@ -208,8 +216,13 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
     // SAFETY: scratch memory for cuDNN only.
     let workspace: CudaSlice<u8> = unsafe { device.alloc::<u8>(plan.workspace.max(1))? };
     let (ws, _) = workspace.device_ptr(&stream);
-    let (one, beta) = (T::from_f64(1.0), T::from_f64(beta));
-    let scalars = ((&raw const one).cast(), (&raw const beta).cast());
+    // cuDNN's scaling factors are doubles for f64 data and floats otherwise.
+    let (one64, beta64) = (1.0f64, beta);
+    let (one32, beta32) = (1.0f32, beta as f32);
+    let scalars = match T::DTYPE {
+        DType::F64 => ((&raw const one64).cast(), (&raw const beta64).cast()),
+        _ => ((&raw const one32).cast(), (&raw const beta32).cast()),
+    };
     // SAFETY: the operands address the problem's tensors as the plan's descriptors describe
     // them (contiguous NCHW of T), and `plan.workspace` bytes of workspace.
     unsafe {
@@ -225,18 +238,21 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
 }
 
 /// Runs `pass` of problem `p` on two CUDA arguments: `(x, w)` forward, `(dy, w)` backward-data,
-/// `(x, dy)` backward-filter; the result has `out_len` elements.
+/// `(x, dy)` backward-filter; the result has `out_len` elements. With `nhwc` every operand is
+/// in NHWC memory order (the filter in KRSC), otherwise NCHW.
 pub(crate) fn cudnn_conv(
     pass: CudnnPass,
-    p: &ConvProblem,
+    (p, nhwc): (&ConvProblem, bool),
     a: (&CudaStorage, &Layout),
     b: (&CudaStorage, &Layout),
     out_len: usize,
 ) -> Result<CudaStorage> {
     let new = match a.0.dtype() {
-        DType::F32 => run::<f32>(pass, p, a, b, Output::New(out_len))?,
-        DType::F64 => run::<f64>(pass, p, a, b, Output::New(out_len))?,
-        other => bail!("cuDNN convolution: dtype {other:?} is not supported (f32, f64)"),
+        DType::F32 => run::<f32>(pass, p, nhwc, a, b, Output::New(out_len))?,
+        DType::F64 => run::<f64>(pass, p, nhwc, a, b, Output::New(out_len))?,
+        DType::BF16 => run::<half::bf16>(pass, p, nhwc, a, b, Output::New(out_len))?,
+        DType::F16 => run::<half::f16>(pass, p, nhwc, a, b, Output::New(out_len))?,
+        other => bail!("cuDNN convolution: dtype {other:?} is not supported"),
     };
     new.ok_or_else(|| candle_core::Error::Msg("cuDNN convolution: no output buffer".into()))
 }
@@ -244,7 +260,7 @@ pub(crate) fn cudnn_conv(
 /// Adds the input gradient of problem `p` from `dy` and `w` into `acc` (`acc += dx`, one
 /// cuDNN backward-data launch with beta = 1).
 pub(crate) fn cudnn_conv_backward_data_add(
-    p: &ConvProblem,
+    (p, nhwc): (&ConvProblem, bool),
     acc: (&mut CudaStorage, &Layout),
     dy: (&CudaStorage, &Layout),
     w: (&CudaStorage, &Layout),
@@ -252,9 +268,11 @@ pub(crate) fn cudnn_conv_backward_data_add(
     let pass = CudnnPass::BackwardData;
     let output = Output::AddTo(acc.0, acc.1);
     match dy.0.dtype() {
-        DType::F32 => run::<f32>(pass, p, dy, w, output)?,
-        DType::F64 => run::<f64>(pass, p, dy, w, output)?,
-        other => bail!("cuDNN convolution: dtype {other:?} is not supported (f32, f64)"),
+        DType::F32 => run::<f32>(pass, p, nhwc, dy, w, output)?,
+        DType::F64 => run::<f64>(pass, p, nhwc, dy, w, output)?,
+        DType::BF16 => run::<half::bf16>(pass, p, nhwc, dy, w, output)?,
+        DType::F16 => run::<half::f16>(pass, p, nhwc, dy, w, output)?,
+        other => bail!("cuDNN convolution: dtype {other:?} is not supported"),
     };
     Ok(())
 }

@@ -79,7 +79,8 @@ impl Kernel {
     }
 }
 
-/// The `{kernel}_{f32|f64}` function of `module` for element type `dtype`.
+/// The `{kernel}_{f32|f64|bf16|f16}` function of `module` for element type `dtype` (an error
+/// from the driver names a kernel not written for that type).
 pub(crate) fn function(
     device: &CudaDevice,
     module: &Module,
@@ -89,7 +90,9 @@ pub(crate) fn function(
     let suffix = match dtype {
         DType::F32 => "f32",
         DType::F64 => "f64",
-        other => bail!("{kernel}: dtype {other:?} is not supported on CUDA (f32, f64)"),
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        other => bail!("{kernel}: dtype {other:?} is not supported on CUDA"),
     };
     function_named(device, module, &format!("{kernel}_{suffix}"))
 }

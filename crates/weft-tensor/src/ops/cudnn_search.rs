@@ -1,13 +1,15 @@
 //! How a convolution plan's algorithm is chosen, per pass and shape, on the first call
 //! (`WEFT_CUDNN_ALGO`):
-//! - `heuristic` (the default): the best-ranked algorithm of cuDNN's heuristics for the shape
-//!   (`cudnnGetConvolution*Algorithm_v7`) whose workspace fits the limit; nothing is run, so
-//!   every run and every rank makes the same choice.
+//! - `heuristic` (the default for f32 and f64): the best-ranked algorithm of cuDNN's
+//!   heuristics for the shape (`cudnnGetConvolution*Algorithm_v7`) whose workspace fits the
+//!   limit; nothing is run, so every run and every rank makes the same choice.
 //! - `exhaustive`: cuDNN runs every algorithm once itself (`cudnnFind*AlgorithmEx`, PyTorch's
 //!   `cudnn.benchmark`) and the fastest within the limit is kept; among those within
 //!   [`TIME_SLACK`] of it, the one needing the least workspace. One run each is at the mercy
 //!   of whatever else the GPU does then (under Nsight Compute it chose algorithms five times
 //!   slower), and on an H100 it chose slower algorithms than the heuristics (BENCHMARKS.md).
+//!   The default for bf16 and f16, where the heuristics' choices on an H100 were twice as slow
+//!   (ResNet-50 bf16 at batch 128: 1074 against 2282 images/s, BENCHMARKS.md).
 //!
 //! `WEFT_CUDNN_WORKSPACE_MB` bounds the workspace (default 256 MiB). The limit matters: the
 //! tensor-core algorithms of NCHW convolutions (`IMPLICIT_PRECOMP_GEMM`) take a workspace as
@@ -19,7 +21,7 @@
 //! shape (gpu-check). `WEFT_CUDNN_LOG=1` prints every choice with its candidates to standard
 //! error.
 
-use candle_core::{bail, Result};
+use candle_core::{bail, DType, Result};
 
 use super::cudnn_plan::{Candidate, CudnnPass, Plan};
 
@@ -44,21 +46,26 @@ pub(crate) enum AlgoSearch {
 }
 
 impl AlgoSearch {
-    /// The mode `WEFT_CUDNN_ALGO` names (default `heuristic`).
-    pub(crate) fn from_env() -> Result<Self> {
-        static MODE: std::sync::OnceLock<std::result::Result<AlgoSearch, String>> =
+    /// The mode `WEFT_CUDNN_ALGO` names; unset, `heuristic` for f32/f64 convolutions and
+    /// `exhaustive` for 16-bit ones.
+    pub(crate) fn for_dtype(dtype: DType) -> Result<Self> {
+        static MODE: std::sync::OnceLock<std::result::Result<Option<AlgoSearch>, String>> =
             std::sync::OnceLock::new();
         let mode = MODE.get_or_init(|| Self::parse(std::env::var(ALGO_VAR).ok().as_deref()));
         match mode {
-            Ok(mode) => Ok(*mode),
+            Ok(Some(mode)) => Ok(*mode),
+            Ok(None) if matches!(dtype, DType::BF16 | DType::F16) => Ok(Self::Exhaustive),
+            Ok(None) => Ok(Self::Heuristic),
             Err(message) => bail!("{message}"),
         }
     }
 
-    fn parse(value: Option<&str>) -> std::result::Result<Self, String> {
+    /// The mode named by `value`, `None` when unset (the dtype's default).
+    fn parse(value: Option<&str>) -> std::result::Result<Option<Self>, String> {
         match value.map(str::trim) {
-            None | Some("") | Some("heuristic") => Ok(Self::Heuristic),
-            Some("exhaustive") => Ok(Self::Exhaustive),
+            None | Some("") => Ok(None),
+            Some("heuristic") => Ok(Some(Self::Heuristic)),
+            Some("exhaustive") => Ok(Some(Self::Exhaustive)),
             Some(other) => Err(format!(
                 "{ALGO_VAR}={other:?}: expected heuristic or exhaustive"
             )),
@@ -209,14 +216,14 @@ mod tests {
 
     #[test]
     fn modes_parse_and_bad_values_name_the_variable() {
-        assert_eq!(AlgoSearch::parse(None), Ok(AlgoSearch::Heuristic));
+        assert_eq!(AlgoSearch::parse(None), Ok(None));
         assert_eq!(
             AlgoSearch::parse(Some(" heuristic")),
-            Ok(AlgoSearch::Heuristic)
+            Ok(Some(AlgoSearch::Heuristic))
         );
         assert_eq!(
             AlgoSearch::parse(Some("exhaustive")),
-            Ok(AlgoSearch::Exhaustive)
+            Ok(Some(AlgoSearch::Exhaustive))
         );
         let err = AlgoSearch::parse(Some("fast")).unwrap_err();
         assert!(err.contains(ALGO_VAR) && err.contains("fast"), "{err}");

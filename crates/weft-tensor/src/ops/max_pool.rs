@@ -1,11 +1,11 @@
 //! `max_pool2d`: 2-D max pooling with any kernel, stride and padding (padding counts as
 //! `-inf`), differentiable; the gradient of each output goes to the first maximum of its
-//! window in row-major order, as in PyTorch. CPU and CUDA f32/f64 tensors use a custom op
-//! (kernels in `max_pool_cpu` and `kernels/max_pool.cu`); others use Candle ops (see
-//! [`max_pool2d_candle`]).
+//! window in row-major order, as in PyTorch. CPU and CUDA f32/f64 tensors and CUDA bf16/f16
+//! tensors use a custom op (kernels in `max_pool_cpu` and `kernels/max_pool.cu`); 16-bit CPU
+//! tensors are pooled in f32; others use Candle ops (see [`max_pool2d_candle`]).
 
 use super::max_pool_cpu::{PoolKernel, PoolPlanes, PoolWindow};
-use super::storage::{half_on_cpu, run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg};
+use super::storage::{half_on_cpu, run_kernel, uses_cpu_kernels, uses_cuda_kernels_with_half, Arg};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{
@@ -22,7 +22,7 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
         let wide = max_pool2d(&x.to_dtype(DType::F32)?, kernel, stride, padding)?;
         return wide.to_dtype(x.dtype());
     }
-    if uses_cpu_kernels(&[x]) || uses_cuda_kernels(&[x]) {
+    if uses_cpu_kernels(&[x]) || uses_cuda_kernels_with_half(&[x]) {
         x.contiguous()?.apply_op1(MaxPool2dOp { window })
     } else {
         max_pool2d_candle(x, kernel, stride, padding)

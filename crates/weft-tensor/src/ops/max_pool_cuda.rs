@@ -91,6 +91,8 @@ pub(crate) fn run(
     match args[0].0.dtype() {
         DType::F32 => launch::<f32>(window, planes, args),
         DType::F64 => launch::<f64>(window, planes, args),
-        other => bail!("max_pool2d: dtype {other:?} is not supported on CUDA (f32, f64)"),
+        DType::BF16 => launch::<half::bf16>(window, planes, args),
+        DType::F16 => launch::<half::f16>(window, planes, args),
+        other => bail!("max_pool2d: dtype {other:?} is not supported on CUDA"),
     }
 }

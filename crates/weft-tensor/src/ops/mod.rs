@@ -53,6 +53,8 @@ mod conv_cpu;
 mod conv_crop;
 #[cfg(feature = "cudnn")]
 mod conv_cudnn;
+#[cfg(feature = "cudnn")]
+mod conv_nhwc;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cross_entropy_cuda;
@@ -95,7 +97,7 @@ pub use batch_norm::{
     BatchNormGrads, BatchNormOutput,
 };
 pub use bias::add_bias;
-pub use conv2d::{conv2d, conv2d_backward, conv2d_forward};
+pub use conv2d::{conv2d, conv2d_backward, conv2d_forward, set_conv_nhwc};
 pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;

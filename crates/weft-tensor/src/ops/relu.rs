@@ -1,19 +1,19 @@
 //! ReLU as custom ops whose backward is one pass, `dx = y <= 0 ? 0 : dy` over the output `y`
 //! (Candle's own ReLU backward allocates and runs four full-size tensors and kernels):
 //! [`relu`], and [`add_relu`], the `relu(a + b)` that ends every residual block, fused. On
-//! CPU and CUDA f32/f64 tensors they run weft's kernels (CUDA: `kernels/relu.cu`); elsewhere
-//! Candle's ops. NaN stays NaN, and the gradient at exactly zero is zero, as in PyTorch.
+//! CPU and CUDA f32, f64, bf16 and f16 tensors they run weft's kernels (CUDA:
+//! `kernels/relu.cu`; 16-bit sums in f32); elsewhere Candle's ops. NaN stays NaN, and the gradient at exactly zero is zero, as in PyTorch.
 
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKernel, Float};
+use super::storage::{run_kernel, uses_kernels_with_half, Arg, CpuKernel, Float};
 
 /// `max(x, 0)`, differentiable.
 pub fn relu(x: &Tensor) -> Result<Tensor> {
-    if uses_cpu_kernels(&[x]) || uses_cuda_kernels(&[x]) {
+    if uses_kernels_with_half(&[x]) {
         x.contiguous()?.apply_op1(ReluOp::Forward)
     } else {
         x.relu()
@@ -25,7 +25,7 @@ pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if a.shape() != b.shape() {
         bail!("add_relu: shapes {:?} and {:?} differ", a.dims(), b.dims());
     }
-    if uses_cpu_kernels(&[a, b]) || uses_cuda_kernels(&[a, b]) {
+    if uses_kernels_with_half(&[a, b]) {
         a.contiguous()?
             .apply_op2(&b.contiguous()?, ReluOp::AddForward)
     } else {

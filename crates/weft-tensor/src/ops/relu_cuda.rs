@@ -41,10 +41,9 @@ pub(crate) fn run(op: ReluOp, args: &[(&CudaStorage, &Layout)]) -> Result<(CudaS
     let storage = match args[0].0.dtype() {
         DType::F32 => launch::<f32>(op, args)?,
         DType::F64 => launch::<f64>(op, args)?,
-        other => bail!(
-            "{}: dtype {other:?} is not supported (f32, f64)",
-            op.kernel_name()
-        ),
+        DType::BF16 => launch::<half::bf16>(op, args)?,
+        DType::F16 => launch::<half::f16>(op, args)?,
+        other => bail!("{}: dtype {other:?} is not supported", op.kernel_name()),
     };
     Ok((storage, shape))
 }

@@ -1,16 +1,24 @@
 //! [`blend_into`]: `running = (1 - momentum) * running + momentum * scale * batch`, in place,
 //! in one pass: batch norm's running statistics (`scale` turns the biased batch variance into
-//! the unbiased one). Arithmetic in f64 on CPU and GPU alike (`kernels/batch_norm.cu`).
+//! the unbiased one). Arithmetic in f64 on CPU and GPU alike (`kernels/batch_norm.cu`). 16-bit
+//! running statistics take f32 batch statistics (batch norm's own for 16-bit data).
 
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
-use candle_core::{bail, CpuStorage, InplaceOp2, Layout, Result, Tensor};
+use candle_core::{bail, CpuStorage, DType, InplaceOp2, Layout, Result, Tensor};
 
-use super::storage::{uses_cpu_kernels, uses_cuda_kernels, Float};
+use super::storage::{uses_kernels_with_half, Float};
 
-/// Blends `batch` into `running` (same length and dtype) in place.
+/// Whether batch statistics of dtype `batch` blend into running statistics of `running`: the
+/// same dtype, or f32 into 16-bit.
+fn blends(running: DType, batch: DType) -> bool {
+    running == batch || (matches!(running, DType::BF16 | DType::F16) && batch == DType::F32)
+}
+
+/// Blends `batch` into `running` (same length; the same dtype, or f32 for 16-bit `running`) in
+/// place.
 pub fn blend_into(running: &Tensor, batch: &Tensor, momentum: f64, scale: f64) -> Result<()> {
-    if running.elem_count() != batch.elem_count() || running.dtype() != batch.dtype() {
+    if running.elem_count() != batch.elem_count() || !blends(running.dtype(), batch.dtype()) {
         bail!(
             "blend_into: running {:?} {:?} and batch {:?} {:?} differ",
             running.dims(),
@@ -19,10 +27,15 @@ pub fn blend_into(running: &Tensor, batch: &Tensor, momentum: f64, scale: f64) -
             batch.dtype()
         );
     }
-    let tensors = [running, batch];
-    if uses_cpu_kernels(&tensors) || uses_cuda_kernels(&tensors) {
+    if uses_kernels_with_half(&[running, batch]) {
+        // The kernels read 16-bit running statistics' batch statistics in f32.
+        let batch = match running.dtype() {
+            DType::BF16 | DType::F16 => batch.to_dtype(DType::F32)?,
+            _ => batch.clone(),
+        };
         return running.inplace_op2(&batch.contiguous()?, &Blend { momentum, scale });
     }
+    let batch = batch.to_dtype(running.dtype())?;
     let value =
         ((running * (1.0 - momentum))? + (batch.reshape(running.shape())? * (momentum * scale))?)?;
     running.slice_set(&value, 0, 0)
@@ -34,11 +47,13 @@ struct Blend {
 }
 
 impl Blend {
+    fn blended(&self, running: f64, batch: f64) -> f64 {
+        (1.0 - self.momentum) * running + self.momentum * self.scale * batch
+    }
+
     fn apply<T: Float>(&self, running: &mut [T], batch: &[T]) {
         for (r, b) in running.iter_mut().zip(batch) {
-            *r = T::from_f64(
-                (1.0 - self.momentum) * r.to_f64() + self.momentum * self.scale * b.to_f64(),
-            );
+            *r = T::from_f64(self.blended(r.to_f64(), b.to_f64()));
         }
     }
 }
@@ -66,7 +81,17 @@ impl InplaceOp2 for Blend {
         match (dst, src) {
             (CpuStorage::F32(d), CpuStorage::F32(s)) => self.apply(&mut d[dst_r], &s[src_r]),
             (CpuStorage::F64(d), CpuStorage::F64(s)) => self.apply(&mut d[dst_r], &s[src_r]),
-            _ => bail!("blend_into: f32 or f64 tensors of one dtype expected"),
+            (CpuStorage::BF16(d), CpuStorage::F32(s)) => {
+                for (r, b) in d[dst_r].iter_mut().zip(&s[src_r]) {
+                    *r = half::bf16::from_f64(self.blended(r.to_f64(), *b as f64));
+                }
+            }
+            (CpuStorage::F16(d), CpuStorage::F32(s)) => {
+                for (r, b) in d[dst_r].iter_mut().zip(&s[src_r]) {
+                    *r = half::f16::from_f64(self.blended(r.to_f64(), *b as f64));
+                }
+            }
+            _ => bail!("blend_into: f32 or f64 tensors of one dtype, or 16-bit and f32, expected"),
         }
         Ok(())
     }

@@ -63,18 +63,45 @@ pub fn set_cuda_kernels(enabled: bool) {
 
 /// True when every tensor is f32/f64 on a CUDA device, in a `cuda` build with the kernels on.
 pub(crate) fn uses_cuda_kernels(tensors: &[&Tensor]) -> bool {
+    cuda_kernels_for(tensors, &[DType::F32, DType::F64])
+}
+
+/// The float types of the kernels written for 16-bit data too (ReLU, batch norm, max-pool,
+/// convolutions): 16-bit values are computed in f32 inside, on the CPU and on CUDA alike.
+const ANY_FLOAT: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::F16];
+
+/// True when every tensor is f32, f64, bf16 or f16 on a CUDA device, in a `cuda` build with
+/// the kernels on: for the ops whose CUDA kernels have 16-bit versions.
+pub(crate) fn uses_cuda_kernels_with_half(tensors: &[&Tensor]) -> bool {
+    cuda_kernels_for(tensors, &ANY_FLOAT)
+}
+
+/// True when the tensors take the kernels with 16-bit versions, on the CPU (16-bit arguments
+/// computed in f32 by [`run_kernel`]) or on CUDA.
+pub(crate) fn uses_kernels_with_half(tensors: &[&Tensor]) -> bool {
+    tensors
+        .iter()
+        .all(|t| t.device().is_cpu() && ANY_FLOAT.contains(&t.dtype()))
+        || uses_cuda_kernels_with_half(tensors)
+}
+
+fn cuda_kernels_for(tensors: &[&Tensor], dtypes: &[DType]) -> bool {
     cfg!(feature = "cuda")
         && CUDA_KERNELS.load(Ordering::Relaxed)
         && tensors
             .iter()
-            .all(|t| t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::F64))
+            .all(|t| t.device().is_cuda() && dtypes.contains(&t.dtype()))
 }
 
 /// Whether weft's kernels cover every op of a convolutional block (convolution, batch norm,
-/// ReLU, max-pool) for tensors like `t`: f32/f64 on the CPU, or on a GPU in a build with the
-/// `cudnn` feature and the CUDA kernels on. Blocks differentiate themselves only then.
+/// ReLU, max-pool) for tensors like `t`: f32, f64, bf16 or f16 on the CPU, or on a GPU in a
+/// build with the `cudnn` feature and the CUDA kernels on. Blocks differentiate themselves
+/// only then.
 pub fn has_kernels(t: &Tensor) -> bool {
-    uses_cpu_kernels(&[t]) || (cfg!(feature = "cudnn") && uses_cuda_kernels(&[t]))
+    match t.device().is_cpu() {
+        true => ANY_FLOAT.contains(&t.dtype()),
+        false => cfg!(feature = "cudnn") && uses_cuda_kernels_with_half(&[t]),
+    }
 }
 
 /// One argument of a CPU custom op: its storage, layout and name (for error messages).
@@ -99,9 +126,18 @@ impl<'a> Arg<'a> {
 pub(crate) trait CpuKernel {
     /// Runs on the contiguous argument slices, all of element type `T`.
     fn run<T: Float>(&self, args: &[&[T]]) -> Result<Vec<T>>;
+
+    /// Whether the result holds statistics, kept in f32 when the data is 16-bit (batch norm's
+    /// tables); otherwise a 16-bit first argument's result is rounded back to its type.
+    fn writes_statistics(&self) -> bool {
+        false
+    }
 }
 
 /// Runs `kernel` on the arguments of custom op `op`, dispatching on their (common) dtype.
+/// When the first argument is bf16 or f16, every argument (16-bit data, f32 statistics) is
+/// widened to f32 and the f32 kernel runs; the result is rounded back to the first argument's
+/// type unless [`CpuKernel::writes_statistics`].
 pub(crate) fn run_kernel<K: CpuKernel>(
     kernel: &K,
     op: &str,
@@ -110,12 +146,44 @@ pub(crate) fn run_kernel<K: CpuKernel>(
     match args.first().map(|a| a.storage) {
         Some(CpuStorage::F32(_)) => Ok(CpuStorage::F32(kernel.run(&slices(op, args)?)?)),
         Some(CpuStorage::F64(_)) => Ok(CpuStorage::F64(kernel.run(&slices(op, args)?)?)),
+        Some(first @ (CpuStorage::BF16(_) | CpuStorage::F16(_))) => {
+            let wide = args
+                .iter()
+                .map(|arg| widened(op, arg))
+                .collect::<Result<Vec<_>>>()?;
+            let views: Vec<&[f32]> = wide.iter().map(Vec::as_slice).collect();
+            let out = kernel.run(&views)?;
+            Ok(match (kernel.writes_statistics(), first) {
+                (true, _) => CpuStorage::F32(out),
+                (false, CpuStorage::BF16(_)) => {
+                    CpuStorage::BF16(out.into_iter().map(half::bf16::from_f32).collect())
+                }
+                (false, _) => CpuStorage::F16(out.into_iter().map(half::f16::from_f32).collect()),
+            })
+        }
         Some(other) => bail!(
-            "{op}: CPU kernel supports f32 and f64, got {:?}",
+            "{op}: CPU kernel supports f32, f64, bf16 and f16, got {:?}",
             other.dtype()
         ),
         None => bail!("{op}: CPU kernel called without arguments"),
     }
+}
+
+/// A contiguous argument's elements as f32 (16-bit data or f32 statistics).
+pub(crate) fn widened(op: &str, arg: &Arg<'_>) -> Result<Vec<f32>> {
+    let Some((start, end)) = arg.layout.contiguous_offsets() else {
+        bail!("{op}: argument `{}` must be contiguous", arg.name);
+    };
+    Ok(match arg.storage {
+        CpuStorage::BF16(d) => d[start..end].iter().map(|v| v.to_f32()).collect(),
+        CpuStorage::F16(d) => d[start..end].iter().map(|v| v.to_f32()).collect(),
+        CpuStorage::F32(d) => d[start..end].to_vec(),
+        other => bail!(
+            "{op}: argument `{}` has dtype {:?} beside 16-bit data",
+            arg.name,
+            other.dtype()
+        ),
+    })
 }
 
 /// The contiguous element slices of all arguments, or an error naming the bad one.

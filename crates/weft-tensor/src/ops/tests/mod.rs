@@ -3,6 +3,7 @@
 
 mod batch_norm;
 mod conv2d;
+mod half;
 mod max_pool;
 mod relu;
 mod running_average;

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (no Rust toolchain there), from the repository root with the bundle of
+# `cargo xtask gpu-bundle` carried as `.gpu/` (or WEFT_BUNDLE=. inside a bundle). The mixed-
+# precision figures of BENCHMARKS.md (issue "Mixed precision"), everything under $OUT.
+# Usage: bash xtask/gpu/run-precision.sh [SECTIONS], SECTIONS a comma-separated choice of
+# (default check,bench,weft):
+#   check    gpu-check (the 16-bit rows and the totals printed)
+#   bench    bench-step ResNet-50 batch 128 at 224x224, bf16-mixed, beside PyTorch autocast(bf16)
+#            NCHW eager, channels-last eager and channels-last torch.compile, in one call
+#   weft     bench-step, weft alone: fp16-mixed and fp32 at batch 128 (the issue's ratios)
+#   eager    bench-step bf16-mixed batch 128 issued eagerly (no CUDA graph), weft alone
+#   train    train-resnet --precision bf16-mixed and fp16-mixed on the GPU (resnet20, synthetic)
+#   profile  Nsight Compute over two eager bf16 steps, by kind of kernel
+set -uo pipefail
+B=${WEFT_BUNDLE:-.gpu}
+source "$B/env.sh"
+export WEFT_ANCHOR_PYTHON=python3
+OUT=${OUT:-/tmp/weft-gpu-out}
+mkdir -p "$OUT"
+X=$B/xtask
+SECTIONS=",${1:-check,bench,weft},"
+want() { [[ $SECTIONS == *",$1,"* ]]; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+date -u
+
+MODEL="--device cuda --model resnet50 --batch-size 128 --image-size 224 --num-classes 1000"
+
+if want check; then
+  echo "== gpu-check"
+  timeout 300 "$X" gpu-check > "$OUT/gpu-check.txt" 2>&1
+  grep -E "BF16|F16|passed|FAIL|fail|rror" "$OUT/gpu-check.txt"
+fi
+
+if want bench; then
+  echo "== bench-step ResNet-50 batch 128, bf16-mixed, beside PyTorch AMP"
+  timeout 500 "$X" bench-step $MODEL --steps 10 --warmup 4 --precision bf16-mixed \
+    --anchors eager,channels-last,compile 2>&1 | grep -v Warning | tee "$OUT/bench-bf16.txt"
+fi
+
+if want weft; then
+  for precision in fp16-mixed fp32; do
+    echo "== bench-step ResNet-50 batch 128, $precision, weft alone"
+    timeout 200 "$X" bench-step $MODEL --steps 10 --warmup 4 --precision $precision --no-anchor \
+      2>&1 | tee "$OUT/bench-$precision.txt"
+  done
+fi
+
+if want eager; then
+  echo "== bench-step ResNet-50 batch 128, bf16-mixed, eager"
+  RUST_BACKTRACE=1 timeout 200 "$X" bench-step $MODEL --steps 10 --warmup 4 --precision bf16-mixed \
+    --no-anchor --cuda-graph false 2>&1 | tee "$OUT/bench-bf16-eager.txt" | head -20
+fi
+
+if want train; then
+  for precision in bf16-mixed fp16-mixed; do
+    echo "== train-resnet --precision $precision on the GPU"
+    timeout 200 "$X" train-resnet --device cuda --precision $precision --steps 30 --epochs 1 --quiet \
+      --out "$OUT/runs" --name "cuda-$precision" 2>&1 | tail -3
+  done
+fi
+
+if want profile; then
+  echo "== Nsight Compute, two eager bf16 steps"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 300 "$NCU" --csv --print-units base --metrics gpu__time_duration.sum --clock-control none \
+    --cache-control none --profile-from-start off --log-file "$OUT/ncu-bf16.csv" \
+    "$X" bench-step $MODEL --steps 2 --warmup 2 --no-anchor --cuda-graph false \
+    --precision bf16-mixed > "$OUT/ncu-run.log" 2>&1
+  python3 "$B/python/kernel_profile.py" "$OUT/ncu-bf16.csv" --steps 2 --top 25 2>&1 | tee "$OUT/profile.txt"
+  xz -T0 -f "$OUT/ncu-bf16.csv" 2>/dev/null
+fi

@@ -1,0 +1,203 @@
+//! The 16-bit kernels (bf16, f16) on the GPU against the CPU, which runs the same ops in f32 on
+//! the same rounded inputs and rounds once: cuDNN convolutions (accumulating in f32), batch norm
+//! (f32 statistics), ReLU, add + ReLU and max-pool, through the autograd graph and the
+//! graph-free passes of blocks with their own backward. Both sides round each output once, so
+//! they differ by an ulp where their f32 sums, added in another order, straddle a rounding
+//! boundary: the tolerances are a few units of the type's rounding step relative to the
+//! largest value (2^-8 for bf16, 2^-11 for f16).
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use weft_tensor::ops;
+
+use super::single_ops::{compare_op, relative_error};
+use super::Check;
+
+type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
+
+/// `f` on the inputs rounded to `dtype`, its output widened back to f32 (so the comparison and
+/// the gradients' weighting stay in f32).
+fn rounded(dtype: DType, f: Op<'_>) -> impl Fn(&[Tensor]) -> candle_core::Result<Tensor> + '_ {
+    move |t: &[Tensor]| {
+        let narrow: Vec<Tensor> = t
+            .iter()
+            .map(|t| t.to_dtype(dtype))
+            .collect::<candle_core::Result<_>>()?;
+        f(&narrow)?.to_dtype(DType::F32)
+    }
+}
+
+/// Adds the 16-bit rows to `checks`.
+pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
+    let conv3 = |t: &[Tensor]| ops::conv2d(&t[0], &t[1], 1, 1);
+    let conv1_2 = |t: &[Tensor]| ops::conv2d(&t[0], &t[1], 2, 0);
+    let stem = |t: &[Tensor]| ops::conv2d(&t[0], &t[1], 2, 3);
+    let bn = |t: &[Tensor]| Ok(ops::batch_norm_train(&t[0], &t[1], &t[2], 1e-5)?.0);
+    let bn_relu = |t: &[Tensor]| Ok(ops::batch_norm_relu_train(&t[0], &t[1], &t[2], 1e-5)?.0);
+    let relu = |t: &[Tensor]| ops::relu(&t[0]);
+    let add_relu = |t: &[Tensor]| ops::add_relu(&t[0], &t[1]);
+    let pool = |t: &[Tensor]| ops::max_pool2d(&t[0], 3, 2, 1);
+    let cases: [(&str, &[&[usize]], Op<'_>); 8] = [
+        (
+            "conv2d 3x3 @16 (64->64)",
+            &[&[4, 64, 16, 16], &[64, 64, 3, 3]],
+            &conv3,
+        ),
+        (
+            "conv2d 1x1/2 @8 (256->512)",
+            &[&[4, 256, 8, 8], &[512, 256, 1, 1]],
+            &conv1_2,
+        ),
+        (
+            "conv2d stem 7x7/2 @64",
+            &[&[4, 3, 64, 64], &[64, 3, 7, 7]],
+            &stem,
+        ),
+        (
+            "batch_norm_train @56 (split)",
+            &[&[8, 64, 56, 56], &[64], &[64]],
+            &bn,
+        ),
+        (
+            "batch_norm_relu_train @7",
+            &[&[8, 256, 7, 7], &[256], &[256]],
+            &bn_relu,
+        ),
+        ("relu", &[&[4, 64, 32, 32]], &relu),
+        ("add_relu", &[&[4, 64, 32, 32], &[4, 64, 32, 32]], &add_relu),
+        ("max_pool2d @112", &[&[2, 64, 112, 112]], &pool),
+    ];
+    for (dtype, unit) in [(DType::BF16, 2f64.powi(-8)), (DType::F16, 2f64.powi(-11))] {
+        let tolerance = 4.0 * unit;
+        for (name, shapes, f) in cases {
+            checks.push(Check {
+                name: format!("{dtype:?} {name}"),
+                error: compare_op(gpu, shapes, rounded(dtype, f))?,
+                tolerance,
+            });
+        }
+        checks.push(Check {
+            name: format!("{dtype:?} graph-free batch norm + ReLU @28"),
+            error: graph_free_batch_norm(gpu, dtype, [8, 128, 28, 28])?,
+            tolerance,
+        });
+        checks.push(Check {
+            name: format!("{dtype:?} graph-free conv2d 1x1/2 (NHWC)"),
+            error: graph_free_conv(gpu, dtype)?,
+            tolerance,
+        });
+        checks.push(Check {
+            name: format!("{dtype:?} conv2d_backward_add 3x3 @16"),
+            error: conv_backward_add(gpu, dtype)?,
+            tolerance,
+        });
+        checks.push(Check {
+            name: format!("{dtype:?} running statistics from f32"),
+            error: blend(gpu, dtype)?,
+            tolerance: 0.0,
+        });
+    }
+    Ok(())
+}
+
+/// Seeded-by-Candle random inputs on the CPU, rounded to `dtype`.
+fn inputs(dtype: DType, shapes: &[&[usize]]) -> Result<Vec<Tensor>> {
+    shapes
+        .iter()
+        .map(|s| Ok(Tensor::randn(0f32, 1.0, *s, &Device::Cpu)?.to_dtype(dtype)?))
+        .collect()
+}
+
+/// The largest relative error over pairs of CPU and GPU results.
+fn worst(cpu: &[Tensor], gpu: &[Tensor]) -> Result<f64> {
+    cpu.iter()
+        .zip(gpu)
+        .try_fold(0f64, |m, (a, b)| Ok(m.max(relative_error(a, b)?)))
+}
+
+/// The graph-free forward and backward (with the fused ReLU): output, f32 table, input and
+/// parameter gradients.
+fn graph_free_batch_norm(gpu: &Device, dtype: DType, dims: [usize; 4]) -> Result<f64> {
+    let c = dims[1];
+    let cpu_inputs = inputs(dtype, &[&dims, &[c], &[c], &dims])?;
+    let run = |device: &Device| -> Result<Vec<Tensor>> {
+        let t: Vec<Tensor> = cpu_inputs
+            .iter()
+            .map(|t| t.to_device(device))
+            .collect::<candle_core::Result<_>>()?;
+        let out = ops::batch_norm_train_forward(&t[0], &t[1], &t[2], 1e-5, true)?;
+        let g = ops::batch_norm_train_backward(&t[0], &out.table, Some(&out.y), &t[3], 1e-5, true)?;
+        let dx = g.x.expect("asked for");
+        [out.y, out.table, dx, g.weight, g.bias]
+            .iter()
+            .map(|t| Ok(t.to_device(&Device::Cpu)?))
+            .collect()
+    };
+    worst(&run(&Device::Cpu)?, &run(gpu)?)
+}
+
+/// The input gradient added in place into a 16-bit tensor (cuDNN's beta = 1) and the weight
+/// gradient.
+fn conv_backward_add(gpu: &Device, dtype: DType) -> Result<f64> {
+    let t = inputs(
+        dtype,
+        &[
+            &[4, 64, 16, 16],
+            &[64, 64, 3, 3],
+            &[4, 64, 16, 16],
+            &[4, 64, 16, 16],
+        ],
+    )?;
+    let run = |device: &Device| -> Result<Vec<Tensor>> {
+        let acc = t[3].to_device(device)?.copy()?;
+        let (x, w, dy) = (
+            t[0].to_device(device)?,
+            (t[1].to_device(device)? * 0.1)?,
+            t[2].to_device(device)?,
+        );
+        let dw = ops::conv2d_backward_add(&acc, &x, &w, &dy, 1, 1)?;
+        Ok(vec![
+            acc.to_device(&Device::Cpu)?,
+            dw.to_device(&Device::Cpu)?,
+        ])
+    };
+    worst(&run(&Device::Cpu)?, &run(gpu)?)
+}
+
+/// The graph-free forward and backward of a convolution (through NHWC on the GPU): output,
+/// input and weight gradients.
+fn graph_free_conv(gpu: &Device, dtype: DType) -> Result<f64> {
+    let t = inputs(
+        dtype,
+        &[&[4, 256, 14, 14], &[512, 256, 1, 1], &[4, 512, 7, 7]],
+    )?;
+    let run = |device: &Device| -> Result<Vec<Tensor>> {
+        let (x, w, dy) = (
+            t[0].to_device(device)?,
+            (t[1].to_device(device)? * 0.1)?,
+            t[2].to_device(device)?,
+        );
+        ops::set_conv_nhwc(true);
+        let passes = ops::conv2d_forward(&x, &w, 2, 0)
+            .and_then(|y| Ok((y, ops::conv2d_backward(&x, &w, &dy, 2, 0, true)?)));
+        ops::set_conv_nhwc(false);
+        let (y, (dx, dw)) = passes?;
+        [y, dx.expect("asked for"), dw]
+            .iter()
+            .map(|t| Ok(t.to_device(&Device::Cpu)?))
+            .collect()
+    };
+    worst(&run(&Device::Cpu)?, &run(gpu)?)
+}
+
+/// 16-bit running statistics blended with f32 batch statistics (f64 arithmetic, one rounding).
+fn blend(gpu: &Device, dtype: DType) -> Result<f64> {
+    let running = Tensor::randn(0f32, 1.0, 300, &Device::Cpu)?.to_dtype(dtype)?;
+    let batch = Tensor::randn(0f32, 1.0, 300, &Device::Cpu)?;
+    let run = |device: &Device| -> Result<Tensor> {
+        let r = running.to_device(device)?.copy()?;
+        ops::blend_into(&r, &batch.to_device(device)?, 0.1, 1.01)?;
+        Ok(r.to_device(&Device::Cpu)?)
+    };
+    relative_error(&run(&Device::Cpu)?, &run(gpu)?)
+}
