@@ -10,7 +10,10 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use weft_tensor::ops;
 
-use super::single_ops::{compare_op, relative_error};
+use super::single_ops::{
+    compare_blend, compare_conv_backward_add, compare_graph_free_batch_norm, compare_op,
+    relative_error,
+};
 use super::Check;
 
 type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
@@ -78,7 +81,7 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
         }
         checks.push(Check {
             name: format!("{dtype:?} graph-free batch norm + ReLU @28"),
-            error: graph_free_batch_norm(gpu, dtype, [8, 128, 28, 28])?,
+            error: compare_graph_free_batch_norm(gpu, [8, 128, 28, 28], true, dtype)?,
             tolerance,
         });
         checks.push(Check {
@@ -88,12 +91,12 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
         });
         checks.push(Check {
             name: format!("{dtype:?} conv2d_backward_add 3x3 @16"),
-            error: conv_backward_add(gpu, dtype)?,
+            error: compare_conv_backward_add(gpu, [4, 64, 16, 16], [64, 64, 3, 3], (1, 1), dtype)?,
             tolerance,
         });
         checks.push(Check {
             name: format!("{dtype:?} running statistics from f32"),
-            error: blend(gpu, dtype)?,
+            error: compare_blend(gpu, dtype)?,
             tolerance: 0.0,
         });
     }
@@ -113,55 +116,6 @@ fn worst(cpu: &[Tensor], gpu: &[Tensor]) -> Result<f64> {
     cpu.iter()
         .zip(gpu)
         .try_fold(0f64, |m, (a, b)| Ok(m.max(relative_error(a, b)?)))
-}
-
-/// The graph-free forward and backward (with the fused ReLU): output, f32 table, input and
-/// parameter gradients.
-fn graph_free_batch_norm(gpu: &Device, dtype: DType, dims: [usize; 4]) -> Result<f64> {
-    let c = dims[1];
-    let cpu_inputs = inputs(dtype, &[&dims, &[c], &[c], &dims])?;
-    let run = |device: &Device| -> Result<Vec<Tensor>> {
-        let t: Vec<Tensor> = cpu_inputs
-            .iter()
-            .map(|t| t.to_device(device))
-            .collect::<candle_core::Result<_>>()?;
-        let out = ops::batch_norm_train_forward(&t[0], &t[1], &t[2], 1e-5, true)?;
-        let g = ops::batch_norm_train_backward(&t[0], &out.table, Some(&out.y), &t[3], 1e-5, true)?;
-        let dx = g.x.expect("asked for");
-        [out.y, out.table, dx, g.weight, g.bias]
-            .iter()
-            .map(|t| Ok(t.to_device(&Device::Cpu)?))
-            .collect()
-    };
-    worst(&run(&Device::Cpu)?, &run(gpu)?)
-}
-
-/// The input gradient added in place into a 16-bit tensor (cuDNN's beta = 1) and the weight
-/// gradient.
-fn conv_backward_add(gpu: &Device, dtype: DType) -> Result<f64> {
-    let t = inputs(
-        dtype,
-        &[
-            &[4, 64, 16, 16],
-            &[64, 64, 3, 3],
-            &[4, 64, 16, 16],
-            &[4, 64, 16, 16],
-        ],
-    )?;
-    let run = |device: &Device| -> Result<Vec<Tensor>> {
-        let acc = t[3].to_device(device)?.copy()?;
-        let (x, w, dy) = (
-            t[0].to_device(device)?,
-            (t[1].to_device(device)? * 0.1)?,
-            t[2].to_device(device)?,
-        );
-        let dw = ops::conv2d_backward_add(&acc, &x, &w, &dy, 1, 1)?;
-        Ok(vec![
-            acc.to_device(&Device::Cpu)?,
-            dw.to_device(&Device::Cpu)?,
-        ])
-    };
-    worst(&run(&Device::Cpu)?, &run(gpu)?)
 }
 
 /// The graph-free forward and backward of a convolution (through NHWC on the GPU): output,
@@ -188,16 +142,4 @@ fn graph_free_conv(gpu: &Device, dtype: DType) -> Result<f64> {
             .collect()
     };
     worst(&run(&Device::Cpu)?, &run(gpu)?)
-}
-
-/// 16-bit running statistics blended with f32 batch statistics (f64 arithmetic, one rounding).
-fn blend(gpu: &Device, dtype: DType) -> Result<f64> {
-    let running = Tensor::randn(0f32, 1.0, 300, &Device::Cpu)?.to_dtype(dtype)?;
-    let batch = Tensor::randn(0f32, 1.0, 300, &Device::Cpu)?;
-    let run = |device: &Device| -> Result<Tensor> {
-        let r = running.to_device(device)?.copy()?;
-        ops::blend_into(&r, &batch.to_device(device)?, 0.1, 1.01)?;
-        Ok(r.to_device(&Device::Cpu)?)
-    };
-    relative_error(&run(&Device::Cpu)?, &run(gpu)?)
 }

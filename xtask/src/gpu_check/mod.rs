@@ -124,7 +124,7 @@ pub fn run() -> Result<()> {
     ] {
         checks.push(Check {
             name: name.into(),
-            error: compare_conv_backward_add(&gpu, x, w, stride_pad)?,
+            error: compare_conv_backward_add(&gpu, x, w, stride_pad, DType::F32)?,
             tolerance: 1e-3,
         });
     }
@@ -210,13 +210,13 @@ pub fn run() -> Result<()> {
     ] {
         checks.push(Check {
             name: name.into(),
-            error: compare_graph_free_batch_norm(&gpu, dims, relu)?,
+            error: compare_graph_free_batch_norm(&gpu, dims, relu, DType::F32)?,
             tolerance: 1e-3,
         });
     }
     checks.push(Check {
         name: "blend_into (running statistics)".into(),
-        error: compare_blend(&gpu)?,
+        error: compare_blend(&gpu, DType::F32)?,
         tolerance: 1e-6,
     });
     // The fused causal attention (the CPU computes in f64 inside): one tile, several tiles with

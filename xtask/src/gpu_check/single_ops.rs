@@ -47,18 +47,19 @@ pub(super) fn compare_op(
 }
 
 /// `batch_norm_train_forward` and `_backward` on the GPU against the CPU: output, statistics
-/// table and every gradient, for random inputs.
+/// table and every gradient, for random inputs of `dtype`.
 pub(super) fn compare_graph_free_batch_norm(
     gpu: &Device,
     dims: [usize; 4],
     relu: bool,
+    dtype: DType,
 ) -> Result<f64> {
     let c = dims[1];
     let cpu_inputs = [
-        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?,
-        Tensor::randn(1f32, 0.5, c, &Device::Cpu)?,
-        Tensor::randn(0f32, 0.5, c, &Device::Cpu)?,
-        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?,
+        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?.to_dtype(dtype)?,
+        Tensor::randn(1f32, 0.5, c, &Device::Cpu)?.to_dtype(dtype)?,
+        Tensor::randn(0f32, 0.5, c, &Device::Cpu)?.to_dtype(dtype)?,
+        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?.to_dtype(dtype)?,
     ];
     let run = |device: &Device| -> Result<Vec<Tensor>> {
         let t: Vec<Tensor> = cpu_inputs
@@ -81,9 +82,10 @@ pub(super) fn compare_graph_free_batch_norm(
         .try_fold(0f64, |m, e| Ok(m.max(e?)))
 }
 
-/// `blend_into` on the GPU against the CPU, from a row of a statistics table.
-pub(super) fn compare_blend(gpu: &Device) -> Result<f64> {
-    let running = Tensor::randn(0f32, 1.0, 300, &Device::Cpu)?;
+/// `blend_into` on the GPU against the CPU, into running statistics of `dtype` from a row of an
+/// f32 statistics table (16-bit running statistics take f32 batch statistics).
+pub(super) fn compare_blend(gpu: &Device, dtype: DType) -> Result<f64> {
+    let running = Tensor::randn(0f32, 1.0, 300, &Device::Cpu)?.to_dtype(dtype)?;
     let table = Tensor::randn(0f32, 1.0, (2, 300), &Device::Cpu)?;
     let run = |device: &Device| -> Result<Tensor> {
         let r = running.to_device(device)?.copy()?;
@@ -94,21 +96,22 @@ pub(super) fn compare_blend(gpu: &Device) -> Result<f64> {
 }
 
 /// `conv2d_backward_add` (the input gradient added in place, cuDNN's beta = 1) on the GPU
-/// against the CPU: the largest relative error of the tensor added into and of the weight
-/// gradient.
+/// against the CPU, for tensors of `dtype`: the largest relative error of the tensor added into
+/// and of the weight gradient.
 pub(super) fn compare_conv_backward_add(
     gpu: &Device,
     x_dims: [usize; 4],
     w_dims: [usize; 4],
     (stride, padding): (usize, usize),
+    dtype: DType,
 ) -> Result<f64> {
-    let x = Tensor::randn(0f32, 1.0, &x_dims, &Device::Cpu)?;
-    let w = Tensor::randn(0f32, 0.1, &w_dims, &Device::Cpu)?;
+    let x = Tensor::randn(0f32, 1.0, &x_dims, &Device::Cpu)?.to_dtype(dtype)?;
+    let w = Tensor::randn(0f32, 0.1, &w_dims, &Device::Cpu)?.to_dtype(dtype)?;
     let dy_dims = ops::conv2d_forward(&x, &w, stride, padding)?
         .dims()
         .to_vec();
-    let dy = Tensor::randn(0f32, 1.0, dy_dims, &Device::Cpu)?;
-    let acc = Tensor::randn(0f32, 1.0, &x_dims, &Device::Cpu)?;
+    let dy = Tensor::randn(0f32, 1.0, dy_dims, &Device::Cpu)?.to_dtype(dtype)?;
+    let acc = Tensor::randn(0f32, 1.0, &x_dims, &Device::Cpu)?.to_dtype(dtype)?;
     let run = |device: &Device| -> Result<(Tensor, Tensor)> {
         let acc = acc.to_device(device)?.copy()?;
         let (x, w, dy) = (

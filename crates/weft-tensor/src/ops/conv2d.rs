@@ -7,7 +7,9 @@ use super::conv_cpu::{conv_backward_data, conv_backward_filter, conv_forward, Co
 #[cfg(feature = "cudnn")]
 use super::conv_cudnn::{cudnn_conv, CudnnPass};
 use super::im2col::ConvGeometry;
-use super::storage::{dims4, half_on_cpu, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float};
+use super::storage::{
+    dims4, half_on_cpu, run_kernel, uses_cpu_kernels, Arg, CpuKernel, Float, ANY_FLOAT,
+};
 #[cfg(feature = "cudnn")]
 use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
@@ -134,13 +136,9 @@ fn conv_grads(
 /// `cudnn` (16-bit convolutions accumulate in f32).
 pub(super) fn uses_cudnn(tensors: &[&Tensor]) -> bool {
     cfg!(feature = "cudnn")
-        && tensors.iter().all(|t| {
-            t.device().is_cuda()
-                && matches!(
-                    t.dtype(),
-                    DType::F32 | DType::F64 | DType::BF16 | DType::F16
-                )
-        })
+        && tensors
+            .iter()
+            .all(|t| t.device().is_cuda() && ANY_FLOAT.contains(&t.dtype()))
 }
 
 static CONV_NHWC: AtomicBool = AtomicBool::new(false);

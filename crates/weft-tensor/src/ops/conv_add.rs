@@ -99,9 +99,7 @@ impl AddBackwardData {
         dims4(w.dims(), name, "w")?;
         Ok(())
     }
-}
 
-impl AddBackwardData {
     /// The input gradient of 16-bit `dy` and `w`, computed in f32.
     fn half_input_gradient(
         &self,

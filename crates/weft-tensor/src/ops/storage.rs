@@ -68,7 +68,7 @@ pub(crate) fn uses_cuda_kernels(tensors: &[&Tensor]) -> bool {
 
 /// The float types of the kernels written for 16-bit data too (ReLU, batch norm, max-pool,
 /// convolutions): 16-bit values are computed in f32 inside, on the CPU and on CUDA alike.
-const ANY_FLOAT: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::F16];
+pub(crate) const ANY_FLOAT: [DType; 4] = [DType::F32, DType::F64, DType::BF16, DType::F16];
 
 /// True when every tensor is f32, f64, bf16 or f16 on a CUDA device, in a `cuda` build with
 /// the kernels on: for the ops whose CUDA kernels have 16-bit versions.
