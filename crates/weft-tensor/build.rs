@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 9] = [
+const KERNELS: [&str; 10] = [
     "attention",
     "batch_norm",
     "bias",
@@ -15,6 +15,7 @@ const KERNELS: [&str; 9] = [
     "relu",
     "max_pool",
     "multi_tensor",
+    "unscale",
 ];
 
 fn main() {

@@ -92,7 +92,9 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
         checks.push(Check {
             name: format!("{dtype:?} conv2d_backward_add 3x3 @16"),
             error: compare_conv_backward_add(gpu, [4, 64, 16, 16], [64, 64, 3, 3], (1, 1), dtype)?,
-            tolerance,
+            // cuDNN's beta = 1 rounds the input gradient to 16 bits before adding it (the CPU
+            // adds in f32): two roundings, measured up to 2.9 units.
+            tolerance: 2.0 * tolerance,
         });
         checks.push(Check {
             name: format!("{dtype:?} running statistics from f32"),

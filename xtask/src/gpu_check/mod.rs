@@ -28,7 +28,7 @@ use self::resnet::{
 };
 use self::single_ops::{
     compare_blend, compare_conv_backward_add, compare_graph_free_batch_norm, compare_multi_tensor,
-    compare_op,
+    compare_op, compare_unscale,
 };
 
 /// A convolution to check: name, input shape, weight shape, stride, padding.
@@ -282,6 +282,14 @@ pub fn run() -> Result<()> {
         });
     }
     ops::set_cuda_kernels(true);
+    // The loss scale undone with the inf/NaN check, one pass: the same f32 products.
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        checks.push(Check {
+            name: format!("unscale_and_check, {dtype:?}"),
+            error: compare_unscale(&gpu, dtype)?,
+            tolerance: 0.0,
+        });
+    }
     for dtype in [DType::F32, DType::F64] {
         checks.push(Check {
             name: format!("copy_tensors, 61 tensors, {dtype:?}"),

@@ -165,6 +165,30 @@ pub(super) fn compare_multi_tensor(gpu: &Device, dtype: DType) -> Result<f64> {
     relative_error(&run(&Device::Cpu)?, &run(gpu)?)
 }
 
+/// `unscale_and_check` on the GPU against the CPU for a buffer of `dtype`: the unscaled values
+/// of a clean range (relative error), and the flags of that range (0) and of one holding an inf
+/// (1); a wrong flag on either side is an infinite error.
+pub(super) fn compare_unscale(gpu: &Device, dtype: DType) -> Result<f64> {
+    let values = Tensor::randn(0f32, 1000.0, 100_003, &Device::Cpu)?.to_dtype(dtype)?;
+    let run = |device: &Device| -> Result<(Tensor, [f32; 2])> {
+        let g = values.to_device(device)?.copy()?;
+        let inf = Tensor::new(&[f32::INFINITY], device)?.to_dtype(dtype)?;
+        g.slice_set(&inf, 0, 90_000)?;
+        let clean = ops::unscale_and_check(&g, 0..80_000, 1.0 / 1024.0)?;
+        let bad = ops::unscale_and_check(&g, 85_000..100_003, 0.5)?;
+        let flag =
+            |t: Tensor| -> Result<f32> { Ok(t.to_device(&Device::Cpu)?.to_vec1::<f32>()?[0]) };
+        let unscaled = g.narrow(0, 0, 80_000)?.to_device(&Device::Cpu)?;
+        Ok((unscaled, [flag(clean)?, flag(bad)?]))
+    };
+    let (cpu, cpu_flags) = run(&Device::Cpu)?;
+    let (on_gpu, gpu_flags) = run(gpu)?;
+    if cpu_flags != [0.0, 1.0] || gpu_flags != [0.0, 1.0] {
+        return Ok(f64::INFINITY);
+    }
+    relative_error(&cpu, &on_gpu)
+}
+
 pub(super) fn relative_error(reference: &Tensor, other: &Tensor) -> Result<f64> {
     let a: Vec<f64> = reference.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
     let b: Vec<f64> = other.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;

@@ -63,6 +63,11 @@ pub(crate) const MULTI_TENSOR: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/multi_tensor.ptx")),
 };
 
+pub(crate) const UNSCALE: Module = Module {
+    name: "weft_unscale",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/unscale.ptx")),
+};
+
 /// Threads per block of every weft kernel.
 pub const THREADS: u32 = 256;
 

@@ -19,6 +19,7 @@
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
 //! - [`add_bias`] and [`column_sums`]: a bias added to every row, and its gradient, graph-free
 //!   (one pass, and one GEMV).
+//! - [`unscale_and_check`]: the loss scale undone in place with an inf/NaN check, one pass.
 //! - [`dropout`]: dropout masks from a seed and each element's place (reproducible on
 //!   recomputation and across the ranks of a tensor-parallel group).
 //! - `cuda_launch` (feature `cuda`): loading PTX modules and launching kernels on a device's
@@ -29,11 +30,12 @@
 //! blocks that differentiate themselves ([`crate::ExplicitBackward`]), where [`has_kernels`]
 //! says they apply.
 //!
-//! The CPU kernels handle f32 and f64. With the `cuda` feature, batch norm, ReLU and max-pool
-//! on CUDA f32/f64 tensors run the kernels of `kernels/` ([`set_cuda_kernels`] turns them off);
-//! with the `cudnn` feature, `conv2d` on CUDA f32/f64 tensors runs cuDNN's forward,
-//! backward-data and backward-filter convolutions. Other tensors are computed with Candle's
-//! own (differentiable) ops.
+//! The CPU kernels handle f32 and f64, and bf16/f16 by computing in f32 inside. With the
+//! `cuda` feature, batch norm, ReLU and max-pool on CUDA f32/f64/bf16/f16 tensors run the
+//! kernels of `kernels/` ([`set_cuda_kernels`] turns them off); with the `cudnn` feature,
+//! `conv2d` on CUDA tensors of those types runs cuDNN's forward, backward-data and
+//! backward-filter convolutions. Other tensors are computed with Candle's own (differentiable)
+//! ops.
 
 mod attention;
 mod attention_cpu;
@@ -87,6 +89,9 @@ mod relu_cuda;
 mod running_average;
 mod scratch;
 mod storage;
+mod unscale;
+#[cfg(feature = "cuda")]
+mod unscale_cuda;
 
 pub use attention::{
     causal_attention, causal_attention_backward, causal_attention_reference,
@@ -114,6 +119,7 @@ pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::blend_into;
 pub use storage::{has_kernels, set_cuda_kernels};
+pub use unscale::unscale_and_check;
 
 #[cfg(test)]
 mod tests;

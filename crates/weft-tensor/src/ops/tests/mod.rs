@@ -8,3 +8,4 @@ mod max_pool;
 mod relu;
 mod running_average;
 mod support;
+mod unscale;
