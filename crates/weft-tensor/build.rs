@@ -5,9 +5,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 10] = [
+const KERNELS: [&str; 11] = [
     "attention",
     "batch_norm",
+    "batch_norm_nhwc",
     "bias",
     "cross_entropy",
     "gelu",

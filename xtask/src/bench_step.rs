@@ -51,6 +51,9 @@ pub struct BenchStepArgs {
     /// (to measure that layout; off by default)
     #[arg(long, default_value_t = false)]
     conv_nhwc: bool,
+    /// Run the ResNet's blocks on channels-last tensors (the stem converts its input once)
+    #[arg(long, default_value_t = false)]
+    channels_last: bool,
     /// Leave cudarc's per-allocation event tracking on (to measure what turning it off saves)
     #[arg(long, default_value_t = false)]
     cuda_event_tracking: bool,
@@ -249,6 +252,7 @@ fn measure_weft(args: &BenchStepArgs, policy: &PrecisionPolicy) -> Result<Measur
     if args.cifar_stem {
         config = config.with_cifar_stem();
     }
+    let config = config.with_channels_last(args.channels_last);
     let model = resnet(&config, policy.param, &device)?;
     // As the trainer does: the CPU rule over a master copy on the CPU, the CUDA kernels on a
     // GPU. The anchor uses the same hyperparameters.

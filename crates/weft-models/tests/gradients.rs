@@ -80,7 +80,11 @@ fn tiny_resnet(block: BlockKind, stem: StemKind, seed: u64) -> BlockModel {
 }
 
 fn tiny_resnet_in(block: BlockKind, stem: StemKind, seed: u64, dtype: DType) -> BlockModel {
-    let config = ResNetConfig {
+    resnet(&tiny_config(block, stem, seed), dtype, &Device::Cpu).unwrap()
+}
+
+fn tiny_config(block: BlockKind, stem: StemKind, seed: u64) -> ResNetConfig {
+    ResNetConfig {
         block,
         layers: vec![1, 2],
         stem_width: 4,
@@ -89,8 +93,8 @@ fn tiny_resnet_in(block: BlockKind, stem: StemKind, seed: u64, dtype: DType) -> 
         num_classes: 3,
         zero_init_residual: false,
         seed,
-    };
-    resnet(&config, dtype, &Device::Cpu).unwrap()
+        channels_last: false,
+    }
 }
 
 fn grads_by_name(
@@ -285,4 +289,36 @@ fn resnet_in_16_bit_takes_the_graph_free_path_and_agrees_with_f64() {
             assert!(all <= 0.5, "{dtype:?} {path}: all gradients {all}");
         }
     }
+}
+
+/// A ResNet asked to run channels-last (the stem converts its input; on the CPU the kernels
+/// compute in NCHW) gives the NCHW network's gradients and running statistics: the same f64
+/// arithmetic.
+#[test]
+fn channels_last_resnet_equals_the_nchw_one() {
+    let x = Tensor::randn(0f64, 1.0, (4, 3, 16, 16), &Device::Cpu).unwrap();
+    let labels = Tensor::new(&[0u32, 2, 1, 2], &Device::Cpu).unwrap();
+    let build = |channels_last: bool| {
+        let config = tiny_config(BlockKind::Bottleneck, StemKind::ImageNet, 3);
+        resnet(
+            &config.with_channels_last(channels_last),
+            DType::F64,
+            &Device::Cpu,
+        )
+        .unwrap()
+    };
+    let (nchw, cl) = (build(false), build(true));
+    for ckpt in [None, Some(&Checkpointing::None)] {
+        let a = grads_by_name(&nchw, &x, &labels, ckpt);
+        let b = grads_by_name(&cl, &x, &labels, ckpt);
+        for ((name, a), (_, b)) in a.iter().zip(&b) {
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-12 * (1.0 + x.abs()),
+                    "{name}: {x} vs {y}"
+                );
+            }
+        }
+    }
+    assert_eq!(running_stats(&nchw), running_stats(&cl));
 }

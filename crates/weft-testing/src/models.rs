@@ -19,6 +19,7 @@ pub fn tiny_resnet_config(seed: u64, classes: usize) -> ResNetConfig {
         num_classes: classes,
         zero_init_residual: false,
         seed,
+        channels_last: false,
     }
 }
 

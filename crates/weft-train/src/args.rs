@@ -55,6 +55,10 @@ pub struct TrainArgs {
     /// Use the CIFAR stem (3x3 conv, no max-pool) for a torchvision ResNet; CIFAR ResNets always have it.
     #[arg(long, default_value_t = false)]
     pub cifar_stem: bool,
+    /// Run the blocks on channels-last tensors (PyTorch's `channels_last`): on a GPU cuDNN's
+    /// NHWC convolutions and weft's NHWC batch-norm kernels, without transposes
+    #[arg(long, default_value_t = false)]
+    pub channels_last: bool,
     /// synthetic | cifar10:PATH | imagefolder:PATH (a folder with train/ and val/ inside)
     #[arg(long, default_value = "synthetic")]
     pub data: String,

@@ -57,6 +57,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     if args.cifar_stem {
         config = config.with_cifar_stem();
     }
+    config = config.with_channels_last(args.channels_last);
     // Validated by `args.validate`: a preset the trainer supports on this device.
     let policy = PrecisionPolicy::from_name(&args.precision)?;
     let model = resnet(&config, policy.param, &device)?;

@@ -11,6 +11,7 @@
 //! [`single_ops`] (single operations), [`resnet`] (ResNet-50 end to end) and [`gpt`] (a small
 //! GPT end to end).
 
+mod channels_last;
 pub mod ddp;
 mod gpt;
 mod half;
@@ -257,6 +258,7 @@ pub fn run() -> Result<()> {
         tolerance: 1e-5,
     });
     half::run(&gpu, &mut checks)?;
+    channels_last::run(&gpu, &mut checks)?;
     // Candle's ops, which CUDA tensors of other dtypes take.
     ops::set_cuda_kernels(false);
     let fallback_checks: [OpCheck; 3] = [

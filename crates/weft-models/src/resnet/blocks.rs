@@ -10,11 +10,12 @@ use crate::layers::{BatchNorm2d, Conv2d, Init, Linear};
 
 mod explicit;
 
-/// `conv1 → bn1 → relu (→ maxpool 3x3/2)`.
+/// `conv1 → bn1 → relu (→ maxpool 3x3/2)`, on the input stored channels-last when asked.
 pub struct Stem {
     conv1: Conv2d,
     bn1: BatchNorm2d,
     max_pool: bool,
+    channels_last: bool,
     entries: Range<EntryId>,
 }
 
@@ -24,6 +25,7 @@ impl Stem {
         init: &mut Init,
         kind: StemKind,
         width: usize,
+        channels_last: bool,
         sync: &CrossRankSlot,
     ) -> crate::Result<Self> {
         let start = scope.store_len();
@@ -42,7 +44,18 @@ impl Stem {
             conv1,
             bn1,
             max_pool,
+            channels_last,
             entries: start..scope.store_len(),
+        })
+    }
+}
+
+impl Stem {
+    /// The input in the layout the blocks run in.
+    fn in_layout(&self, x: &Tensor) -> weft_tensor::Result<Tensor> {
+        Ok(match self.channels_last {
+            true => ops::to_channels_last(x)?,
+            false => x.clone(),
         })
     }
 }
@@ -53,7 +66,8 @@ impl Block for Stem {
     }
 
     fn forward(&self, x: &Tensor, mode: Mode) -> weft_tensor::Result<Tensor> {
-        let h = self.bn1.forward_relu(&self.conv1.forward(x)?, mode)?;
+        let x = self.in_layout(x)?;
+        let h = self.bn1.forward_relu(&self.conv1.forward(&x)?, mode)?;
         Ok(if self.max_pool {
             ops::max_pool2d(&h, 3, 2, 1)?
         } else {
@@ -217,7 +231,9 @@ impl Block for Head {
     }
 
     fn forward(&self, x: &Tensor, _mode: Mode) -> weft_tensor::Result<Tensor> {
-        let pooled = x.mean(D::Minus1)?.mean(D::Minus1)?;
+        // Candle's means over the spatial axes want NCHW order (a small copy when the blocks
+        // ran channels-last).
+        let pooled = x.contiguous()?.mean(D::Minus1)?.mean(D::Minus1)?;
         self.fc.forward(&pooled)
     }
 

@@ -47,6 +47,10 @@ pub struct ResNetConfig {
     pub zero_init_residual: bool,
     /// Seed of the parameter initialisation.
     pub seed: u64,
+    /// Run the blocks on channels-last tensors (PyTorch's `channels_last`): the stem converts
+    /// its input once and every block keeps the layout, so a GPU's cuDNN convolutions run in
+    /// NHWC without transposes. Values are those of the NCHW network.
+    pub channels_last: bool,
 }
 
 /// Model names accepted by [`ResNetConfig::from_name`].
@@ -74,6 +78,7 @@ impl ResNetConfig {
             num_classes,
             zero_init_residual: false,
             seed: 0,
+            channels_last: false,
         };
         let cifar = |n: usize| Self {
             block: BlockKind::Basic,
@@ -84,6 +89,7 @@ impl ResNetConfig {
             num_classes,
             zero_init_residual: false,
             seed: 0,
+            channels_last: false,
         };
         let config = match name {
             "resnet18" => torchvision(BlockKind::Basic, &[2, 2, 2, 2]),
@@ -116,6 +122,11 @@ impl ResNetConfig {
 
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
+        self
+    }
+
+    pub fn with_channels_last(mut self, on: bool) -> Self {
+        self.channels_last = on;
         self
     }
 

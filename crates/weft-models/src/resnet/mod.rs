@@ -26,6 +26,7 @@ pub fn resnet(config: &ResNetConfig, dtype: DType, device: &Device) -> Result<Bl
         &mut init,
         config.stem,
         config.stem_width,
+        config.channels_last,
         &sync,
     )?));
     let mut in_ch = config.stem_width;

@@ -6,6 +6,7 @@
 //! themselves.
 
 use super::batch_norm_op::{BatchNormOp, BnPass};
+use super::channels_last::{from_nhwc, is_channels_last, nhwc};
 use super::relu::{relu, relu_backward};
 use super::storage::{
     dims4, half_on_cpu, uses_cpu_kernels, uses_cuda_kernels_with_half, uses_kernels_with_half,
@@ -86,12 +87,22 @@ pub fn batch_norm_train_forward(
             x.device().location()
         );
     }
+    let (weight, bias) = (weight.contiguous()?, bias.contiguous()?);
+    if channels_last_on_cuda(x) {
+        let x = nhwc(x)?;
+        let table = x.apply_op3_no_bwd(
+            &weight,
+            &bias,
+            &BatchNormOp::nhwc(BnPass::Table, eps, false),
+        )?;
+        let y = x.apply_op2_no_bwd(&table, &BatchNormOp::nhwc(BnPass::ForwardTable, eps, relu))?;
+        return Ok(BatchNormOutput {
+            y: from_nhwc(&y)?,
+            table,
+        });
+    }
     let x = x.contiguous()?;
-    let table = x.apply_op3_no_bwd(
-        &weight.contiguous()?,
-        &bias.contiguous()?,
-        &BatchNormOp::new(BnPass::Table, eps, false),
-    )?;
+    let table = x.apply_op3_no_bwd(&weight, &bias, &BatchNormOp::new(BnPass::Table, eps, false))?;
     let y = x.apply_op2_no_bwd(&table, &BatchNormOp::new(BnPass::ForwardTable, eps, relu))?;
     Ok(BatchNormOutput { y, table })
 }
@@ -117,9 +128,27 @@ pub fn batch_norm_train_backward(
     }
     let dy = match relu_output {
         Some(y) => relu_backward(y, dy)?,
-        None => dy.contiguous()?,
+        None => dy.clone(),
     };
-    let x = x.contiguous()?;
+    if channels_last_on_cuda(x) {
+        let (x, dy) = (nhwc(x)?, nhwc(&dy)?);
+        let op = |pass| BatchNormOp::nhwc(pass, eps, false);
+        let table = x.apply_op3_no_bwd(&dy, table, &op(BnPass::GradTable))?;
+        let dx = match input_grad {
+            true => Some(from_nhwc(&x.apply_op3_no_bwd(
+                &dy,
+                &table,
+                &op(BnPass::GradInput),
+            )?)?),
+            false => None,
+        };
+        return Ok(BatchNormGrads {
+            x: dx,
+            weight: table.get(4)?,
+            bias: table.get(5)?,
+        });
+    }
+    let (x, dy) = (x.contiguous()?, dy.contiguous()?);
     let table = x.apply_op3_no_bwd(&dy, table, &BatchNormOp::new(BnPass::GradTable, eps, false))?;
     let dx = match input_grad {
         true => Some(input_gradient(&x, &dy, &table, eps)?),
@@ -169,6 +198,11 @@ fn through_relu(y: &Tensor, dy: &Tensor, relu: bool) -> Result<Tensor> {
 /// `dx` from the 6-row table `[mean; var; weight; bias; sum(dy * xhat); sum(dy)]`.
 fn input_gradient(x: &Tensor, dy: &Tensor, table: &Tensor, eps: f64) -> Result<Tensor> {
     x.apply_op3_no_bwd(dy, table, &BatchNormOp::new(BnPass::GradInput, eps, false))
+}
+
+/// Whether the graph-free passes take `x` as channels-last data (its NHWC storage, on CUDA).
+fn channels_last_on_cuda(x: &Tensor) -> bool {
+    x.device().is_cuda() && is_channels_last(x)
 }
 
 /// Checks the shapes of `x`, `weight` and `bias` and the value of `eps`.

@@ -42,11 +42,7 @@ impl BnShape {
     }
 
     fn finalize(&self) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: ((self.c as u32).div_ceil(THREADS), 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        one_thread_each(self.c)
     }
 
     /// One row of blocks per plane, each thread taking about four elements.
@@ -61,15 +57,24 @@ impl BnShape {
     }
 }
 
+/// One thread for each of `n` items (a finalize kernel's channels, a running statistic).
+pub(super) fn one_thread_each(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(THREADS), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// A typed view of one argument: data (`x`, `dy`, the affine parameters) of element type `T`,
 /// or statistics (a table, `[mean; var]`) of type `S`.
-enum BnView<'a, T, S> {
+pub(super) enum BnView<'a, T, S> {
     Data(CudaView<'a, T>),
     Stat(CudaView<'a, S>),
 }
 
 impl<T: DeviceRepr, S: DeviceRepr> BnView<'_, T, S> {
-    fn push<'b>(&'b self, builder: &mut LaunchArgs<'b>) {
+    pub(super) fn push<'b>(&'b self, builder: &mut LaunchArgs<'b>) {
         match self {
             BnView::Data(v) => builder.arg(v),
             BnView::Stat(v) => builder.arg(v),
@@ -83,6 +88,18 @@ impl<T: DeviceRepr, S: DeviceRepr> BnView<'_, T, S> {
             BnView::Data(_) => bail!("batch-norm kernel: expected a statistics table"),
         }
     }
+}
+
+/// The typed views of the arguments: `stats` and `table` are statistics, the rest data.
+pub(super) fn bn_views<'a, T: CudaDType, S: CudaDType>(
+    args: &[(&'a CudaStorage, &Layout, &'static str)],
+) -> Result<Vec<BnView<'a, T, S>>> {
+    args.iter()
+        .map(|(storage, layout, name)| match *name {
+            "stats" | "table" => Ok(BnView::Stat(view::<S>(storage, layout, name)?)),
+            _ => Ok(BnView::Data(view::<T>(storage, layout, name)?)),
+        })
+        .collect()
 }
 
 /// Element type `T` of the data, `S` of the statistics and tables (f32 for 16-bit data).
@@ -99,13 +116,7 @@ where
     S: CudaDType + DeviceRepr + WithDType,
 {
     let device = device_of(args[0].0);
-    let views = args
-        .iter()
-        .map(|(storage, layout, name)| match *name {
-            "stats" | "table" => Ok(BnView::Stat(view::<S>(storage, layout, name)?)),
-            _ => Ok(BnView::Data(view::<T>(storage, layout, name)?)),
-        })
-        .collect::<Result<Vec<BnView<'_, T, S>>>>()?;
+    let views = bn_views::<T, S>(args)?;
     let (n, c, hw) = (shape.n as i32, shape.c as i32, shape.plane as i32);
     let m = (shape.n * shape.plane) as f64;
     let splits = shape.splits() as i32;
@@ -237,11 +248,7 @@ fn blend<T: CudaDType + DeviceRepr + WithDType, S: CudaDType>(
         .arg(&len)
         .arg(&momentum)
         .arg(&scale);
-    let config = LaunchConfig {
-        grid_dim: ((n as u32).div_ceil(THREADS), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let config = one_thread_each(n);
     // SAFETY: the arguments match `bn_blend_running` in kernels/batch_norm.cu; both views hold
     // `n` elements (checked by the caller).
     launched("bn_blend_running", unsafe { builder.launch(config) })

@@ -6,6 +6,8 @@ use super::batch_norm::backward_passes;
 use super::batch_norm_cpu::{forward, grad_input, grad_sums, moments, ChannelLayout};
 #[cfg(feature = "cuda")]
 use super::batch_norm_cuda::{run_cuda, BnShape};
+#[cfg(feature = "cuda")]
+use super::batch_norm_nhwc_cuda::run_cuda_nhwc;
 use super::storage::{dims4, run_kernel, Arg, CpuKernel, Float};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
@@ -50,6 +52,8 @@ pub(super) struct BatchNormOp {
     pass: BnPass,
     eps: f64,
     relu: bool,
+    /// The data arguments are the NHWC storage of channels-last tensors (CUDA only).
+    nhwc: bool,
 }
 
 /// A batch-norm kernel bound to its data layout.
@@ -110,7 +114,20 @@ impl CpuKernel for BnKernel {
 
 impl BatchNormOp {
     pub(super) fn new(pass: BnPass, eps: f64, relu: bool) -> Self {
-        Self { pass, eps, relu }
+        Self {
+            pass,
+            eps,
+            relu,
+            nhwc: false,
+        }
+    }
+
+    /// The same pass on the `N x H x W x C` storage of channels-last data.
+    pub(super) fn nhwc(pass: BnPass, eps: f64, relu: bool) -> Self {
+        Self {
+            nhwc: true,
+            ..Self::new(pass, eps, relu)
+        }
     }
 
     /// Checks the argument shapes (`x` first, then named arguments); returns the channel
@@ -120,7 +137,10 @@ impl BatchNormOp {
         x_dims: &[usize],
         others: &[(&[usize], &str)],
     ) -> Result<(usize, usize, Shape)> {
-        let (_, channels, h, w) = dims4(x_dims, self.name(), "x")?;
+        let (channels, h, w) = match (self.nhwc, dims4(x_dims, self.name(), "x")?) {
+            (true, (_, h, w, c)) => (c, h, w),
+            (false, (_, c, h, w)) => (c, h, w),
+        };
         let table_rows = match self.pass {
             BnPass::GradInput => 6,
             BnPass::ForwardTable | BnPass::GradTable => 4,
@@ -151,6 +171,9 @@ impl BatchNormOp {
 
     /// Checks the argument shapes, runs the CPU kernel and returns its result with its shape.
     fn run(&self, args: &[(&CpuStorage, &Layout, &'static str)]) -> Result<(CpuStorage, Shape)> {
+        if self.nhwc {
+            bail!("{}: channels-last data runs on CUDA only", self.name());
+        }
         let args: Vec<Arg<'_>> = args
             .iter()
             .map(|&(storage, layout, name)| Arg {
@@ -185,6 +208,17 @@ impl BatchNormOp {
             .collect();
         let x_dims = args[0].1.dims();
         let (c, plane, shape) = self.check(x_dims, &others)?;
+        if self.nhwc {
+            let rows = x_dims[0] * plane;
+            let storage = run_cuda_nhwc(
+                self.pass,
+                (self.eps, self.relu),
+                (rows, c),
+                args,
+                shape.elem_count(),
+            )?;
+            return Ok((storage, shape));
+        }
         let geometry = BnShape {
             n: x_dims[0],
             c,

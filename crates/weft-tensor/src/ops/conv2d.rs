@@ -15,6 +15,8 @@ use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::channels_last::is_channels_last;
+
 /// 2-D convolution of `x` (`N x C_in x H x W`) with `w` (`C_out x C_in x KH x KW`), equal
 /// stride and zero padding on both spatial axes; returns `N x C_out x OH x OW` with
 /// `OH = (H + 2 * padding - KH) / stride + 1` (likewise `OW`). Differentiable.
@@ -68,11 +70,11 @@ pub fn conv2d_backward(
 ) -> Result<(Option<Tensor>, Tensor)> {
     let problem = conv_problem(x.dims(), w.dims(), stride, padding)?;
     problem.check_output_grad(dy.dims(), "conv2d_backward")?;
-    let (dx, dw) = conv_grads(x, w, &dy.contiguous()?, stride, padding, (input_grad, true))?;
+    let (dx, dw) = conv_grads(x, w, dy, stride, padding, (input_grad, true))?;
     Ok((dx, dw.expect("the weight gradient was asked for")))
 }
 
-/// The weight gradient of [`conv2d_forward`]`(x, w)` given a contiguous `dy`.
+/// The weight gradient of [`conv2d_forward`]`(x, w)` given `dy`.
 pub(super) fn conv2d_backward_filter(
     x: &Tensor,
     w: &Tensor,
@@ -99,7 +101,7 @@ fn conv_grads(
         let problem = conv_problem(x.dims(), w.dims(), stride, padding)?;
         let dx = wanted
             .0
-            .then(|| backward_data(dy, w, problem))
+            .then(|| backward_data(dy, w, problem, is_channels_last(x)))
             .transpose()?;
         let dw = wanted
             .1
@@ -107,6 +109,7 @@ fn conv_grads(
             .transpose()?;
         return Ok((dx, dw));
     }
+    let (x, dy) = (&x.contiguous()?, &dy.contiguous()?);
     let (_, _, in_h, in_w) = x.dims4()?;
     let (_, _, k_h, k_w) = w.dims4()?;
     let dx = if wanted.0 {
@@ -150,12 +153,11 @@ pub fn set_conv_nhwc(on: bool) {
     CONV_NHWC.store(on, Ordering::Relaxed);
 }
 
-/// Whether the graph-free passes of `x` run through cuDNN in NHWC (`conv_nhwc`): 16-bit on a
-/// CUDA device, after [`set_conv_nhwc`]`(true)`.
+/// Whether the graph-free passes of `x` run through cuDNN in NHWC (`conv_nhwc`): `x` on a CUDA
+/// device stored channels-last, or 16-bit after [`set_conv_nhwc`]`(true)`.
 pub(super) fn uses_nhwc(x: &Tensor) -> bool {
-    CONV_NHWC.load(Ordering::Relaxed)
-        && uses_cudnn(&[x])
-        && matches!(x.dtype(), DType::BF16 | DType::F16)
+    let half = matches!(x.dtype(), DType::BF16 | DType::F16);
+    uses_cudnn(&[x]) && (is_channels_last(x) || (half && CONV_NHWC.load(Ordering::Relaxed)))
 }
 
 /// Whether the graph-free passes take the tensors: cuDNN's, or the CPU kernels (16-bit CPU

@@ -3,6 +3,7 @@
 //! a residual block's input (shortcut and branch) need no separate addition: on CUDA one cuDNN
 //! backward-data launch with beta = 1, on the CPU the input-gradient kernel then one pass of adds.
 
+use super::channels_last::is_channels_last;
 use super::conv2d::{conv2d_backward_filter, conv_problem, graph_free, uses_nhwc};
 use super::conv_cpu::{conv_backward_data, ConvProblem};
 #[cfg(feature = "cudnn")]
@@ -36,8 +37,8 @@ pub fn conv2d_backward_add(
             x.dims()
         );
     }
-    if !acc.is_contiguous() {
-        bail!("conv2d_backward_add: the tensor added into must be contiguous");
+    if !(acc.is_contiguous() || (uses_nhwc(acc) && is_channels_last(acc))) {
+        bail!("conv2d_backward_add: the tensor added into must be contiguous (or channels-last on a GPU)");
     }
     if !graph_free(&[acc, w, dy]) {
         bail!(
@@ -46,29 +47,31 @@ pub fn conv2d_backward_add(
             acc.device().location()
         );
     }
-    let dy = dy.contiguous()?;
     match uses_nhwc(acc) {
-        // cuDNN adds in NHWC into a copy of `acc`, copied back.
+        // cuDNN adds in NHWC: into a channels-last `acc`'s own storage (its NHWC view), or
+        // into a copy of an NCHW `acc`, copied back.
         #[cfg(feature = "cudnn")]
         true => {
-            use super::conv_nhwc::{from_nhwc, to_nhwc};
-            let acc_nhwc = to_nhwc(acc)?;
+            use super::channels_last::{from_nhwc, nhwc};
+            let acc_nhwc = nhwc(acc)?;
             let op = AddBackwardData {
                 problem,
                 nhwc: true,
             };
-            acc_nhwc.inplace_op3(&to_nhwc(&dy)?, &to_nhwc(w)?, &op)?;
-            super::copy_tensors(&[(&from_nhwc(&acc_nhwc)?, acc)])?;
+            acc_nhwc.inplace_op3(&nhwc(dy)?, &nhwc(w)?, &op)?;
+            if !is_channels_last(acc) {
+                super::copy_tensors(&[(&from_nhwc(&acc_nhwc)?.contiguous()?, acc)])?;
+            }
         }
         _ => {
             let op = AddBackwardData {
                 problem,
                 nhwc: false,
             };
-            acc.inplace_op3(&dy, &w.contiguous()?, &op)?;
+            acc.inplace_op3(&dy.contiguous()?, &w.contiguous()?, &op)?;
         }
     }
-    conv2d_backward_filter(x, w, &dy, stride, padding)
+    conv2d_backward_filter(x, w, dy, stride, padding)
 }
 
 /// In-place op on `(acc, dy, w)`: `acc += dx`.

@@ -1,24 +1,15 @@
-//! Convolutions of 16-bit CUDA tensors through cuDNN in NHWC memory order (`set_conv_nhwc`).
-//! The model's tensors stay NCHW: each pass copies its operands into NHWC (the filter into
-//! KRSC), runs cuDNN, and copies the result back. Measured on an H100 these copies cost more
-//! than NHWC saves (ResNet-50 bf16: 956 against 1074 images/s with heuristic choices), so it is
-//! off by default; it is the convolution half of a channels-last model, whose tensors would
-//! need no copies.
+//! Convolutions through cuDNN in NHWC memory order (the filter in KRSC): for channels-last
+//! tensors, whose NHWC storage cuDNN reads and writes directly (the results are channels-last
+//! too), and, after `set_conv_nhwc(true)`, for 16-bit NCHW tensors, whose operands are copied
+//! in and the results out (measured on an H100, those copies cost more than NHWC saves:
+//! ResNet-50 bf16 956 against 1074 images/s with heuristic choices). Weight gradients come
+//! back OIHW.
 
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
+use super::channels_last::{from_nhwc, is_channels_last, nhwc};
 use super::conv_cpu::ConvProblem;
 use super::conv_cudnn::{cudnn_conv, CudnnPass};
-
-/// `t` (`N x C x H x W`) copied into NHWC order (`N x H x W x C`, contiguous).
-pub(super) fn to_nhwc(t: &Tensor) -> Result<Tensor> {
-    t.permute((0, 2, 3, 1))?.contiguous()
-}
-
-/// `t` (`N x H x W x C`) copied back into NCHW order.
-pub(super) fn from_nhwc(t: &Tensor) -> Result<Tensor> {
-    t.permute((0, 3, 1, 2))?.contiguous()
-}
 
 /// One cuDNN pass on NHWC operands; the result has NHWC shape `out`.
 struct NhwcPass {
@@ -60,38 +51,61 @@ impl CustomOp2 for NhwcPass {
     }
 }
 
+/// One pass on `a` and `b` in NHWC; the result viewed channels-last when `channels_last`,
+/// copied into NCHW otherwise.
 fn run(
     pass: CudnnPass,
     problem: ConvProblem,
-    a: &Tensor,
-    b: &Tensor,
+    (a, b): (&Tensor, &Tensor),
     out: [usize; 4],
+    channels_last: bool,
 ) -> Result<Tensor> {
     let op = NhwcPass {
         pass,
         problem,
         out: Shape::from(&out[..]),
     };
-    from_nhwc(&to_nhwc(a)?.apply_op2_no_bwd(&to_nhwc(b)?, &op)?)
+    let result = from_nhwc(&nhwc(a)?.apply_op2_no_bwd(&nhwc(b)?, &op)?)?;
+    match channels_last {
+        true => Ok(result),
+        false => result.contiguous(),
+    }
 }
 
-/// The convolution of `x` with `w` (NCHW in and out).
+/// The convolution of `x` with `w`, in `x`'s layout.
 pub(super) fn forward(x: &Tensor, w: &Tensor, problem: ConvProblem) -> Result<Tensor> {
     let g = &problem.geom;
     let out = [problem.batch, g.out_h, g.out_w, problem.c_out];
-    run(CudnnPass::Forward, problem, x, w, out)
+    run(
+        CudnnPass::Forward,
+        problem,
+        (x, w),
+        out,
+        is_channels_last(x),
+    )
 }
 
-/// The input gradient from `dy` and `w`.
-pub(super) fn backward_data(dy: &Tensor, w: &Tensor, problem: ConvProblem) -> Result<Tensor> {
+/// The input gradient from `dy` and `w`, channels-last when `channels_last` (the input was).
+pub(super) fn backward_data(
+    dy: &Tensor,
+    w: &Tensor,
+    problem: ConvProblem,
+    channels_last: bool,
+) -> Result<Tensor> {
     let g = &problem.geom;
     let out = [problem.batch, g.in_h, g.in_w, g.c_in];
-    run(CudnnPass::BackwardData, problem, dy, w, out)
+    run(
+        CudnnPass::BackwardData,
+        problem,
+        (dy, w),
+        out,
+        channels_last,
+    )
 }
 
-/// The weight gradient from `x` and `dy` (OIHW).
+/// The weight gradient from `x` and `dy` (OIHW, contiguous).
 pub(super) fn backward_filter(x: &Tensor, dy: &Tensor, problem: ConvProblem) -> Result<Tensor> {
     let g = &problem.geom;
     let out = [problem.c_out, g.k_h, g.k_w, g.c_in];
-    run(CudnnPass::BackwardFilter, problem, x, dy, out)
+    run(CudnnPass::BackwardFilter, problem, (x, dy), out, false)
 }

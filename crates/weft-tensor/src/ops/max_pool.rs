@@ -4,6 +4,7 @@
 //! tensors use a custom op (kernels in `max_pool_cpu` and `kernels/max_pool.cu`); 16-bit CPU
 //! tensors are pooled in f32; others use Candle ops (see [`max_pool2d_candle`]).
 
+use super::channels_last::{is_channels_last, to_channels_last};
 use super::max_pool_cpu::{PoolKernel, PoolPlanes, PoolWindow};
 use super::storage::{half_on_cpu, run_kernel, uses_cpu_kernels, uses_cuda_kernels_with_half, Arg};
 #[cfg(feature = "cuda")]
@@ -39,7 +40,17 @@ pub fn max_pool2d_forward(
 ) -> Result<Tensor> {
     let window = PoolWindow::new(kernel, stride, padding);
     window.output_shape(x.dims())?;
-    x.contiguous()?.apply_op1_no_bwd(&MaxPool2dOp { window })
+    let y = x.contiguous()?.apply_op1_no_bwd(&MaxPool2dOp { window })?;
+    same_layout_as(x, y)
+}
+
+/// `t` channels-last when `like` is (the kernels pool NCHW planes; a channels-last input is
+/// copied in and its results out).
+fn same_layout_as(like: &Tensor, t: Tensor) -> Result<Tensor> {
+    match is_channels_last(like) {
+        true => to_channels_last(&t),
+        false => Ok(t),
+    }
 }
 
 /// The input gradient of [`max_pool2d_forward`]`(x) = y` given `dy`.
@@ -52,11 +63,12 @@ pub fn max_pool2d_backward(
     padding: usize,
 ) -> Result<Tensor> {
     let window = PoolWindow::new(kernel, stride, padding);
-    x.contiguous()?.apply_op3_no_bwd(
+    let dx = x.contiguous()?.apply_op3_no_bwd(
         &y.contiguous()?,
         &dy.contiguous()?,
         &MaxPool2dBackward { window },
-    )
+    )?;
+    same_layout_as(x, dx)
 }
 
 /// The differentiable op: arg `x`.

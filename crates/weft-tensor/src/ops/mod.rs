@@ -45,10 +45,13 @@ mod batch_norm;
 mod batch_norm_cpu;
 #[cfg(feature = "cuda")]
 mod batch_norm_cuda;
+#[cfg(feature = "cuda")]
+mod batch_norm_nhwc_cuda;
 mod batch_norm_op;
 mod bias;
 #[cfg(feature = "cuda")]
 mod bias_cuda;
+mod channels_last;
 mod conv2d;
 mod conv_add;
 mod conv_cpu;
@@ -102,6 +105,7 @@ pub use batch_norm::{
     BatchNormGrads, BatchNormOutput,
 };
 pub use bias::add_bias;
+pub use channels_last::{is_channels_last, to_channels_last};
 pub use conv2d::{conv2d, conv2d_backward, conv2d_forward, set_conv_nhwc};
 pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]

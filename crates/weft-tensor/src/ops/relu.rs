@@ -9,6 +9,7 @@ use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::channels_last::in_layout_of;
 use super::storage::{run_kernel, uses_kernels_with_half, Arg, CpuKernel, Float};
 
 /// `max(x, 0)`, differentiable.
@@ -34,17 +35,21 @@ pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// [`add_relu`] without an autograd graph, for blocks with their own backward (its backward
-/// is [`relu_backward`] for both inputs). The tensors must take weft's kernels.
+/// is [`relu_backward`] for both inputs). The tensors must take weft's kernels. The result is
+/// channels-last when `a` is.
 pub fn add_relu_forward(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    a.contiguous()?
-        .apply_op2_no_bwd(&b.contiguous()?, &ReluOp::AddForward)
+    in_layout_of(a, &[b], |a, b| {
+        a.apply_op2_no_bwd(&b[0], &ReluOp::AddForward)
+    })
 }
 
 /// The gradient through a ReLU from its output `y` and the output's gradient `dy`
-/// (not differentiable itself). Tensors must take weft's kernels (see [`relu`]).
+/// (not differentiable itself). Tensors must take weft's kernels (see [`relu`]). The result
+/// is channels-last when `y` is.
 pub fn relu_backward(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
-    y.contiguous()?
-        .apply_op2_no_bwd(&dy.contiguous()?, &ReluOp::Backward)
+    in_layout_of(y, &[dy], |y, dy| {
+        y.apply_op2_no_bwd(&dy[0], &ReluOp::Backward)
+    })
 }
 
 /// The three ReLU kernels.

@@ -123,7 +123,8 @@ impl ExplicitBackward for Stem {
         if !self.bn1.differentiates_itself(x, mode) {
             return Ok(None);
         }
-        let (h, conv_bn) = ConvBnSaved::forward(&self.conv1, &self.bn1, x, mode, true)?;
+        let x = self.in_layout(x)?;
+        let (h, conv_bn) = ConvBnSaved::forward(&self.conv1, &self.bn1, &x, mode, true)?;
         let mut saved = Vec::with_capacity(5);
         let y = if self.max_pool {
             let pooled = ops::max_pool2d_forward(&h, 3, 2, 1)?;

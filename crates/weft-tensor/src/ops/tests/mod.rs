@@ -2,6 +2,7 @@
 //! autograd, and central finite differences in f64.
 
 mod batch_norm;
+mod channels_last;
 mod conv2d;
 mod half;
 mod max_pool;

@@ -1,0 +1,145 @@
+//! Channels-last tensors on the GPU (cuDNN's NHWC plans on the tensors' own storage, the NHWC
+//! batch-norm kernels, the residual gradient added in place into a channels-last tensor)
+//! against the CPU computing the same block in NCHW; and a ResNet-18 training step with
+//! channels-last blocks against the NCHW network on the same GPU.
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use weft_models::loss::Classification;
+use weft_models::{resnet, ResNetConfig};
+use weft_optim::{ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
+use weft_parallel::Trainer;
+use weft_tensor::{ops, Checkpointing};
+
+use super::single_ops::relative_error;
+use super::Check;
+
+/// Adds the channels-last rows to `checks`.
+pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
+    // As accurate as the same block on NCHW tensors on the GPU: through a convolution, a
+    // batch norm and back, the CPU's and the GPU's roundings (of 16-bit outputs especially)
+    // are amplified alike, so the NCHW block's error (at least 1e-3 in f32 with TF32 off, as
+    // the convolution rows, and 4 rounding units in bf16) sets the bound, doubled.
+    for (dtype, floor) in [(DType::F32, 1e-3), (DType::BF16, 4.0 * 2f64.powi(-8))] {
+        let (error, nchw) = block(gpu, dtype)?;
+        println!("channels-last block {dtype:?}: {error:.3e} (NCHW on the GPU: {nchw:.3e})");
+        checks.push(Check {
+            name: format!("channels-last conv + BN + ReLU block, {dtype:?}"),
+            error,
+            tolerance: floor.max(2.0 * nchw),
+        });
+    }
+    let (loss, grads) = resnet18_step(gpu)?;
+    checks.push(Check {
+        name: "ResNet-18 f32 channels-last = NCHW, loss".into(),
+        error: loss,
+        tolerance: 1e-5,
+    });
+    // f32 sums in other orders (NHWC against NCHW algorithms), amplified by batch norms over
+    // 64 values per channel in the last stage.
+    checks.push(Check {
+        name: "ResNet-18 f32 channels-last = NCHW, gradients".into(),
+        error: grads,
+        tolerance: 1e-2,
+    });
+    Ok(())
+}
+
+/// A convolution, a batch norm with ReLU and their backward (the input gradient added into a
+/// residual gradient): on the GPU on channels-last tensors, whose results must stay
+/// channels-last, against the CPU in NCHW; and, for the bound, the GPU on NCHW tensors
+/// against the CPU.
+fn block(gpu: &Device, dtype: DType) -> Result<(f64, f64)> {
+    let cpu = Device::Cpu;
+    let inputs: Vec<Tensor> = [
+        (&[8, 64, 14, 14][..], 1.0),
+        (&[128, 64, 3, 3], 0.05),
+        (&[128], 0.2),
+        (&[128], 0.2),
+        (&[8, 128, 14, 14], 1.0),
+        (&[8, 64, 14, 14], 1.0),
+    ]
+    .iter()
+    .map(|&(shape, std)| Tensor::randn(0f32, std, shape, &cpu)?.to_dtype(dtype))
+    .collect::<candle_core::Result<_>>()?;
+    let run = |device: &Device, channels_last: bool| -> Result<(Vec<Tensor>, bool)> {
+        let put = |t: &Tensor| -> Result<Tensor> {
+            let t = t.to_device(device)?.copy()?;
+            Ok(match channels_last && t.rank() == 4 {
+                true => ops::to_channels_last(&t)?,
+                false => t,
+            })
+        };
+        let (x, w, dy, acc) = (
+            put(&inputs[0])?,
+            put(&inputs[1])?,
+            put(&inputs[4])?,
+            put(&inputs[5])?,
+        );
+        let gamma = (inputs[2].to_device(device)? + 1.0)?;
+        let beta = inputs[3].to_device(device)?;
+        let z = ops::conv2d_forward(&x, &w, 1, 1)?;
+        let out = ops::batch_norm_train_forward(&z, &gamma, &beta, 1e-5, true)?;
+        let g = ops::batch_norm_train_backward(&z, &out.table, Some(&out.y), &dy, 1e-5, true)?;
+        let dz = g.x.expect("asked for");
+        let dw = ops::conv2d_backward_add(&acc, &x, &w, &dz, 1, 1)?;
+        let kept = [&z, &out.y, &dz, &acc]
+            .iter()
+            .all(|t| ops::is_channels_last(t) == channels_last);
+        let results = [out.y, out.table, dz, acc, dw, g.weight, g.bias]
+            .iter()
+            .map(|t| Ok(t.to_device(&cpu)?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((results, kept))
+    };
+    let worst = |a: &[Tensor], b: &[Tensor]| -> Result<f64> {
+        a.iter()
+            .zip(b)
+            .try_fold(0f64, |m, (a, b)| Ok(m.max(relative_error(a, b)?)))
+    };
+    let (reference, _) = run(&cpu, false)?;
+    let (nchw, _) = run(gpu, false)?;
+    let (on_gpu, kept) = run(gpu, true)?;
+    let error = match kept {
+        true => worst(&reference, &on_gpu)?,
+        false => f64::INFINITY,
+    };
+    Ok((error, worst(&reference, &nchw)?))
+}
+
+/// One SGD step of ResNet-18 (f32, 16 images of 64x64) on the GPU with NCHW and with
+/// channels-last blocks: the relative differences of the loss and of the flat gradients.
+fn resnet18_step(gpu: &Device) -> Result<(f64, f64)> {
+    let images = Tensor::randn(0f32, 1.0, (16, 3, 64, 64), gpu)?;
+    let labels = Tensor::new(&[1u32, 7, 3, 9, 0, 2, 4, 6, 8, 5, 1, 3, 5, 7, 9, 0], gpu)?;
+    let step = |channels_last: bool| -> Result<(f64, Tensor)> {
+        let config = ResNetConfig::from_name("resnet18", 10)?.with_channels_last(channels_last);
+        let optimizer = ModelOptimizer::new(
+            OptimizerConfig::Sgd(SgdConfig {
+                lr: 0.01,
+                ..SgdConfig::default()
+            }),
+            ParamGroups::default(),
+            gpu,
+            DType::F32,
+        )?;
+        let model = resnet(&config, DType::F32, gpu)?;
+        let mut trainer = Trainer::new(
+            model,
+            Box::new(Classification),
+            optimizer,
+            Checkpointing::None,
+        )?;
+        let loss = trainer.step(&images, &labels, 0.01)?.loss;
+        Ok((
+            loss,
+            trainer.grads().tensor().to_device(&Device::Cpu)?.copy()?,
+        ))
+    };
+    let (loss, grads) = step(false)?;
+    let (cl_loss, cl_grads) = step(true)?;
+    Ok((
+        (loss - cl_loss).abs() / loss.abs(),
+        relative_error(&grads, &cl_grads)?,
+    ))
+}
