@@ -8,6 +8,8 @@
 #   bench    bench-step ResNet-50 batch 128 at 224x224, bf16-mixed, beside PyTorch autocast(bf16)
 #            NCHW eager, channels-last eager and channels-last torch.compile, in one call
 #   weft     bench-step, weft alone: fp16-mixed and fp32 at batch 128 (the ratios)
+#   cl       bench-step --channels-last: bf16-mixed beside PyTorch channels-last AMP eager, then
+#            fp16-mixed and fp32 alone
 #   eager    bench-step bf16-mixed batch 128 issued eagerly (no CUDA graph), weft alone
 #   train    train-resnet --precision bf16-mixed and fp16-mixed on the GPU (resnet20, synthetic)
 #   profile  Nsight Compute over two eager bf16 steps, by kind of kernel
@@ -35,6 +37,17 @@ if want bench; then
   echo "== bench-step ResNet-50 batch 128, bf16-mixed, beside PyTorch AMP"
   timeout 500 "$X" bench-step $MODEL --steps 10 --warmup 4 --precision bf16-mixed \
     --anchors eager,channels-last,compile 2>&1 | grep -v Warning | tee "$OUT/bench-bf16.txt"
+fi
+
+if want cl; then
+  echo "== bench-step ResNet-50 batch 128 channels-last, bf16-mixed, beside PyTorch channels-last AMP"
+  timeout 300 "$X" bench-step $MODEL --steps 10 --warmup 4 --precision bf16-mixed --channels-last \
+    --anchors channels-last 2>&1 | grep -v Warning | tee "$OUT/bench-cl-bf16.txt"
+  for precision in fp16-mixed fp32; do
+    echo "== bench-step ResNet-50 batch 128 channels-last, $precision, weft alone"
+    timeout 200 "$X" bench-step $MODEL --steps 10 --warmup 4 --precision $precision --channels-last \
+      --no-anchor 2>&1 | tee "$OUT/bench-cl-$precision.txt"
+  done
 fi
 
 if want weft; then

@@ -7,12 +7,13 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use clap::Args;
 use weft_models::gpt::{gpt, GptConfig};
 use weft_models::loss::NextToken;
 use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups};
 use weft_parallel::{SingleProcess, Trainer};
+use weft_precision::PrecisionPolicy;
 use weft_tensor::Checkpointing;
 
 use crate::python;
@@ -39,6 +40,10 @@ pub struct BenchGptArgs {
     /// fp32-compile, tf32-compile, bf16-compile; empty for none
     #[arg(long, default_value = "")]
     anchors: String,
+    /// weft's precision policy: fp32 (the default), bf16-mixed or fp16-mixed (bf16/f16
+    /// working copy and matmuls; attention, LayerNorm, GELU and loss computed in f32 inside)
+    #[arg(long, default_value = "fp32")]
+    precision: String,
 }
 
 /// Dense bf16 tensor-core peak of an H100 SXM in FLOP/s (the reference of MFU figures such as
@@ -69,10 +74,11 @@ pub fn run(args: &BenchGptArgs) -> Result<()> {
     let device = weft_train::device::parse_device(&args.device)?.open()?;
     let flops = flops_per_token(&config, seq_len);
     println!(
-        "bench-gpt: {} ({} parameters), batch {} x {seq_len} tokens, AdamW, fp32, on {}",
+        "bench-gpt: {} ({} parameters), batch {} x {seq_len} tokens, AdamW, {}, on {}",
         args.model,
         config.num_parameters(),
         args.batch_size,
+        args.precision,
         args.device
     );
     let weft = measure_weft(args, &config, seq_len, &device)?;
@@ -131,7 +137,8 @@ fn measure_weft(
     seq_len: usize,
     device: &Device,
 ) -> Result<Measured> {
-    let model = gpt(config, DType::F32, device)?;
+    let policy = PrecisionPolicy::from_name(&args.precision)?;
+    let model = gpt(config, policy.param, device)?;
     let optimizer = ModelOptimizer::new(
         OptimizerConfig::AdamW(AdamWConfig {
             lr: 3e-4,
@@ -140,12 +147,13 @@ fn measure_weft(
         }),
         ParamGroups::default(),
         device,
-        DType::F32,
+        policy.updated_dtype(),
     )?;
     let objective = NextToken {
         vocab_size: config.vocab_size,
     };
     let trainer = Trainer::new(model, Box::new(objective), optimizer, Checkpointing::None)?;
+    let trainer = weft_train::optim_setup::with_step_settings(trainer, None, &policy)?;
     let single = SingleProcess::new(trainer.model(), false);
     let mut trainer = trainer
         .with_strategy(Box::new(single))?

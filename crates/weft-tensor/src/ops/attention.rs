@@ -14,7 +14,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Sh
 
 use super::attention_cpu::{AttentionKernel, AttentionPass, AttentionShape};
 use super::dropout::Dropout;
-use super::storage::{half_on_cpu, run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg};
+use super::storage::{is_half, run_kernel, uses_cpu_kernels, uses_cuda_kernels, widen, Arg};
 
 /// Whether a CUDA kernel exists for head width `d` in `dtype`: 4 to 64 in f32, 4 to 32 in
 /// f64 (powers of two).
@@ -38,9 +38,8 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
             v.dims()
         );
     }
-    if half_on_cpu(&[q, k, v]) {
-        let wide = |t: &Tensor| t.to_dtype(DType::F32);
-        return causal_attention(&wide(q)?, &wide(k)?, &wide(v)?)?.to_dtype(q.dtype());
+    if is_half(&[q, k, v]) {
+        return causal_attention(&widen(q)?, &widen(k)?, &widen(v)?)?.to_dtype(q.dtype());
     }
     let fused = uses_cpu_kernels(&[q, k, v])
         || (uses_cuda_kernels(&[q, k, v]) && has_cuda_attention(q.dtype(), d));
@@ -96,6 +95,13 @@ pub fn causal_attention_saving(
     v: &Tensor,
 ) -> Result<Option<(Tensor, Tensor)>> {
     let (_, _, _, d) = q.dims4()?;
+    if is_half(&[q, k, v]) {
+        // In f32; the output rounded back, the packed statistics kept in f32.
+        let wide = causal_attention_saving(&widen(q)?, &widen(k)?, &widen(v)?)?;
+        return wide
+            .map(|(out, packed)| Ok((out.to_dtype(q.dtype())?, packed)))
+            .transpose();
+    }
     let fused = uses_cpu_kernels(&[q, k, v])
         || (uses_cuda_kernels(&[q, k, v]) && has_cuda_attention(q.dtype(), d));
     if !fused || k.dims() != q.dims() || v.dims() != q.dims() {
@@ -119,6 +125,12 @@ pub fn causal_attention_backward(
     packed: &Tensor,
     d_out: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    if is_half(&[q, k, v, d_out]) {
+        let (dq, dk, dv) =
+            causal_attention_backward(&widen(q)?, &widen(k)?, &widen(v)?, packed, &widen(d_out)?)?;
+        let narrow = |t: Tensor| t.to_dtype(q.dtype());
+        return Ok((narrow(dq)?, narrow(dk)?, narrow(dv)?));
+    }
     let scale = 1.0 / (q.dim(3)? as f64).sqrt();
     backward_packed(q, k, v, packed, d_out, scale)
 }

@@ -8,7 +8,9 @@
 use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKernel, Float};
+use super::storage::{
+    is_half, run_kernel, uses_cpu_kernels, uses_cuda_kernels, widen, Arg, CpuKernel, Float,
+};
 
 /// `x + bias` over the rows of a 2-d `x`, without an autograd graph.
 pub fn add_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
@@ -17,6 +19,9 @@ pub fn add_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
         bail!("add_bias: bias {:?} for rows of {cols}", bias.dims());
     }
     let tensors = [x, bias];
+    if is_half(&tensors) {
+        return add_bias(&widen(x)?, &widen(bias)?)?.to_dtype(x.dtype());
+    }
     match uses_cpu_kernels(&tensors) || uses_cuda_kernels(&tensors) {
         true => x
             .contiguous()?

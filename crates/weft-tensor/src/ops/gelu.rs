@@ -12,7 +12,9 @@ use candle_core::op::Gelu;
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKernel, Float};
+use super::storage::{
+    is_half, run_kernel, uses_cpu_kernels, uses_cuda_kernels, widen, Arg, CpuKernel, Float,
+};
 
 const SQRT_TWO_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const CUBIC: f64 = 0.044_715;
@@ -66,6 +68,9 @@ impl CustomOp1 for GeluTanh {
 /// `dy · gelu'(x)`, the gradient of [`gelu_tanh`] without an autograd graph (one fused pass
 /// where the kernels apply).
 pub fn gelu_tanh_backward(x: &Tensor, dy: &Tensor) -> candle_core::Result<Tensor> {
+    if is_half(&[x, dy]) {
+        return gelu_tanh_backward(&widen(x)?, &widen(dy)?)?.to_dtype(x.dtype());
+    }
     match uses_cpu_kernels(&[x, dy]) || uses_cuda_kernels(&[x, dy]) {
         true => x
             .contiguous()?

@@ -16,7 +16,9 @@ use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D}
 use rayon::prelude::*;
 
 use super::project::column_sums;
-use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKernel, Float};
+use super::storage::{
+    is_half, run_kernel, uses_cpu_kernels, uses_cuda_kernels, widen, Arg, CpuKernel, Float,
+};
 
 /// LayerNorm of `x` (`[.., C]`) with `weight` and `bias` (`[C]`), differentiable.
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
@@ -29,6 +31,10 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
         );
     }
     let tensors = [x, weight, bias];
+    if is_half(&tensors) {
+        // Statistics and normalisation in f32, the output rounded once.
+        return layer_norm(&widen(x)?, &widen(weight)?, &widen(bias)?, eps)?.to_dtype(x.dtype());
+    }
     if !(uses_cpu_kernels(&tensors) || uses_cuda_kernels(&tensors)) {
         return layer_norm_reference(x, weight, bias, eps);
     }
@@ -61,6 +67,12 @@ pub fn layer_norm_backward(
     dy: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    if is_half(&[x, weight, bias, dy]) {
+        let (dx, dw, db) =
+            layer_norm_backward(&widen(x)?, &widen(weight)?, &widen(bias)?, &widen(dy)?, eps)?;
+        let narrow = |t: Tensor| t.to_dtype(x.dtype());
+        return Ok((narrow(dx)?, narrow(dw)?, narrow(db)?));
+    }
     backward_rows(
         &x.contiguous()?,
         &weight.contiguous()?,

@@ -44,6 +44,19 @@ pub(crate) fn uses_cpu_kernels(tensors: &[&Tensor]) -> bool {
         .all(|t| t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64))
 }
 
+/// True when every tensor is 16-bit (bf16 or f16), on any device: the ops without 16-bit
+/// kernels (the transformer's) then compute in f32 and round their outputs back once.
+pub(crate) fn is_half(tensors: &[&Tensor]) -> bool {
+    tensors
+        .iter()
+        .all(|t| matches!(t.dtype(), DType::BF16 | DType::F16))
+}
+
+/// `t` in f32 (exact for 16-bit values).
+pub(crate) fn widen(t: &Tensor) -> Result<Tensor> {
+    t.to_dtype(DType::F32)
+}
+
 /// True when every tensor is 16-bit (bf16 or f16) on the CPU: the ops then compute in f32
 /// inside (Candle's CPU matmul has no 16-bit path) and round their outputs back.
 pub(crate) fn half_on_cpu(tensors: &[&Tensor]) -> bool {
