@@ -2,16 +2,17 @@
 //! [`crate::step`]) calls it at fixed points of the block-wise tape, and every way of
 //! parallelising weft knows plugs in here:
 //!
-//! | point | single process | DDP | ZeRO-1/2 (stage 3 to come) | pipeline stage |
+//! | point | single process | DDP | ZeRO-1/2/3 | pipeline stage |
 //! |---|---|---|---|---|
-//! | `before_forward` | — | broadcast buffers | — | — |
-//! | `before_block_forward/backward` | — | — | stage 3: gather the block's parameters | — |
-//! | `block_ready` | check | launch a bucket's all-reduce | stage 2: reduce to the owners | — |
+//! | `before_forward` | — | broadcast buffers | stage 3: release the parameters | — |
+//! | `before_block_forward/backward` | — | — | stage 3: gather the block's parameters, prefetch the next | — |
+//! | `block_ready` | check | launch a bucket's all-reduce | stages 2, 3: reduce to the owners | — |
 //! | `finish_backward` | — | wait for the buckets | wait | sum the tied table across the ends |
 //! | `reduce_grad_norm_squared` | — | — | sum over the shards | sum over the stages |
 //! | `reduce_found_inf` (loss scaling) | — | max over ranks | max over ranks | max over stages |
 //! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | the stage's own buffer |
-//! | `after_step` | — | — | all-gather the updated shards | — |
+//! | `after_step` | — | — | 1, 2: all-gather the updated shards; 3: keep the shard | — |
+//! | `gather/release_parameters` | — | — | stage 3: whole model for reading | — |
 //!
 //! Strategies compose by wrapping: a pipeline stage wraps the tensor-parallel strategy of its
 //! blocks, which wraps the data-parallel strategy of its replicas.
@@ -99,10 +100,34 @@ pub trait Strategy: Send {
         Ok(local)
     }
 
+    /// Just before this rank's optimizer steps its range (not for a step the loss scaler
+    /// skips): ZeRO-3 materialises the parameters of its shard.
+    fn before_update(&mut self, _model: &BlockModel) -> Result<()> {
+        Ok(())
+    }
+
     /// After this rank's optimizer has stepped its range (the updated parameters are in the
     /// model's store): makes every rank's parameters whole again where they are sharded.
     fn after_step(&mut self, _model: &BlockModel) -> Result<()> {
         Ok(())
+    }
+
+    /// Makes every parameter of the model whole on this rank, for reading or writing it
+    /// outside a step (evaluation, saving, loading): ZeRO-3 gathers them. Where they are whole
+    /// already, nothing happens. A collective: every rank calls it.
+    fn gather_parameters(&mut self, _model: &BlockModel) -> Result<()> {
+        Ok(())
+    }
+
+    /// Gives back what [`Strategy::gather_parameters`] (or an evaluation) gathered, keeping
+    /// what was written into the whole parameters meanwhile. A collective.
+    fn release_parameters(&mut self, _model: &BlockModel) -> Result<()> {
+        Ok(())
+    }
+
+    /// Bytes of parameters this rank keeps outside the model's variables (ZeRO-3's shard).
+    fn parameter_shard_bytes(&self) -> usize {
+        0
     }
 
     /// Waits until the device has finished the step's communication (for strategies whose

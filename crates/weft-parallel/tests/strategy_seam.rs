@@ -14,7 +14,7 @@ use weft_parallel::{
     DdpConfig, DistributedDataParallel, ReadyGrads, SingleProcess, Strategy, Trainer,
 };
 use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, Mode};
-use weft_testing::{assert_close, flat_params, tied_model, tiny_resnet};
+use weft_testing::{assert_close, flat_params, tied_batch, tied_model, tiny_resnet};
 
 const TOL: f64 = 1e-12;
 
@@ -32,18 +32,6 @@ fn trainer(model: BlockModel, momentum: f64) -> Trainer {
         Checkpointing::None,
     )
     .unwrap()
-}
-
-/// Inputs of 4 features and labels of 4 classes, `n` samples, deterministic per `step`.
-fn tied_batch(n: usize, step: usize) -> (Tensor, Tensor) {
-    let x: Vec<f64> = (0..n * 4)
-        .map(|i| ((i * 37 + step * 11) % 17) as f64 / 8.0 - 1.0)
-        .collect();
-    let y: Vec<u32> = (0..n).map(|i| ((i + step) % 4) as u32).collect();
-    (
-        Tensor::from_vec(x, (n, 4), &Device::Cpu).unwrap(),
-        Tensor::from_vec(y, n, &Device::Cpu).unwrap(),
-    )
 }
 
 fn rows(t: &Tensor, rank: usize, per_rank: usize) -> Tensor {

@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use weft_collectives::Communicator;
 use weft_models::loss::Classification;
 use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroup, ParamGroups};
-use weft_parallel::zero::{naive_zero, zero_stage1, zero_stage2, ShardLayout};
+use weft_parallel::zero::{naive_zero, zero_stage1, zero_stage2, zero_stage3, ShardLayout};
 use weft_parallel::{DdpConfig, Strategy, Trainer};
 use weft_tensor::{Checkpointing, FlatLayout, Mode};
 use weft_testing::{assert_close, flat_params, image_batches, on_thread_ranks, tiny_resnet};
@@ -88,11 +88,10 @@ fn run_ranks(
             t.step_accumulated(&parts, 0.01).unwrap();
         }
         let master = t.master_weights().map_or(0, |m| m.elem_count());
-        (
-            flat_params(t.model().store()),
-            master,
-            t.optimizer().state_len(),
-        )
+        let params = t
+            .with_full_parameters(|model| Ok(flat_params(model.store())))
+            .unwrap();
+        (params, master, t.optimizer().state_len())
     })
 }
 
@@ -129,6 +128,9 @@ fn check(world: usize, micro: usize, clip: Option<f64>) {
     let stage2 = run_ranks(world, &data, (micro, clip), &|t, comm| {
         Box::new(zero_stage2(t.model(), t.grads(), comm, small_buckets()).unwrap())
     });
+    let stage3 = run_ranks(world, &data, (micro, clip), &|t, comm| {
+        Box::new(zero_stage3(t.model(), t.grads(), comm, small_buckets()).unwrap())
+    });
     for rank in 0..world {
         let what =
             |name| format!("{name}, world {world}, micro {micro}, clip {clip:?}, rank {rank}");
@@ -140,12 +142,14 @@ fn check(world: usize, micro: usize, clip: Option<f64>) {
         assert_close(&naive[rank].0, &reference, 1e-10, &what("naive"));
         assert_close(&stage1[rank].0, &naive[rank].0, 1e-10, &what("stage 1"));
         assert_close(&stage2[rank].0, &naive[rank].0, 1e-10, &what("stage 2"));
+        assert_close(&stage3[rank].0, &naive[rank].0, 1e-10, &what("stage 3"));
         // The master copy and AdamW's two moments over this rank's shard only.
         let shard = ShardLayout::new(full_master, world).range(rank).len();
         for (name, run) in [
             ("naive", &naive),
             ("stage 1", &stage1),
             ("stage 2", &stage2),
+            ("stage 3", &stage3),
         ] {
             let (_, master, state) = run[rank];
             assert_eq!(master, shard, "{}: master copy", what(name));

@@ -8,6 +8,7 @@
 //!   gradients the moment they are final (tied weights once, summed), hooks before each
 //!   block's forward and backward, backward from a loss or a given output gradient, and
 //!   per-block activation checkpointing.
+//! - [`residency`]: a parameter's storage released and materialised again (ZeRO-3).
 //! - [`objective`]: what a training step minimises (a loss and its metrics), task-agnostic.
 //! - [`vjp`]: back-propagation from a given output gradient.
 //! - [`cross_rank`]: the hook through which SyncBatchNorm reaches the other ranks.
@@ -25,6 +26,7 @@ pub mod flat;
 pub mod objective;
 pub mod ops;
 pub mod params;
+pub mod residency;
 pub mod state_dict;
 pub mod tape;
 pub mod timeline;

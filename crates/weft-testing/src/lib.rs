@@ -11,7 +11,7 @@ use candle_core::{Device, Tensor};
 use weft_collectives::{Communicator, ShmCommunicator};
 use weft_tensor::ParamStore;
 
-pub use models::{tied_model, tiny_resnet, tiny_resnet_config};
+pub use models::{tied_batch, tied_model, tiny_resnet, tiny_resnet_config};
 
 /// `steps` batches of `n` random 3×6×6 f64 images (the tiny ResNet's input) with labels
 /// cycling through 3 classes.

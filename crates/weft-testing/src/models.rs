@@ -114,3 +114,16 @@ pub fn tied_model(seed: u64, dtype: DType, with_unused: bool) -> BlockModel {
     ];
     BlockModel::new(store, blocks).expect("a valid tied model")
 }
+
+/// Inputs of 4 features and labels of 4 classes for [`tied_model`]: `n` samples,
+/// deterministic per `step`.
+pub fn tied_batch(n: usize, step: usize) -> (Tensor, Tensor) {
+    let x: Vec<f64> = (0..n * 4)
+        .map(|i| ((i * 37 + step * 11) % 17) as f64 / 8.0 - 1.0)
+        .collect();
+    let y: Vec<u32> = (0..n).map(|i| ((i + step) % 4) as u32).collect();
+    (
+        Tensor::from_vec(x, (n, 4), &Device::Cpu).expect("a small tensor"),
+        Tensor::from_vec(y, n, &Device::Cpu).expect("a small tensor"),
+    )
+}

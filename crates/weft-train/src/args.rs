@@ -120,8 +120,9 @@ pub struct TrainArgs {
     pub cuda_graph: bool,
     /// ZeRO stage over the data-parallel ranks: 0 (plain DDP), 1 (optimizer states sharded:
     /// each rank steps its 1/N of the flat buffers and all-gathers the parameters), 2 (also
-    /// each gradient bucket reduced into the ranks that own its parts)
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    /// each gradient bucket reduced into the ranks that own its parts), 3 (also the parameters
+    /// sharded: each block's gathered before its forward and backward, released after)
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: u8,
     /// ZeRO-Offload: keep the fp32 master weights and optimizer states in host memory and run
     /// the optimizer step on the CPU (multi-threaded), copying the gradients over and the

@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use weft_collectives::Communicator;
 use weft_parallel::pipeline::PipelineStage;
 use weft_parallel::tensor::{TensorParallel, TensorParallelGroup};
-use weft_parallel::zero::{zero_stage1, zero_stage2};
+use weft_parallel::zero::{zero_stage1, zero_stage2, zero_stage3};
 use weft_parallel::{DdpConfig, DistributedDataParallel, SingleProcess, Strategy, Trainer};
 use weft_tensor::{EntryId, Timeline};
 
@@ -20,7 +20,8 @@ use crate::gpt_parallel::Split;
 pub struct ResNetParallelism {
     /// SyncBatchNorm: batch statistics over the global batch.
     pub sync_bn: bool,
-    /// ZeRO stage (0: plain DDP; 1, 2: the optimizer sharded over the ranks).
+    /// ZeRO stage (0: plain DDP; 1, 2: the optimizer sharded over the ranks; 3: the
+    /// parameters too).
     pub zero: u8,
     /// Settings of data parallelism (when there is more than one rank).
     pub ddp: DdpConfig,
@@ -31,7 +32,7 @@ pub struct ResNetParallelism {
 }
 
 /// Data parallelism over `comm`'s ranks (one process without it; ZeRO's sharded optimizer
-/// with `plan.zero` 1 or 2), SyncBatchNorm if asked,
+/// with `plan.zero` 1 or 2, and sharded parameters with 3), SyncBatchNorm if asked,
 /// and the CUDA graph where it can capture the step (SyncBatchNorm waits on the host for its
 /// statistics: not capturable).
 pub fn resnet(
@@ -120,7 +121,8 @@ fn data_parallel(
         }
         1 => Box::new(zero_stage1(model, grads, comm.clone(), config)?),
         2 => Box::new(zero_stage2(model, grads, comm.clone(), config)?),
-        other => bail!("--zero {other}: stages 0, 1 and 2 exist"),
+        3 => Box::new(zero_stage3(model, grads, comm.clone(), config)?),
+        other => bail!("--zero {other}: stages 0 to 3 exist"),
     };
     Ok(strategy)
 }

@@ -205,7 +205,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         }
         ctx.sum(&mut totals)?;
         let (val_loss, val_acc) = validate(
-            &trainer,
+            &mut trainer,
             &data,
             args,
             local_batch,
@@ -248,8 +248,14 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         final_val_acc: last.2,
         seconds: started.elapsed().as_secs_f64(),
     };
-    if let Some(run) = &run.writer {
-        let weights = run.save_checkpoint(trainer.model().store(), &summary)?;
+    // Under ZeRO-3 every rank takes part in gathering the whole model; rank 0 writes it.
+    let saved = trainer.with_full_parameters(|model| {
+        Ok(run
+            .writer
+            .as_ref()
+            .map(|run| run.save_checkpoint(model.store(), &summary)))
+    })?;
+    if let Some(weights) = saved.transpose()? {
         println!(
             "done in {:.1} s: val acc {:.2}%, checkpoint {}",
             summary.seconds,
@@ -307,7 +313,7 @@ fn loader(
 /// compute dtype `dtype`); each rank
 /// evaluates samples `rank, rank + world, …` and the sums are reduced.
 fn validate(
-    trainer: &Trainer,
+    trainer: &mut Trainer,
     data: &DataSets,
     args: &TrainArgs,
     batch: usize,

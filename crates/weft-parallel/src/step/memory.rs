@@ -6,6 +6,8 @@
 //! backward and optimizer points of each step, with the tape's activations and, on a GPU, the
 //! memory pool's and the device's own counts.
 
+use weft_tensor::residency;
+
 use super::Trainer;
 
 /// Bytes of each model-state category on this rank.
@@ -35,13 +37,16 @@ fn bytes(t: &candle_core::Tensor) -> usize {
 
 impl Trainer {
     /// The model states this rank holds now (optimizer states exist after the first step).
+    /// Parameters count the variables' storage as it is (a ZeRO-3 rank's released variables
+    /// hold none) and the strategy's own shard of them.
     pub fn model_state_bytes(&self) -> ModelStateBytes {
         let store = self.model.store();
         let parameters = store
             .parameter_ids()
             .into_iter()
-            .map(|id| bytes(store.entries()[id].tensor()))
-            .sum();
+            .map(|id| residency::resident_bytes(store.entries()[id].tensor()))
+            .sum::<usize>()
+            + self.strategy.parameter_shard_bytes();
         ModelStateBytes {
             parameters,
             gradients: bytes(self.grads.tensor()),

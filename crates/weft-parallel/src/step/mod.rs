@@ -295,6 +295,20 @@ impl Trainer {
         self.params.as_ref()
     }
 
+    /// Runs `read` on the model with every parameter whole on this rank (ZeRO-3 gathers them
+    /// first and releases them after, keeping what `read` wrote into them: FSDP's
+    /// `summon_full_params` with write-back), e.g. to save, load or compare the model. A
+    /// collective under ZeRO-3: every rank calls it.
+    pub fn with_full_parameters<R>(
+        &mut self,
+        read: impl FnOnce(&BlockModel) -> Result<R>,
+    ) -> Result<R> {
+        self.strategy.gather_parameters(&self.model)?;
+        let result = read(&self.model);
+        self.strategy.release_parameters(&self.model)?;
+        result
+    }
+
     /// The flat gradient buffer (its layout is the parameters' layout).
     pub fn grads(&self) -> &FlatBuffer {
         &self.grads
@@ -384,8 +398,13 @@ impl Trainer {
 
     /// The loss and metrics of one batch in evaluation mode, through the blocks' graph-free
     /// inference path (no autograd graph is kept).
-    pub fn evaluate(&self, inputs: &Tensor, targets: &Tensor) -> Result<EvalOutcome> {
-        let output = tape::infer(&self.model, inputs, Mode::EVAL)?;
+    /// Under ZeRO-3 each block's parameters are gathered before it runs, and released after.
+    pub fn evaluate(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<EvalOutcome> {
+        let (model, strategy) = (&self.model, &mut self.strategy);
+        let output = tape::infer_with(model, inputs, Mode::EVAL, |block| {
+            strategy.before_block_forward(model, block)
+        })?;
+        self.strategy.release_parameters(&self.model)?;
         let result = self.objective.loss(&output, targets)?;
         let samples = self.objective.samples(targets);
         let batch = BatchResult {

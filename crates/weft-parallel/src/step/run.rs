@@ -94,6 +94,7 @@ impl Trainer {
             )?),
             None => None,
         };
+        self.strategy.before_update(&self.model)?;
         self.optimizer
             .step(self.params.as_ref(), &self.grads, self.model.store(), range)?;
         self.strategy.after_step(&self.model)?;

@@ -12,6 +12,9 @@
 //!   all-reduce. Under NCCL the reduces run in place, ordered on the device like DDP's
 //!   all-reduces; through the host on the CPU. The full-size gradient buffer the step writes into is still allocated on
 //!   every rank; releasing all but the shard is the next step of ZeRO-2's memory saving.
+//! - [`zero_stage3`]: stage 2's gradient reduce, and the parameters sharded as well: each
+//!   block's gathered from their owners before its forward and its backward, the next block's
+//!   gather in flight meanwhile, released afterwards ([`ZeroStage3`]).
 //!
 //! - [`checkpoint`]: sharded checkpoints (a file per rank and a [`manifest`]), read back by any
 //!   number of ranks; [`full_state`]: exported to and imported from a full state dict.
@@ -19,12 +22,14 @@
 //! All of them give the parameters of one process training on the whole batch, up to the
 //! order of the gradient sums (tests/zero_equivalence.rs).
 
+mod block_gather;
 pub mod checkpoint;
 pub mod full_state;
 mod gather;
 pub mod manifest;
 mod sharded;
 mod shards;
+mod stage3;
 
 use std::sync::Arc;
 
@@ -36,6 +41,7 @@ use crate::error::Result;
 
 pub use sharded::ZeroRedundancy;
 pub use shards::ShardLayout;
+pub use stage3::ZeroStage3;
 
 /// The reference ZeRO: naive data parallelism's gradient all-reduce, the optimizer sharded.
 pub fn naive_zero(
@@ -75,4 +81,18 @@ pub fn zero_stage2(
     let sync = DistributedDataParallel::new(model, grads, comm.clone(), config)?
         .reducing_to_owners(shards);
     Ok(ZeroRedundancy::new("zero2", Box::new(sync), grads, comm))
+}
+
+/// ZeRO stage 3: as stage 2, and the parameters sharded too — each block's gathered from
+/// their owners around its forward and backward ([`ZeroStage3`]).
+pub fn zero_stage3(
+    model: &BlockModel,
+    grads: &FlatBuffer,
+    comm: Arc<dyn Communicator>,
+    config: DdpConfig,
+) -> Result<ZeroStage3> {
+    let shards = ShardLayout::new(grads.layout().len(), comm.world_size());
+    let sync = DistributedDataParallel::new(model, grads, comm.clone(), config)?
+        .reducing_to_owners(shards);
+    ZeroStage3::new(Box::new(sync), model, grads, comm)
 }

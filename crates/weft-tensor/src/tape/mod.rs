@@ -182,8 +182,19 @@ pub fn forward_with<E: From<TensorError>>(
 /// forward where it has one, and Candle's graph cut off after each block otherwise (Candle
 /// has no no-grad mode). The evaluation path.
 pub fn infer(model: &BlockModel, x: &Tensor, mode: Mode) -> Result<Tensor> {
+    infer_with(model, x, mode, |_| Ok::<(), TensorError>(()))
+}
+
+/// [`infer`], calling `before_block(i)` before block `i` (ZeRO-3 gathers its parameters).
+pub fn infer_with<E: From<TensorError>>(
+    model: &BlockModel,
+    x: &Tensor,
+    mode: Mode,
+    mut before_block: impl FnMut(usize) -> std::result::Result<(), E>,
+) -> std::result::Result<Tensor, E> {
     let mut h = x.detach();
-    for block in model.blocks() {
+    for (i, block) in model.blocks().iter().enumerate() {
+        before_block(i)?;
         h = match forward_explicit(block.as_ref(), &h, mode)? {
             Some((output, _)) => output,
             None => block.forward(&h, mode)?.detach(),
