@@ -125,9 +125,11 @@ pub trait Strategy: Send {
         Ok(())
     }
 
-    /// Bytes of parameters this rank keeps outside the model's variables (ZeRO-3's shard).
-    fn parameter_shard_bytes(&self) -> usize {
-        0
+    /// The parameters this rank keeps outside the model's variables, flat over its
+    /// [`Strategy::optimizer_range`] in the model's dtype: ZeRO-3's shard (saved by sharded
+    /// checkpoints in place of the whole model).
+    fn parameter_shard(&self) -> Option<&Tensor> {
+        None
     }
 
     /// Waits until the device has finished the step's communication (for strategies whose

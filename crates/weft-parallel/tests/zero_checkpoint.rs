@@ -1,5 +1,6 @@
-//! Sharded checkpoints: a ZeRO run of 4 ranks saves its shards mid-training; the checkpoint is
-//! loaded by 2 ranks (ZeRO-2), by one process, and through its full state dict (exported, then
+//! Sharded checkpoints: a ZeRO run of 4 ranks (stage 1, and stage 3, whose shard files hold
+//! the parameters too) saves its shards mid-training; the checkpoint is loaded by 2 ranks
+//! (ZeRO-2 and ZeRO-3), by one process, and through its full state dict (exported, then
 //! imported by 2 ranks), and every run continues to the parameters the 4 ranks reach (the same
 //! global batches; f64, so only the order of the gradient sums differs: 1e-10 relative).
 //! Every loading run starts from another initialisation, which the checkpoint replaces.
@@ -12,9 +13,9 @@ use weft_collectives::Communicator;
 use weft_models::loss::Classification;
 use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups};
 use weft_parallel::zero::checkpoint::{load_sharded, save_sharded};
-use weft_parallel::zero::full_state::{export_full_state, import_full_state};
-use weft_parallel::zero::{zero_stage1, zero_stage2, ShardLayout};
-use weft_parallel::{DdpConfig, Trainer};
+use weft_parallel::zero::full_state::{export_full_model, export_full_state, import_full_state};
+use weft_parallel::zero::{zero_stage1, zero_stage2, zero_stage3, ShardLayout};
+use weft_parallel::{DdpConfig, Strategy, Trainer};
 use weft_tensor::{Checkpointing, Mode};
 use weft_testing::{assert_close, flat_params, image_batches, on_thread_ranks, tiny_resnet};
 
@@ -52,51 +53,70 @@ fn train(t: &mut Trainer, batches: &[(Tensor, Tensor)], rank: usize, world: usiz
 fn zero_trainer(seed: u64, stage: u8, comm: Arc<dyn Communicator>) -> (Trainer, ShardLayout) {
     let t = trainer(seed);
     let config = DdpConfig::default();
-    let strategy = match stage {
-        1 => zero_stage1(t.model(), t.grads(), comm, config).unwrap(),
-        _ => zero_stage2(t.model(), t.grads(), comm, config).unwrap(),
+    let shards = ShardLayout::new(t.grads().layout().len(), comm.world_size());
+    let strategy: Box<dyn Strategy> = match stage {
+        1 => Box::new(zero_stage1(t.model(), t.grads(), comm, config).unwrap()),
+        2 => Box::new(zero_stage2(t.model(), t.grads(), comm, config).unwrap()),
+        _ => Box::new(zero_stage3(t.model(), t.grads(), comm, config).unwrap()),
     };
-    let shards = strategy.shards().clone();
-    (t.with_strategy(Box::new(strategy)).unwrap(), shards)
+    (t.with_strategy(strategy).unwrap(), shards)
 }
 
-fn two_ranks_after(dir: &Path, later: &[(Tensor, Tensor)], full: Option<&Path>) -> Vec<Vec<f64>> {
+/// The parameters on every rank, whole.
+fn whole(t: &mut Trainer) -> Vec<f64> {
+    t.with_full_parameters(|model| Ok(flat_params(model.store())))
+        .unwrap()
+}
+
+/// 2 ranks of ZeRO stage `stage` load the checkpoint in `dir` (through the full model and
+/// state dict `full`, if given) and train on `later`.
+fn two_ranks_after(
+    (dir, full): (&Path, Option<(&Path, &Path)>),
+    stage: u8,
+    later: &[(Tensor, Tensor)],
+) -> Vec<Vec<f64>> {
     on_thread_ranks(2, |rank, comm| {
-        let (mut t, shards) = zero_trainer(7 + rank as u64, 2, comm.clone());
+        let (mut t, shards) = zero_trainer(7 + rank as u64, stage, comm.clone());
         match full {
             None => load_sharded(&mut t, comm.as_ref(), &shards, dir).unwrap(),
-            Some(state) => {
-                let files = (dir.join("model.safetensors"), state.to_path_buf());
-                import_full_state(&mut t, rank, &shards, (&files.0, &files.1)).unwrap()
-            }
+            Some(files) => import_full_state(&mut t, rank, &shards, files).unwrap(),
         }
         train(&mut t, later, rank, 2);
-        flat_params(t.model().store())
+        whole(&mut t)
     })
 }
 
-#[test]
-fn shards_of_four_ranks_continue_on_two_ranks_one_process_and_through_a_full_state_dict() {
+/// Saves the shards of 4 ranks of ZeRO stage `saved_by` after 2 steps, and checks that every
+/// way of loading them continues to the 4 ranks' parameters.
+fn check_resumes(saved_by: u8) {
     let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path().join("step-2");
     let batches = image_batches(4, GLOBAL_BATCH);
     let (early, later) = batches.split_at(2);
     let reference = on_thread_ranks(4, |rank, comm| {
-        let (mut t, shards) = zero_trainer(0, 1, comm.clone());
+        let (mut t, shards) = zero_trainer(0, saved_by, comm.clone());
         train(&mut t, early, rank, 4);
         save_sharded(&t, comm.as_ref(), &shards, &dir).unwrap();
         train(&mut t, later, rank, 4);
-        flat_params(t.model().store())
+        whole(&mut t)
     });
     assert!(dir.join("manifest.json").exists() && !scratch.path().join("step-2.partial").exists());
+    let model = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu);
+    let has_weights = model.unwrap().contains_key("fc.weight");
+    assert_eq!(
+        has_weights,
+        saved_by < 3,
+        "stage {saved_by}: the model file"
+    );
 
-    for (rank, params) in two_ranks_after(&dir, later, None).iter().enumerate() {
-        assert_close(
-            params,
-            &reference[0],
-            1e-10,
-            &format!("2 ranks, rank {rank}"),
-        );
+    for stage in [2, 3] {
+        for (rank, params) in two_ranks_after((&dir, None), stage, later)
+            .iter()
+            .enumerate()
+        {
+            let what = format!("saved by stage {saved_by}, 2 ranks of stage {stage}, rank {rank}");
+            assert_close(params, &reference[0], 1e-10, &what);
+        }
     }
     // One process: the trainer's own strategy, the whole buffer its shard.
     let mut single = trainer(9);
@@ -108,19 +128,31 @@ fn shards_of_four_ranks_continue_on_two_ranks_one_process_and_through_a_full_sta
         &flat_params(single.model().store()),
         &reference[0],
         1e-10,
-        "one process",
+        &format!("saved by stage {saved_by}, one process"),
     );
 
     let full = scratch.path().join("full-state.safetensors");
+    let full_model = scratch.path().join("full-model.safetensors");
     export_full_state(&dir, &full).unwrap();
-    for (rank, params) in two_ranks_after(&dir, later, Some(&full)).iter().enumerate() {
-        assert_close(
-            params,
-            &reference[0],
-            1e-10,
-            &format!("full state dict, rank {rank}"),
-        );
+    export_full_model(&dir, &full_model).unwrap();
+    let files = (full_model.as_path(), full.as_path());
+    for (rank, params) in two_ranks_after((&dir, Some(files)), 3, later)
+        .iter()
+        .enumerate()
+    {
+        let what = format!("saved by stage {saved_by}, full state dict, rank {rank}");
+        assert_close(params, &reference[0], 1e-10, &what);
     }
+}
+
+#[test]
+fn shards_of_four_ranks_continue_on_two_ranks_one_process_and_through_a_full_state_dict() {
+    check_resumes(1);
+}
+
+#[test]
+fn zero3_shards_hold_the_parameters_and_continue_everywhere() {
+    check_resumes(3);
 }
 
 #[test]

@@ -49,6 +49,14 @@ pub fn temporary_sibling(path: &Path) -> PathBuf {
 
 /// Loads `path` into `store`; every key must match an entry in name, shape and dtype.
 pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
+    let all: Vec<EntryId> = (0..store.len()).collect();
+    load_safetensors_entries(store, path, &all)
+}
+
+/// Loads `path` into the entries `ids` of `store` only (a sharded checkpoint's buffers, whose
+/// parameters are in the shards): every key must name one of them, in shape and dtype, and
+/// each of them must be in the file.
+pub fn load_safetensors_entries(store: &ParamStore, path: &Path, ids: &[EntryId]) -> Result<()> {
     if !path.exists() {
         return Err(TensorError::Io {
             file: path.into(),
@@ -61,7 +69,7 @@ pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
             source,
         }
     })?;
-    load_tensors(store, path, &loaded, |_, value| Ok(value.clone()))
+    load_into(store, ids, path, &loaded, |_, value| Ok(value.clone()))
 }
 
 /// Sets every entry of `store` from `loaded` (read from `path`) by name. `part(id, value)`
@@ -74,7 +82,22 @@ pub fn load_tensors(
     loaded: &HashMap<String, Tensor>,
     part: impl Fn(EntryId, &Tensor) -> Result<Tensor>,
 ) -> Result<()> {
-    let mut unexpected: Vec<&String> = loaded.keys().filter(|k| store.id(k).is_err()).collect();
+    let all: Vec<EntryId> = (0..store.len()).collect();
+    load_into(store, &all, path, loaded, part)
+}
+
+/// [`load_tensors`] into the entries `ids` only.
+fn load_into(
+    store: &ParamStore,
+    ids: &[EntryId],
+    path: &Path,
+    loaded: &HashMap<String, Tensor>,
+    part: impl Fn(EntryId, &Tensor) -> Result<Tensor>,
+) -> Result<()> {
+    let mut unexpected: Vec<&String> = loaded
+        .keys()
+        .filter(|k| store.id(k).map_or(true, |id| !ids.contains(&id)))
+        .collect();
     unexpected.sort();
     if let Some(key) = unexpected.first() {
         return Err(TensorError::UnexpectedKey {
@@ -82,7 +105,8 @@ pub fn load_tensors(
             key: (*key).clone(),
         });
     }
-    for (id, entry) in store.entries().iter().enumerate() {
+    for &id in ids {
+        let entry = &store.entries()[id];
         let stored = loaded
             .get(&entry.name)
             .ok_or_else(|| TensorError::MissingKey {

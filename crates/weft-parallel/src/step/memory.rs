@@ -46,7 +46,7 @@ impl Trainer {
             .into_iter()
             .map(|id| residency::resident_bytes(store.entries()[id].tensor()))
             .sum::<usize>()
-            + self.strategy.parameter_shard_bytes();
+            + self.strategy.parameter_shard().map_or(0, bytes);
         ModelStateBytes {
             parameters,
             gradients: bytes(self.grads.tensor()),

@@ -166,11 +166,14 @@ impl Trainer {
     /// gives this rank's optimizer (after the model was loaded or made identical to rank 0's).
     /// A host optimizer steps its master copy in host memory, wherever the model is: on a GPU
     /// that is ZeRO-Offload's arrangement.
+    /// A collective under ZeRO-3 (the parameters are read whole).
     pub fn reload_master_weights(&mut self) -> Result<()> {
         if let Some(dtype) = self.master_dtype {
-            let layout = self.grads.layout();
+            let layout = self.grads.layout().clone();
             let range = self.strategy.optimizer_range(layout.len());
-            let values = layout.read_range(self.model.store(), range, dtype)?;
+            let values = self.with_full_parameters(|model| {
+                Ok(layout.read_range(model.store(), range, dtype)?)
+            })?;
             self.params = Some(values.to_device(&candle_core::Device::Cpu)?);
         }
         Ok(())

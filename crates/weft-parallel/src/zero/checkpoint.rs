@@ -1,5 +1,6 @@
 //! Sharded checkpoints of a ZeRO run: every rank writes the optimizer state (and master
-//! weights) of its shard to a file of its own, rank 0 the model and the manifest
+//! weights; under ZeRO-3 the parameters) of its shard to a file of its own, rank 0 the model
+//! (under ZeRO-3 its buffers only) and the manifest
 //! ([`super::manifest`]), and any number of ranks reads them back: each reads the parts of the
 //! shard files that overlap its new range. One process reads the whole; [`super::full_state`]
 //! converts to and from a full state dict by parameter name.
@@ -15,7 +16,10 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use weft_collectives::Communicator;
 use weft_optim::FlatState;
-use weft_tensor::state_dict::{load_safetensors, save_safetensors, temporary_sibling};
+use weft_tensor::state_dict::{
+    load_safetensors, load_safetensors_entries, save_safetensors, save_tensors, temporary_sibling,
+};
+use weft_tensor::{FlatLayout, ParamStore};
 
 use super::manifest::{Manifest, ManifestShard, FORMAT};
 use super::ShardLayout;
@@ -24,6 +28,7 @@ use crate::Trainer;
 
 const MODEL_FILE: &str = "model.safetensors";
 pub(super) const MASTER: &str = "master_weights";
+pub(super) const PARAMETERS: &str = "parameters";
 
 pub(super) fn fail(path: &Path, e: impl std::fmt::Display) -> ParallelError {
     ParallelError::Checkpoint(format!("{}: {e}", path.display()))
@@ -71,9 +76,18 @@ pub fn save_sharded(
     if let Some(master) = trainer.master_weights() {
         tensors.insert(MASTER.into(), master.to_device(&Device::Cpu)?);
     }
+    let parameter_shard = trainer.strategy().parameter_shard();
+    if let Some(own) = parameter_shard {
+        tensors.insert(PARAMETERS.into(), own.to_device(&Device::Cpu)?);
+    }
     save_atomic(&tensors, &staging.join(shard_file(rank, world)))?;
     if rank == 0 {
-        save_safetensors(trainer.model().store(), &staging.join(MODEL_FILE))?;
+        let store = trainer.model().store();
+        let model = staging.join(MODEL_FILE);
+        match parameter_shard {
+            Some(_) => save_buffers(store, &model)?,
+            None => save_safetensors(store, &model)?,
+        }
     }
     comm.barrier().wait()?;
     if rank == 0 {
@@ -96,6 +110,7 @@ pub fn save_sharded(
                 })
                 .collect(),
             model_file: MODEL_FILE.into(),
+            parameters_in_shards: parameter_shard.is_some(),
         };
         let path = staging.join("manifest.json");
         let text = serde_json::to_string_pretty(&manifest).map_err(|e| fail(&path, e))?;
@@ -145,9 +160,36 @@ pub(super) fn read_ranges(
     parts.iter().map(|p| Ok(Tensor::cat(p, 0)?)).collect()
 }
 
+/// Writes the buffers of `store` (not its parameters) to `path`, atomically.
+fn save_buffers(store: &ParamStore, path: &Path) -> Result<()> {
+    let tensors: HashMap<String, Tensor> = store
+        .buffer_ids()
+        .into_iter()
+        .map(|id| &store.entries()[id])
+        .map(|e| (e.name.clone(), e.tensor().clone()))
+        .collect();
+    Ok(save_tensors(&tensors, path)?)
+}
+
+/// Writes the model of the checkpoint in `dir` into `store`, whole: from its model file, or,
+/// when the parameters are in the shards, its buffers from there and its parameters from the
+/// shard files.
+fn load_model(dir: &Path, manifest: &Manifest, store: &ParamStore) -> Result<()> {
+    let model = dir.join(&manifest.model_file);
+    if !manifest.parameters_in_shards {
+        return Ok(load_safetensors(store, &model)?);
+    }
+    load_safetensors_entries(store, &model, &store.buffer_ids())?;
+    let whole = 0..manifest.flat_len;
+    let names = [PARAMETERS.to_string()];
+    let [parameters] = <[Tensor; 1]>::try_from(read_ranges(dir, manifest, &names, &whole)?)
+        .map_err(|_| fail(dir, "one flat tensor of parameters"))?;
+    Ok(FlatLayout::parameters(store).write_range(store, 0, &parameters)?)
+}
+
 /// Loads the checkpoint in `dir` into `trainer`, on every rank of `comm` (any number of ranks:
-/// each reads its range of `shards` from the files that hold it): the model whole, the
-/// optimizer state and master weights of this rank's range.
+/// each reads its range of `shards` from the files that hold it): the model whole (a ZeRO-3
+/// trainer keeps its shard of it), the optimizer state and master weights of this rank's range.
 pub fn load_sharded(
     trainer: &mut Trainer,
     comm: &dyn Communicator,
@@ -156,7 +198,7 @@ pub fn load_sharded(
 ) -> Result<()> {
     let manifest = Manifest::read(dir)?;
     manifest.check_layout(trainer.grads().layout(), dir)?;
-    load_safetensors(trainer.model().store(), &dir.join(&manifest.model_file))?;
+    trainer.with_full_parameters(|model| load_model(dir, &manifest, model.store()))?;
     let range = shards.range(comm.rank());
     if range.is_empty() {
         return Ok(());

@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use weft_tensor::state_dict::{load_safetensors, temporary_sibling};
 
-use super::checkpoint::{fail, read_ranges, MASTER};
+use super::checkpoint::{fail, read_ranges, save_atomic, MASTER, PARAMETERS};
 use super::manifest::Manifest;
 use super::ShardLayout;
 use crate::error::Result;
@@ -21,7 +21,8 @@ const FULL_FORMAT: &str = "weft-full-state-v1";
 /// Writes the optimizer state and master weights of the checkpoint in `dir` by parameter name
 /// into one safetensors file (`<buffer>/<parameter>`, each shaped like its parameter, with the
 /// optimizer's name and step in the file's metadata): the full state dict, as one process holds
-/// it. The model's parameters are `dir/model.safetensors`.
+/// it. The model's parameters are `dir/model.safetensors`, or, from a ZeRO-3 run, written
+/// whole by [`export_full_model`].
 pub fn export_full_state(dir: &Path, out: &Path) -> Result<()> {
     let manifest = Manifest::read(dir)?;
     let whole = 0..manifest.flat_len;
@@ -57,15 +58,37 @@ pub fn export_full_state(dir: &Path, out: &Path) -> Result<()> {
     std::fs::rename(&tmp, out).map_err(|e| fail(out, e))
 }
 
-/// Loads a full state dict (`model` as [`save_safetensors`] writes it, `state` as
-/// [`export_full_state`] does) into `trainer`: this rank's range of `shards` of every buffer.
+/// Writes the whole model of the checkpoint in `dir` to `out` as one safetensors file by
+/// parameter name (PyTorch's `state_dict` names): its model file, with the parameters from the
+/// shard files where a ZeRO-3 run kept them there.
+pub fn export_full_model(dir: &Path, out: &Path) -> Result<()> {
+    let manifest = Manifest::read(dir)?;
+    let model = dir.join(&manifest.model_file);
+    let mut tensors =
+        candle_core::safetensors::load(&model, &Device::Cpu).map_err(|e| fail(&model, e))?;
+    if manifest.parameters_in_shards {
+        let whole = 0..manifest.flat_len;
+        let flat = read_ranges(dir, &manifest, &[PARAMETERS.to_string()], &whole)?;
+        for entry in &manifest.entries {
+            let numel: usize = entry.shape.iter().product();
+            let values = flat[0]
+                .narrow(0, entry.offset, numel)?
+                .reshape(entry.shape.as_slice())?;
+            tensors.insert(entry.name.clone(), values);
+        }
+    }
+    save_atomic(&tensors, out)
+}
+
+/// Loads a full state dict (`model` as [`save_safetensors`] or [`export_full_model`] write it,
+/// `state` as [`export_full_state`] does) into `trainer`: this rank's range of `shards` of every buffer.
 pub fn import_full_state(
     trainer: &mut Trainer,
     rank: usize,
     shards: &ShardLayout,
     (model, state): (&Path, &Path),
 ) -> Result<()> {
-    load_safetensors(trainer.model().store(), model)?;
+    trainer.with_full_parameters(|m| Ok(load_safetensors(m.store(), model)?))?;
     let bytes = std::fs::read(state).map_err(|e| fail(state, e))?;
     let (_, header) =
         safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| fail(state, e))?;

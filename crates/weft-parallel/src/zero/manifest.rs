@@ -1,6 +1,7 @@
 //! The manifest of a sharded checkpoint (`manifest.json`): how the flat buffers were laid out
 //! and cut, so that any number of ranks can read them back. The entries give each parameter's
 //! place in the flat buffers (name, shape, dtype, offset); the shards give each file's range.
+//! A ZeRO-3 run's shard files hold its parameters too ([`Manifest::parameters_in_shards`]).
 
 use std::path::Path;
 
@@ -43,8 +44,13 @@ pub struct Manifest {
     pub flat_len: usize,
     pub entries: Vec<ManifestEntry>,
     pub shards: Vec<ManifestShard>,
-    /// The model's parameters and buffers, whole (`model.safetensors`).
+    /// The model's parameters and buffers, whole (`model.safetensors`); its buffers only when
+    /// the parameters are in the shards.
     pub model_file: String,
+    /// Whether each shard file holds the parameters over its range too (a ZeRO-3 run, whose
+    /// ranks hold only their shard of them).
+    #[serde(default)]
+    pub parameters_in_shards: bool,
 }
 
 impl Manifest {

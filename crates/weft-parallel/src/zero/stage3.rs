@@ -251,8 +251,8 @@ impl Strategy for ZeroStage3 {
         self.write_back_and_release(model.store())
     }
 
-    fn parameter_shard_bytes(&self) -> usize {
-        self.own.elem_count() * self.own.dtype().size_in_bytes()
+    fn parameter_shard(&self) -> Option<&Tensor> {
+        Some(&self.own)
     }
 
     fn wait_for_device(&mut self) -> Result<()> {
