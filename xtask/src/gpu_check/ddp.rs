@@ -60,15 +60,18 @@ fn trainer(seed: u64, device: &Device, mode: Mode, optimizer_device: &Device) ->
     Ok(trainer.with_mode(mode))
 }
 
-/// Every parameter, flattened and concatenated, on `device`.
-fn parameters(t: &Trainer) -> Result<Tensor> {
-    let store = t.model().store();
-    let flat: Vec<Tensor> = store
-        .parameter_ids()
-        .into_iter()
-        .map(|id| store.entries()[id].tensor().flatten_all())
-        .collect::<candle_core::Result<_>>()?;
-    Ok(Tensor::cat(&flat, 0)?)
+/// Every parameter, flattened and concatenated, on `device` (gathered under ZeRO-3: a
+/// collective).
+fn parameters(t: &mut Trainer) -> Result<Tensor> {
+    Ok(t.with_full_parameters(|model| {
+        let store = model.store();
+        let flat: Vec<Tensor> = store
+            .parameter_ids()
+            .into_iter()
+            .map(|id| store.entries()[id].tensor().flatten_all())
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Tensor::cat(&flat, 0)?)
+    })?)
 }
 
 fn max_abs(t: &Tensor) -> Result<f64> {
@@ -93,6 +96,9 @@ pub fn run_rank() -> Result<()> {
         (false, false, 2, false),
         (false, false, 1, true),
         (false, false, 2, true),
+        (false, false, 3, false),
+        (true, false, 3, false),
+        (false, false, 3, true),
     ];
     for (sync_bn, graph, zero, offload) in scenarios {
         scenario(&comm, &device, (sync_bn, graph), (zero, offload))?;
@@ -212,7 +218,16 @@ fn scenario(
         let outcome = ddp.step(&mine(&x)?.copy()?, &mine(&y)?.copy()?, 1e-3)?;
         replayed += usize::from(outcome.graphed);
     }
-    let trained = parameters(&ddp)?;
+    // Between steps a ZeRO-3 rank's parameters are its shard, and each released variable
+    // keeps one element (the driver refuses empty allocations).
+    let held = ddp.model_state_bytes().parameters;
+    let store = ddp.model().store();
+    let released = store.parameter_ids().len() * store.dtype().size_in_bytes();
+    let shard = ddp
+        .strategy()
+        .parameter_shard()
+        .map(|s| s.elem_count() * s.dtype().size_in_bytes() + released);
+    let trained = parameters(&mut ddp)?;
     // Every rank against rank 0: all replicas must be identical.
     let reference = comm.broadcast_tensor(&trained, 0)?.wait()?;
     let spread = max_abs(&(&trained - &reference)?)?;
@@ -227,7 +242,7 @@ fn scenario(
             let (x, y) = batch(PER_RANK * world, step, device)?;
             single.step(&x, &y, 1e-3)?;
         }
-        let expected = parameters(&single)?;
+        let expected = parameters(&mut single)?;
         let mut error = max_abs(&(&trained - &expected)?)? / max_abs(&expected)?;
         let what = match (sync_bn, graph) {
             (true, _) => "SyncBatchNorm, training mode",
@@ -247,6 +262,10 @@ fn scenario(
             "{ROW}\t{strategy} {world} GPUs = 1 GPU, {what}, {buckets} buckets\t{error:e}\t1e-9"
         );
         println!("{ROW}\t{strategy} {world} GPUs, {what}: replicas identical\t{spread:e}\t0");
+        if let Some(shard) = shard {
+            let excess = held.abs_diff(shard) as f64 / shard as f64;
+            println!("{ROW}\t{strategy} {world} GPUs: bytes held between steps = the shard + 1 element per variable ({shard})\t{excess:e}\t0");
+        }
     }
     Ok(())
 }
