@@ -236,15 +236,12 @@ fn step_master<T: Real + HostElement>(
         buffer_len: grads.layout().len(),
     };
     let on_host = grads.tensor().device().is_cpu();
+    let local = grads.local(&range).map_err(tensor_error)?;
     let host_grads = match on_host {
         true => grads.tensor().clone(),
-        false => shard_to_host(grads.tensor(), &range).map_err(tensor_error)?,
+        false => shard_to_host(grads.tensor(), &local).map_err(tensor_error)?,
     };
-    let source_range = if on_host {
-        range.clone()
-    } else {
-        0..range.len()
-    };
+    let source_range = if on_host { local } else { 0..range.len() };
     zip_update(
         master,
         &host_grads,

@@ -22,7 +22,7 @@ pub fn clip_grad_norm(
     max_norm: f64,
     strategy: &mut dyn Strategy,
 ) -> Result<Tensor> {
-    let part = grads.tensor().narrow(0, range.start, range.len())?;
+    let part = grads.range(&range)?;
     let wide = match part.dtype() {
         DType::F64 => DType::F64,
         _ => DType::F32,
@@ -35,6 +35,6 @@ pub fn clip_grad_norm(
         .to_dtype(wide)?
         .broadcast_mul(&coefficient)?
         .to_dtype(part.dtype())?;
-    grads.tensor().slice_set(&clipped, 0, range.start)?;
+    part.slice_set(&clipped, 0, 0)?;
     Ok(norm)
 }

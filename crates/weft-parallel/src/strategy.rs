@@ -6,6 +6,7 @@
 //! |---|---|---|---|---|
 //! | `before_forward` | — | broadcast buffers | stage 3: release the parameters | — |
 //! | `before_block_forward/backward` | — | — | stage 3: gather the block's parameters, prefetch the next | — |
+//! | `gradient_window`, `stage_gradients` | all, — | all, — | stages 2, 3: the shard; bucket staging | — |
 //! | `block_ready` | check | launch a bucket's all-reduce | stages 2, 3: reduce to the owners | — |
 //! | `finish_backward` | — | wait for the buckets | wait | sum the tied table across the ends |
 //! | `reduce_grad_norm_squared` | — | — | sum over the shards | sum over the stages |
@@ -23,7 +24,7 @@
 use std::ops::Range;
 
 use candle_core::Tensor;
-use weft_tensor::{BlockModel, EntryId, FlatBuffer};
+use weft_tensor::{BlockModel, EntryId, FlatBuffer, Slot};
 
 use crate::error::Result;
 
@@ -61,7 +62,22 @@ pub trait Strategy: Send {
         Ok(())
     }
 
-    /// Called when backward has made the gradients of `ready` final in `grads`.
+    /// The elements of the flat gradient buffer this rank keeps (of `len`): all of them, or
+    /// its shard (ZeRO-2/3, whose other gradients only pass through
+    /// [`Strategy::stage_gradients`] on their way to their owners).
+    fn gradient_window(&self, len: usize) -> Range<usize> {
+        0..len
+    }
+
+    /// Takes a block's gradients before `block_ready`, where the strategy keeps them until
+    /// they are reduced (ZeRO-2/3's bucket staging), and returns true; false (the default)
+    /// lets the step write them into the flat gradient buffer.
+    fn stage_gradients(&mut self, _grads: &[(&Slot, Tensor)]) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Called when backward has made the gradients of `ready` final in `grads` (or staged
+    /// them, see [`Strategy::stage_gradients`]).
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()>;
 
     /// Called after the last micro-batch's backward; on return, the gradients of the range
@@ -130,6 +146,12 @@ pub trait Strategy: Send {
     /// checkpoints in place of the whole model).
     fn parameter_shard(&self) -> Option<&Tensor> {
         None
+    }
+
+    /// The most bytes this rank's communication buffers held since the last call (ZeRO-2/3's
+    /// staged gradient buckets; DDP reduces in place and holds none), for the memory tracker.
+    fn take_communication_peak(&mut self) -> usize {
+        0
     }
 
     /// Waits until the device has finished the step's communication (for strategies whose

@@ -76,6 +76,7 @@ impl MemoryLog {
                 "master_weights": m.master_weights,
                 "optimizer_states": m.optimizer_states,
                 "activations": s.activations,
+                "communication_buffers": s.communication_buffers,
                 "total": s.total(),
                 "device_tensors": s.device_tensors,
                 "device_in_use": s.device_in_use,

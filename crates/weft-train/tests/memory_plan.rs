@@ -5,7 +5,7 @@
 use candle_core::{DType, Device};
 use weft_models::loss::Classification;
 use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups};
-use weft_parallel::zero::{zero_stage1, zero_stage2};
+use weft_parallel::zero::{zero_stage1, zero_stage2, zero_stage3};
 use weft_parallel::{DdpConfig, DistributedDataParallel, Strategy, Trainer};
 use weft_precision::PrecisionPolicy;
 use weft_tensor::Checkpointing;
@@ -89,16 +89,16 @@ fn a_100b_model_on_64_gpus_follows_the_zero_paper() {
     assert_eq!(states(0), 16 * psi, "16Ψ = 1.6 TB");
     assert_eq!(states(0), 1_600_000_000_000);
     assert_eq!(states(1), 4 * psi + 12 * psi.div_ceil(n));
+    assert_eq!(states(2), 2 * psi + 14 * psi.div_ceil(n));
     assert_eq!(states(3), 16 * psi.div_ceil(n));
-    // weft's stage 2 keeps the full gradient buffer: stage 1's figure, and the table says so
-    // beside the paper's 2Ψ + 14Ψ/N.
-    assert_eq!(states(2), states(1));
-    let table = memory_plan::plan(&model, &paper(2)).unwrap().table();
-    assert!(
-        table.contains("stage 2: 2Ψ + 14Ψ/N") && table.contains("full-size gradient buffer"),
-        "{table}"
-    );
+    let table = memory_plan::plan(&model, &paper(3)).unwrap().table();
+    assert!(table.contains("stage 2: 2Ψ + 14Ψ/N"), "{table}");
     assert!(table.contains("4·largest layer + 18Ψ/N"), "{table}");
+    // Beyond the model states, stage 3 holds two blocks gathered (the largest: the token
+    // table, 51200 × 8192 in fp16) and the buckets being reduced.
+    let plan = memory_plan::plan(&model, &paper(3)).unwrap();
+    assert_eq!(plan.bytes("gathered_parameters"), 2 * 51200 * 8192 * 2);
+    assert_eq!(plan.bytes("communication_buffers"), 3 * (25 << 20));
 }
 
 #[test]
@@ -176,7 +176,8 @@ fn measured(world: usize, zero: u8) -> (u64, Vec<[(&'static str, usize); 4]>) {
         let strategy: Box<dyn Strategy> = match zero {
             0 => Box::new(DistributedDataParallel::new(model, grads, comm, config).unwrap()),
             1 => Box::new(zero_stage1(model, grads, comm, config).unwrap()),
-            _ => Box::new(zero_stage2(model, grads, comm, config).unwrap()),
+            2 => Box::new(zero_stage2(model, grads, comm, config).unwrap()),
+            _ => Box::new(zero_stage3(model, grads, comm, config).unwrap()),
         };
         let mut t = t.with_strategy(strategy).unwrap();
         let (x, y) = &data[0];
@@ -195,7 +196,7 @@ fn measured(world: usize, zero: u8) -> (u64, Vec<[(&'static str, usize); 4]>) {
 #[test]
 fn the_trainer_holds_the_planned_model_states_on_every_rank() {
     for world in [2, 4] {
-        for zero in 0..=2 {
+        for zero in 0..=3 {
             let (psi, ranks) = measured(world, zero);
             let cpu = PlanSettings {
                 device: PlanDevice::Cpu,

@@ -286,10 +286,7 @@ impl DeviceOptimizer {
                 *made = loaded;
             }
         }
-        let flat = grads
-            .tensor()
-            .narrow(0, range.start, range.len())
-            .map_err(&err)?;
+        let flat = grads.range(&range).map_err(&err)?;
         let device = flat.device().clone();
         let first_step = self.state.is_empty() && self.issued == 0;
         if self.state.is_empty() {

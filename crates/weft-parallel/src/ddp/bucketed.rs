@@ -3,8 +3,8 @@
 //! asynchronously while backward goes on with earlier blocks, in place: a bucket is a range of
 //! the flat gradient buffer, and on a GPU NCCL averages it where it lies (no copy, PyTorch's
 //! `gradient_as_bucket_view`). `finish` waits for every bucket. The result equals all-reducing
-//! every gradient after backward. For ZeRO-2 ([`crate::zero`]) each part of a bucket is instead
-//! averaged into the rank whose shard holds it (a reduce per owner).
+//! every gradient after backward. (ZeRO-2 and -3 reduce each bucket into its owners instead:
+//! [`crate::zero`]'s sharded gradient sync.)
 //!
 //! On a device whose collectives the backend runs natively (NCCL on GPUs) every operation is
 //! *ordered on the device*: queued on a communication stream after the gradients' kernels, and
@@ -21,13 +21,10 @@ use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
 use weft_tensor::{BlockModel, EntryId, FlatBuffer, Timeline};
 
 use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig};
-use crate::collectives::{
-    all_reduce_ordered, native_for, reduce_ordered, TensorCollectives, TensorWork,
-};
+use crate::collectives::{all_reduce_ordered, native_for, TensorCollectives, TensorWork};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
-use crate::zero::ShardLayout;
 
 /// When one bucket's all-reduce was launched and when it was seen complete.
 #[derive(Debug, Clone, Copy)]
@@ -46,22 +43,10 @@ enum Reduction {
 
 /// What goes back into the flat gradient buffer once a reduction is done.
 enum WriteBack {
-    /// Nothing: the bucket was reduced where it lies (or this rank does not own the part).
+    /// Nothing: the bucket was reduced where it lies.
     Nothing,
     /// With gradient compression: the reduced 16-bit copy, and where its values go.
     Copy(Tensor, usize),
-    /// The operation's result (a part of the bucket reduced into this rank), and where it goes.
-    Result(usize),
-}
-
-/// How each bucket is reduced.
-#[derive(Debug, Clone)]
-pub(crate) enum BucketReduction {
-    /// Averaged on every rank, in place (DDP, ZeRO-1).
-    AllReduce,
-    /// Each part averaged into the rank whose shard holds it (ZeRO-2, DeepSpeed's
-    /// `average_tensor`): the other ranks' copies of that part are left unreduced.
-    ToOwners(ShardLayout),
 }
 
 struct InFlight {
@@ -88,7 +73,6 @@ pub struct DistributedDataParallel {
     /// Whether the communicator runs the gradients' device natively: operations are then
     /// ordered on the device, and every step ends with a watched fence.
     on_device: bool,
-    reduction: BucketReduction,
 }
 
 impl DistributedDataParallel {
@@ -130,16 +114,7 @@ impl DistributedDataParallel {
             require_sync: true,
             timeline: None,
             on_device,
-            reduction: BucketReduction::AllReduce,
         })
-    }
-
-    /// Reduces each part of a bucket into the rank whose shard of `shards` holds it instead of
-    /// all-reducing it (ZeRO-2): in place, ordered on the device where the communicator runs
-    /// it natively, through the host otherwise.
-    pub(crate) fn reducing_to_owners(mut self, shards: ShardLayout) -> Self {
-        self.reduction = BucketReduction::ToOwners(shards);
-        self
     }
 
     /// Records each bucket's all-reduce (launch to completion) on `timeline`.
@@ -165,39 +140,13 @@ impl DistributedDataParallel {
 
     fn launch(&mut self, bucket: usize, grads: &FlatBuffer) -> Result<()> {
         let range = self.plan.buckets()[bucket].range.clone();
-        let bucket_view = grads.tensor().narrow(0, range.start, range.len())?;
+        let bucket_view = grads.range(&range)?;
         // PyTorch's bf16/fp16 compress hooks: the bucket is reduced as a 16-bit copy.
         let compressed = match self.config.grad_compression.dtype() {
             Some(dtype) => Some(bucket_view.to_dtype(dtype)?),
             None => None,
         };
         let data = compressed.as_ref().unwrap_or(&bucket_view);
-        if let BucketReduction::ToOwners(shards) = &self.reduction {
-            let rank = self.comm.rank();
-            for (owner, part) in shards.owners(range.clone()) {
-                let view = data.narrow(0, part.start - range.start, part.len())?;
-                let (work, write_back) = match self.native() {
-                    Some(device) => {
-                        let join = reduce_ordered(device, &view, ReduceOp::Avg, owner)?;
-                        let write_back = match (&compressed, owner == rank) {
-                            (Some(_), true) => WriteBack::Copy(view, part.start),
-                            _ => WriteBack::Nothing,
-                        };
-                        (Reduction::Device(join), write_back)
-                    }
-                    None => {
-                        let work = self.comm.reduce_tensor(&view, ReduceOp::Avg, owner)?;
-                        let write_back = match owner == rank {
-                            true => WriteBack::Result(part.start),
-                            false => WriteBack::Nothing,
-                        };
-                        (Reduction::Host(Box::new(work)), write_back)
-                    }
-                };
-                self.push(bucket, work, write_back);
-            }
-            return Ok(());
-        }
         let work = match self.native() {
             Some(device) => Reduction::Device(all_reduce_ordered(device, data, ReduceOp::Avg)?),
             None => Reduction::Host(Box::new(
@@ -284,14 +233,10 @@ impl Strategy for DistributedDataParallel {
                     None
                 }
             };
-            let reduced = match (&f.write_back, &result) {
-                (WriteBack::Copy(copy, start), _) => Some((copy, *start)),
-                (WriteBack::Result(start), Some(result)) => Some((result, *start)),
-                _ => None,
-            };
-            if let Some((values, start)) = reduced {
-                let values = values.flatten_all()?.to_dtype(grads.dtype())?;
-                grads.tensor().slice_set(&values, 0, start)?;
+            if let WriteBack::Copy(copy, start) = &f.write_back {
+                let values = copy.flatten_all()?.to_dtype(grads.dtype())?;
+                let target = grads.range(&(*start..*start + values.elem_count()))?;
+                target.slice_set(&values, 0, 0)?;
             }
             if result.is_none() {
                 continue;

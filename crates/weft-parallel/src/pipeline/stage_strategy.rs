@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use weft_collectives::{Communicator, ReduceOp};
-use weft_tensor::{BlockModel, FlatBuffer};
+use weft_tensor::{BlockModel, FlatBuffer, Slot};
 
 use crate::collectives::TensorCollectives;
 use crate::error::{ParallelError, Result};
@@ -79,12 +79,12 @@ impl PipelineStage {
             return Ok(());
         };
         let range = tied.range.clone();
-        let local = grads.tensor().narrow(0, range.start, range.len())?;
+        let local = grads.range(&range)?;
         let sum = tied
             .group
             .all_reduce_tensor(&local, ReduceOp::Sum)?
             .wait()?;
-        grads.tensor().slice_set(&sum, 0, range.start)?;
+        local.slice_set(&sum, 0, 0)?;
         Ok(())
     }
 }
@@ -104,6 +104,18 @@ impl Strategy for PipelineStage {
 
     fn before_block_backward(&mut self, model: &BlockModel, block: usize) -> Result<()> {
         self.inner.before_block_backward(model, block)
+    }
+
+    fn gradient_window(&self, len: usize) -> Range<usize> {
+        self.inner.gradient_window(len)
+    }
+
+    fn stage_gradients(&mut self, grads: &[(&Slot, Tensor)]) -> Result<bool> {
+        self.inner.stage_gradients(grads)
+    }
+
+    fn take_communication_peak(&mut self) -> usize {
+        self.inner.take_communication_peak()
     }
 
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {

@@ -65,6 +65,9 @@ pub struct MemorySample {
     pub model_states: ModelStateBytes,
     /// Bytes the block-wise tape keeps for backward (0 once backward has run).
     pub activations: usize,
+    /// The most bytes the strategy's communication buffers held since the last sample
+    /// (ZeRO-2/3's staged gradient buckets).
+    pub communication_buffers: usize,
     /// On a GPU: the memory pool's bytes in use by tensors (CUDA graphs' included).
     pub device_tensors: Option<u64>,
     /// On a GPU: the device's memory in use as it sees it (context and pools included).
@@ -75,7 +78,12 @@ impl MemorySample {
     /// Model states and activations together.
     pub fn total(&self) -> usize {
         let m = &self.model_states;
-        m.parameters + m.gradients + m.master_weights + m.optimizer_states + self.activations
+        m.parameters
+            + m.gradients
+            + m.master_weights
+            + m.optimizer_states
+            + self.activations
+            + self.communication_buffers
     }
 }
 
@@ -131,6 +139,7 @@ impl Trainer {
             phase,
             model_states: self.model_state_bytes(),
             activations,
+            communication_buffers: self.strategy.take_communication_peak(),
             device_tensors,
             device_in_use,
         };
@@ -143,6 +152,7 @@ impl Trainer {
                 .map(|&(c, b)| (c, mib(b)))
                 .collect();
             values.push(("activations", mib(activations)));
+            values.push(("communication_buffers", mib(sample.communication_buffers)));
             timeline.record_counter("memory MiB", std::time::Instant::now(), values);
         }
         let tracker = self.memory.as_mut().expect("checked above");

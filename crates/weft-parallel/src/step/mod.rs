@@ -156,7 +156,15 @@ impl Trainer {
     /// Spreads the step over ranks with `strategy` (built for this trainer's model and
     /// gradient buffer, after it made the replicas identical). The master copy is read again
     /// from the model, over the range the strategy gives this rank's optimizer.
+    /// A strategy that keeps only a shard of the gradients (ZeRO-2/3) gets a gradient buffer of
+    /// that shard instead of the whole one.
     pub fn with_strategy(mut self, strategy: Box<dyn Strategy>) -> Result<Self> {
+        let window = strategy.gradient_window(self.grads.layout().len());
+        if window != self.grads.window() {
+            let (dtype, device) = (self.grads.dtype(), self.grads.tensor().device().clone());
+            let layout = self.grads.layout().clone();
+            self.grads = FlatBuffer::zeros_window(layout, window, dtype, &device)?;
+        }
         self.strategy = strategy;
         self.reload_master_weights()?;
         Ok(self)

@@ -75,8 +75,11 @@ impl Trainer {
         let range = self.strategy.optimizer_range(self.grads.layout().len());
         self.skipped_last = false;
         if let Some(scaler) = self.scaler.as_mut() {
-            let found =
-                unscale_and_check(self.grads.tensor(), range.clone(), scaler.inverse_scale())?;
+            let found = unscale_and_check(
+                self.grads.tensor(),
+                self.grads.local(&range)?,
+                scaler.inverse_scale(),
+            )?;
             let found = self.strategy.reduce_found_inf(found)?;
             let found = found.flatten_all()?.to_vec1::<f32>()?[0] != 0.0;
             if scaler.update(found) == StepDecision::Skip {
@@ -219,7 +222,8 @@ impl BackwardHooks<ParallelError> for GradientWriter<'_> {
             block: ready.block,
             ..ReadyGrads::default()
         };
-        let mut written: Vec<(&Slot, Tensor)> = Vec::new();
+        let mut present: Vec<(&Slot, Tensor)> = Vec::new();
+        let mut absent: Vec<&Slot> = Vec::new();
         for (id, grad) in ready.grads {
             let slot = self.grads.layout().slot_of(id).ok_or_else(|| {
                 ParallelError::Config(format!(
@@ -228,29 +232,42 @@ impl BackwardHooks<ParallelError> for GradientWriter<'_> {
                 ))
             })?;
             match grad {
-                Some(grad) if self.accumulate => {
-                    self.grads.accumulate(slot, &grad)?;
-                    report.params.push(id);
-                }
                 Some(grad) => {
-                    written.push((slot, grad));
+                    present.push((slot, grad));
                     report.params.push(id);
                 }
                 None => {
-                    if !self.accumulate {
-                        let zeros = Tensor::zeros(
-                            slot.numel(),
-                            self.grads.dtype(),
-                            self.grads.tensor().device(),
-                        )?;
-                        written.push((slot, zeros));
-                    }
+                    absent.push(slot);
                     report.unused.push(id);
                 }
             }
         }
-        let values: Vec<(&Slot, &Tensor)> = written.iter().map(|(s, g)| (*s, g)).collect();
-        self.grads.write_many(&values)?;
+        if !self.strategy.stage_gradients(&present)? {
+            self.write(present, &absent)?;
+        }
         self.strategy.block_ready(&report, self.grads)
+    }
+}
+
+impl GradientWriter<'_> {
+    /// Writes (or, when accumulating, adds) a block's gradients into the flat buffer, and
+    /// zeros for the parameters that had none.
+    fn write(&self, present: Vec<(&Slot, Tensor)>, absent: &[&Slot]) -> Result<()> {
+        if self.accumulate {
+            for (slot, grad) in &present {
+                self.grads.accumulate(slot, grad)?;
+            }
+            return Ok(());
+        }
+        let mut written = present;
+        for slot in absent {
+            let device = self.grads.tensor().device();
+            written.push((
+                slot,
+                Tensor::zeros(slot.numel(), self.grads.dtype(), device)?,
+            ));
+        }
+        let values: Vec<(&Slot, &Tensor)> = written.iter().map(|(s, g)| (*s, g)).collect();
+        Ok(self.grads.write_many(&values)?)
     }
 }

@@ -9,7 +9,7 @@
 use std::ops::Range;
 
 use candle_core::Tensor;
-use weft_tensor::{BlockModel, FlatBuffer};
+use weft_tensor::{BlockModel, FlatBuffer, Slot};
 
 use super::TensorParallelGroup;
 use crate::error::Result;
@@ -68,6 +68,18 @@ impl Strategy for TensorParallel {
 
     fn before_block_backward(&mut self, model: &BlockModel, block: usize) -> Result<()> {
         self.inner.before_block_backward(model, block)
+    }
+
+    fn gradient_window(&self, len: usize) -> Range<usize> {
+        self.inner.gradient_window(len)
+    }
+
+    fn stage_gradients(&mut self, grads: &[(&Slot, Tensor)]) -> Result<bool> {
+        self.inner.stage_gradients(grads)
+    }
+
+    fn take_communication_peak(&mut self) -> usize {
+        self.inner.take_communication_peak()
     }
 
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {

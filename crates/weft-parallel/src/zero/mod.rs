@@ -7,11 +7,11 @@
 //! - [`naive_zero`]: the reference — every gradient all-reduced after backward, one blocking
 //!   call each, then the sharded step and the all-gather. The oracle of the tests.
 //! - [`zero_stage1`]: the gradients averaged by DDP's buckets, overlapped with backward.
-//! - [`zero_stage2`]: each bucket's parts averaged into the rank that owns them (a reduce per
-//!   owner, DeepSpeed's `average_tensor`), overlapped with backward: half the traffic of an
-//!   all-reduce. Under NCCL the reduces run in place, ordered on the device like DDP's
-//!   all-reduces; through the host on the CPU. The full-size gradient buffer the step writes into is still allocated on
-//!   every rank; releasing all but the shard is the next step of ZeRO-2's memory saving.
+//! - [`zero_stage2`]: the gradients sharded too ([`ShardedGradients`]): each bucket staged
+//!   as backward fills it, its parts averaged into the ranks that own them (a reduce per owner,
+//!   DeepSpeed's `average_tensor`: half the traffic of an all-reduce), overlapped with
+//!   backward, and dropped; each rank keeps its shard of the gradients only. Under NCCL the
+//!   reduces run in place, ordered on the device; through the host on the CPU.
 //! - [`zero_stage3`]: stage 2's gradient reduce, and the parameters sharded as well: each
 //!   block's gathered from their owners before its forward and its backward, the next block's
 //!   gather in flight meanwhile, released afterwards ([`ZeroStage3`]).
@@ -28,6 +28,7 @@ pub mod full_state;
 mod gather;
 pub mod manifest;
 mod sharded;
+mod sharded_gradients;
 mod shards;
 mod stage3;
 
@@ -40,6 +41,7 @@ use crate::ddp::{DdpConfig, DistributedDataParallel, NaiveDataParallel};
 use crate::error::Result;
 
 pub use sharded::ZeroRedundancy;
+pub use sharded_gradients::{ShardedGradients, IN_FLIGHT};
 pub use shards::ShardLayout;
 pub use stage3::ZeroStage3;
 
@@ -77,9 +79,7 @@ pub fn zero_stage2(
     comm: Arc<dyn Communicator>,
     config: DdpConfig,
 ) -> Result<ZeroRedundancy> {
-    let shards = ShardLayout::new(grads.layout().len(), comm.world_size());
-    let sync = DistributedDataParallel::new(model, grads, comm.clone(), config)?
-        .reducing_to_owners(shards);
+    let sync = ShardedGradients::new(model, grads, comm.clone(), config)?;
     Ok(ZeroRedundancy::new("zero2", Box::new(sync), grads, comm))
 }
 
@@ -91,8 +91,6 @@ pub fn zero_stage3(
     comm: Arc<dyn Communicator>,
     config: DdpConfig,
 ) -> Result<ZeroStage3> {
-    let shards = ShardLayout::new(grads.layout().len(), comm.world_size());
-    let sync = DistributedDataParallel::new(model, grads, comm.clone(), config)?
-        .reducing_to_owners(shards);
+    let sync = ShardedGradients::new(model, grads, comm.clone(), config)?;
     ZeroStage3::new(Box::new(sync), model, grads, comm)
 }

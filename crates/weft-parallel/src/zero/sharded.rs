@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use weft_collectives::{Communicator, ReduceOp};
-use weft_tensor::{BlockModel, FlatBuffer, FlatLayout};
+use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
 
 use super::gather::all_gather_parameters;
 use super::ShardLayout;
@@ -61,6 +61,18 @@ impl Strategy for ZeroRedundancy {
 
     fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
         self.sync.before_forward(model)
+    }
+
+    fn gradient_window(&self, len: usize) -> Range<usize> {
+        self.sync.gradient_window(len)
+    }
+
+    fn stage_gradients(&mut self, grads: &[(&Slot, Tensor)]) -> Result<bool> {
+        self.sync.stage_gradients(grads)
+    }
+
+    fn take_communication_peak(&mut self) -> usize {
+        self.sync.take_communication_peak()
     }
 
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {

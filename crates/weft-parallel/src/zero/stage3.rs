@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use weft_collectives::{Communicator, ReduceOp};
-use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, FlatLayout, ParamStore};
+use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, FlatLayout, ParamStore, Slot};
 
 use super::block_gather::{GatherSource, PendingGather};
 use super::gather::all_gather_parameters;
@@ -180,6 +180,18 @@ impl Strategy for ZeroStage3 {
     fn before_block_backward(&mut self, model: &BlockModel, block: usize) -> Result<()> {
         self.sync.before_block_backward(model, block)?;
         self.hold_block(model, block, block.checked_sub(1))
+    }
+
+    fn gradient_window(&self, len: usize) -> Range<usize> {
+        self.sync.gradient_window(len)
+    }
+
+    fn stage_gradients(&mut self, grads: &[(&Slot, Tensor)]) -> Result<bool> {
+        self.sync.stage_gradients(grads)
+    }
+
+    fn take_communication_peak(&mut self) -> usize {
+        self.sync.take_communication_peak()
     }
 
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {

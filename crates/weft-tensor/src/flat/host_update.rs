@@ -34,7 +34,8 @@ impl FlatBuffer {
                 self.layout.len()
             )));
         }
-        zip_update(&self.data, &other.data, (range.clone(), range), f)
+        let ranges = (self.local(&range)?, other.local(&range)?);
+        zip_update(&self.data, &other.data, ranges, f)
     }
 }
 

@@ -7,7 +7,9 @@
 //! gradient afresh and owns each `Var`'s storage, so the flat buffer is the *master copy*:
 //! [`FlatBuffer::copy_from_store`] gathers the model's values in, [`FlatBuffer::copy_to_store`]
 //! writes the updated values back into the model's variables in place (one memcpy per step).
-//! A flat buffer may have another dtype than the model (fp32 master weights for a bf16 model).
+//! A flat buffer may have another dtype than the model (fp32 master weights for a bf16 model),
+//! and may hold only a window of its layout ([`FlatBuffer::zeros_window`]): a ZeRO-2/3 rank's
+//! shard of the gradients, or one bucket's gradients before they are reduced.
 
 use std::ops::Range;
 
@@ -92,18 +94,70 @@ impl FlatLayout {
     }
 }
 
-/// A contiguous 1-D tensor holding every entry of a [`FlatLayout`].
+/// A contiguous 1-D tensor holding the elements of a [`FlatLayout`], all of them or a window.
+/// Ranges and slots are named in the layout's coordinates everywhere.
 #[derive(Debug, Clone)]
 pub struct FlatBuffer {
     layout: FlatLayout,
+    /// The elements of the layout this buffer holds.
+    window: Range<usize>,
     data: Tensor,
 }
 
 impl FlatBuffer {
-    /// A zero-filled buffer.
+    /// A zero-filled buffer of every element of `layout`.
     pub fn zeros(layout: FlatLayout, dtype: DType, device: &Device) -> Result<Self> {
-        let data = Tensor::zeros(layout.len(), dtype, device)?;
-        Ok(Self { layout, data })
+        let window = 0..layout.len();
+        Self::zeros_window(layout, window, dtype, device)
+    }
+
+    /// A zero-filled buffer of the elements `window` of `layout` only.
+    pub fn zeros_window(
+        layout: FlatLayout,
+        window: Range<usize>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        layout.check_range(&window)?;
+        let data = Tensor::zeros(window.len(), dtype, device)?;
+        Ok(Self {
+            layout,
+            window,
+            data,
+        })
+    }
+
+    /// The elements of the layout this buffer holds.
+    pub fn window(&self) -> Range<usize> {
+        self.window.clone()
+    }
+
+    /// `range` of the layout in this buffer's own coordinates; an error unless the window
+    /// holds all of it.
+    pub fn local(&self, range: &Range<usize>) -> Result<Range<usize>> {
+        if range.start < self.window.start || range.end > self.window.end || range.start > range.end
+        {
+            return Err(TensorError::Flat(format!(
+                "elements {range:?} are not in this buffer's window {:?}",
+                self.window
+            )));
+        }
+        Ok(range.start - self.window.start..range.end - self.window.start)
+    }
+
+    /// A view of the elements `range` of the layout (shares storage).
+    pub fn range(&self, range: &Range<usize>) -> Result<Tensor> {
+        let local = self.local(range)?;
+        Ok(self.data.narrow(0, local.start, local.len())?)
+    }
+
+    /// Adds `values` (1-D) into the elements `start..start + values.len()` of the layout.
+    pub fn add_at(&self, start: usize, values: &Tensor) -> Result<()> {
+        let local = self.local(&(start..start + values.elem_count()))?;
+        let current = self.data.narrow(0, local.start, local.len())?;
+        let sum = current.add(&values.flatten_all()?.to_dtype(self.dtype())?)?;
+        self.data.slice_set(&sum, 0, local.start)?;
+        Ok(())
     }
 
     /// A buffer holding the current values of `store`'s entries in `layout`.
@@ -117,7 +171,7 @@ impl FlatBuffer {
         &self.layout
     }
 
-    /// The whole buffer as a 1-D tensor (shares storage).
+    /// The buffer as a 1-D tensor (shares storage): the elements of its window.
     pub fn tensor(&self) -> &Tensor {
         &self.data
     }
@@ -128,17 +182,15 @@ impl FlatBuffer {
 
     /// A view of one slot, shaped like its entry (shares storage).
     pub fn view(&self, slot: &Slot) -> Result<Tensor> {
-        Ok(self
-            .data
-            .narrow(0, slot.offset, slot.numel())?
-            .reshape(slot.shape.as_slice())?)
+        Ok(self.range(&slot.range())?.reshape(slot.shape.as_slice())?)
     }
 
     /// Overwrites `slot` with `value` (any shape with the right number of elements).
     pub fn write(&self, slot: &Slot, value: &Tensor) -> Result<()> {
         self.check_numel(slot, value)?;
+        let local = self.local(&slot.range())?;
         let value = value.to_dtype(self.dtype())?.flatten_all()?.contiguous()?;
-        self.data.slice_set(&value, 0, slot.offset)?;
+        self.data.slice_set(&value, 0, local.start)?;
         Ok(())
     }
 
@@ -150,7 +202,7 @@ impl FlatBuffer {
         for (slot, value) in values {
             self.check_numel(slot, value)?;
             sources.push(value.to_dtype(self.dtype())?);
-            views.push(self.data.narrow(0, slot.offset, slot.numel())?);
+            views.push(self.range(&slot.range())?);
         }
         let pairs: Vec<(&Tensor, &Tensor)> = sources.iter().zip(&views).collect();
         crate::ops::copy_tensors(&pairs)?;
@@ -160,10 +212,7 @@ impl FlatBuffer {
     /// Adds `value` into `slot` (gradient accumulation over micro-batches).
     pub fn accumulate(&self, slot: &Slot, value: &Tensor) -> Result<()> {
         self.check_numel(slot, value)?;
-        let current = self.data.narrow(0, slot.offset, slot.numel())?;
-        let sum = current.add(&value.to_dtype(self.dtype())?.flatten_all()?)?;
-        self.data.slice_set(&sum, 0, slot.offset)?;
-        Ok(())
+        self.add_at(slot.offset, value)
     }
 
     fn check_numel(&self, slot: &Slot, value: &Tensor) -> Result<()> {
@@ -291,6 +340,33 @@ mod tests {
         assert_eq!(params.view(&b_slot).unwrap().dims(), &[2]);
         grads.zero().unwrap();
         assert_eq!(grads.to_vec_f64().unwrap(), [0.; 6]);
+    }
+
+    #[test]
+    fn a_window_holds_its_elements_in_the_layouts_coordinates() {
+        let store = two_param_store();
+        let layout = FlatLayout::parameters(&store);
+        let window =
+            FlatBuffer::zeros_window(layout.clone(), 4..6, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(window.tensor().elem_count(), 2);
+        let (w, b) = (&layout.slots()[0], &layout.slots()[1]);
+        window
+            .write(b, &Tensor::new(&[1f32, 2.], &Device::Cpu).unwrap())
+            .unwrap();
+        window
+            .add_at(5, &Tensor::new(&[10f32], &Device::Cpu).unwrap())
+            .unwrap();
+        assert_eq!(window.to_vec_f64().unwrap(), [1., 12.]);
+        assert_eq!(window.local(&(4..6)).unwrap(), 0..2);
+        assert_eq!(
+            window.range(&(5..6)).unwrap().to_vec1::<f32>().unwrap(),
+            [12.]
+        );
+        // A slot outside the window is an error naming the elements, not a silent write.
+        let err = window.write(w, &Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap());
+        assert!(err.unwrap_err().to_string().contains("0..4"));
+        assert!(window.range(&(3..5)).is_err());
+        assert!(FlatBuffer::zeros_window(layout, 4..7, DType::F32, &Device::Cpu).is_err());
     }
 
     #[test]

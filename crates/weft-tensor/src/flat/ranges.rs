@@ -27,7 +27,7 @@ fn pieces(layout: &FlatLayout, range: &Range<usize>) -> Vec<(usize, Range<usize>
 }
 
 impl FlatLayout {
-    fn check_range(&self, range: &Range<usize>) -> Result<()> {
+    pub(super) fn check_range(&self, range: &Range<usize>) -> Result<()> {
         if range.start > range.end || range.end > self.len() {
             return Err(TensorError::Flat(format!(
                 "range {range:?} is outside a layout of {} elements",

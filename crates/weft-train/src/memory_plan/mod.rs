@@ -187,6 +187,11 @@ impl Row {
 pub fn plan(model: &ModelShape, settings: &PlanSettings) -> Result<MemoryPlan> {
     settings.check()?;
     let mut rows = model_states::rows(settings, model.params());
+    rows.extend(model_states::sharding_rows(
+        settings,
+        model.params(),
+        model.largest_layer(),
+    ));
     rows.push(activations::row(settings, model));
     rows.extend(runtime::rows(settings));
     Ok(MemoryPlan::new(model.clone(), settings.clone(), rows))

@@ -5,6 +5,8 @@
 
 use candle_core::DType;
 
+use weft_parallel::zero::IN_FLIGHT;
+
 use super::{Bytes, Device, PlanSettings, Row};
 
 /// Bytes of one element of `dtype`, with its name, for the formulas.
@@ -73,12 +75,10 @@ pub(super) fn rows(settings: &PlanSettings, psi: u64) -> Vec<Row> {
         format!("Ψ·{p} B ({p_name}){}", divided(zero >= 3)),
     ));
     let (g, g_name) = width(dtypes.grad);
-    // weft's stage 2 reduces each bucket into its owners but still writes backward's
-    // gradients into a full-size buffer: no division until stage 3 frees it per block.
     rows.push(Row::new(
         "gradients",
-        per_rank(psi, zero >= 3) * g,
-        format!("Ψ·{g} B ({g_name}){}", divided(zero >= 3)),
+        per_rank(psi, zero >= 2) * g,
+        format!("Ψ·{g} B ({g_name}){}", divided(zero >= 2)),
     ));
     let offloaded = |row: Row| match settings.offload_optimizer {
         true => row.on_host(),
@@ -113,6 +113,38 @@ pub(super) fn rows(settings: &PlanSettings, psi: u64) -> Vec<Row> {
     )));
     rows
 }
+
+/// What stages 2 and 3 hold for a moment beyond the model states: the gradient buckets being
+/// staged and reduced (at most [`IN_FLIGHT`] in flight and one filling, of DDP's default
+/// 25 MiB), and under stage 3 the parameters of the running block and of the next one, being
+/// gathered (`largest`: the largest block's parameters).
+pub(super) fn sharding_rows(settings: &PlanSettings, psi: u64, largest: u64) -> Vec<Row> {
+    let dtypes = StateDtypes::of(settings);
+    let model_parallel = (settings.tp * settings.pp) as u64;
+    let (g, _) = width(dtypes.grad);
+    let (p, _) = width(dtypes.param);
+    let buckets = IN_FLIGHT as u64 + 1;
+    let mut rows = Vec::new();
+    if settings.zero >= 2 {
+        let staged = (buckets * BUCKET_BYTES).min(psi.div_ceil(model_parallel) * g);
+        rows.push(Row::new(
+            "communication_buffers",
+            staged,
+            format!("gradient buckets staged: {buckets} of 25 MiB at most, Ψ·{g} B at most"),
+        ));
+    }
+    if settings.zero >= 3 {
+        rows.push(Row::new(
+            "gathered_parameters",
+            2 * largest.div_ceil(model_parallel) * p,
+            format!("2 blocks gathered (the running one, the next one's prefetch): 2·largest block·{p} B"),
+        ));
+    }
+    rows
+}
+
+/// DDP's default bucket, whose size stages 2 and 3 stage gradients in.
+const BUCKET_BYTES: u64 = 25 << 20;
 
 /// The ZeRO paper's per-GPU model states (mixed precision with Adam, K = 12: fp16 parameters
 /// and gradients, fp32 master weights and moments) and DeepSpeed's estimators where they

@@ -129,19 +129,11 @@ impl MemoryPlan {
     fn caveats(&self) -> Vec<String> {
         let s = &self.settings;
         let mut notes = Vec::new();
-        if s.zero == 2 {
-            notes.push("weft's stage 2 reduces each gradient bucket into its owners but keeps the full-size gradient buffer backward writes into (the paper's 2Ψ/N gradients are stage 3's here)".into());
-        }
         if s.zero == 3 {
-            notes.push("stage 3 (parameters sharded, gathered per block) is planned here but not built in weft yet".into());
+            notes.push("weft builds every rank's whole model at initialisation before sharding it: the peak at start-up is the whole parameters (Ψ·p B), not the shard".into());
         }
         if s.offload_optimizer {
             notes.push("weft's offload is exact: each step waits for the host's update (no one-step-delayed overlap yet)".into());
-        }
-        if s.tp > 1 || s.pp > 1 {
-            notes.push(
-                "tensor and pipeline parallelism are planned here but not built in weft yet".into(),
-            );
         }
         if s.precision.name == "bf16-true" {
             notes.push(
