@@ -84,28 +84,12 @@ impl DistributedDataParallel {
         comm: Arc<dyn Communicator>,
         config: DdpConfig,
     ) -> Result<Self> {
-        if !(config.bucket_cap_mb > 0.0 && config.first_bucket_cap_mb > 0.0) {
-            return Err(ParallelError::Config(format!(
-                "bucket caps must be positive (bucket_cap_mb {}, first_bucket_cap_mb {})",
-                config.bucket_cap_mb, config.first_bucket_cap_mb
-            )));
-        }
-        let store = model.store();
-        check_same_model(store, comm.as_ref())?;
+        let plan = prepare_replicas(model, grads, comm.as_ref(), &config)?;
         let on_device = native_for(comm.as_ref(), grads.tensor().device()).is_some();
-        let all: Vec<EntryId> = (0..store.len()).collect();
-        broadcast_entries(store, &all, comm.as_ref(), 0)?;
-        let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
-        let plan = BucketPlan::new(
-            grads.layout(),
-            grads.dtype().size_in_bytes(),
-            mib(config.first_bucket_cap_mb.min(config.bucket_cap_mb)),
-            mib(config.bucket_cap_mb),
-        );
         let missing = plan.buckets().iter().map(|b| b.entries.len()).collect();
         Ok(Self {
             comm,
-            check: ReadyCheck::new(store, config.find_unused_parameters),
+            check: ReadyCheck::new(model.store(), config.find_unused_parameters),
             config,
             plan,
             missing,
@@ -181,6 +165,34 @@ impl DistributedDataParallel {
             }
         }
     }
+}
+
+/// What every bucketed gradient sync does first: checks its bucket caps and that every rank
+/// has the same model, broadcasts rank 0's parameters and buffers, and plans the buckets over
+/// `grads`' layout.
+pub(crate) fn prepare_replicas(
+    model: &BlockModel,
+    grads: &FlatBuffer,
+    comm: &dyn Communicator,
+    config: &DdpConfig,
+) -> Result<BucketPlan> {
+    if !(config.bucket_cap_mb > 0.0 && config.first_bucket_cap_mb > 0.0) {
+        return Err(ParallelError::Config(format!(
+            "bucket caps must be positive (bucket_cap_mb {}, first_bucket_cap_mb {})",
+            config.bucket_cap_mb, config.first_bucket_cap_mb
+        )));
+    }
+    let store = model.store();
+    check_same_model(store, comm)?;
+    let all: Vec<EntryId> = (0..store.len()).collect();
+    broadcast_entries(store, &all, comm, 0)?;
+    let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
+    Ok(BucketPlan::new(
+        grads.layout(),
+        grads.dtype().size_in_bytes(),
+        mib(config.first_bucket_cap_mb.min(config.bucket_cap_mb)),
+        mib(config.bucket_cap_mb),
+    ))
 }
 
 impl Strategy for DistributedDataParallel {

@@ -13,6 +13,7 @@ mod naive;
 
 use candle_core::DType;
 
+pub(crate) use bucketed::prepare_replicas;
 pub use bucketed::{BucketTiming, DistributedDataParallel};
 pub use buckets::{Bucket, BucketPlan};
 pub use consistency::{broadcast_entries, check_same_model};

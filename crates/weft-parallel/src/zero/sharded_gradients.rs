@@ -20,11 +20,11 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
-use weft_tensor::{BlockModel, EntryId, FlatBuffer, FlatLayout, Slot};
+use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
 
 use super::ShardLayout;
 use crate::collectives::{native_for, reduce_ordered, TensorCollectives, TensorWork};
-use crate::ddp::{broadcast_entries, check_same_model, BucketPlan, DdpConfig};
+use crate::ddp::{broadcast_entries, prepare_replicas, BucketPlan, DdpConfig};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -84,29 +84,13 @@ impl ShardedGradients {
         comm: Arc<dyn Communicator>,
         config: DdpConfig,
     ) -> Result<Self> {
-        if !(config.bucket_cap_mb > 0.0 && config.first_bucket_cap_mb > 0.0) {
-            return Err(ParallelError::Config(format!(
-                "bucket caps must be positive (bucket_cap_mb {}, first_bucket_cap_mb {})",
-                config.bucket_cap_mb, config.first_bucket_cap_mb
-            )));
-        }
-        let store = model.store();
-        check_same_model(store, comm.as_ref())?;
-        let all: Vec<EntryId> = (0..store.len()).collect();
-        broadcast_entries(store, &all, comm.as_ref(), 0)?;
-        let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
+        let plan = prepare_replicas(model, grads, comm.as_ref(), &config)?;
         let layout = grads.layout().clone();
-        let plan = BucketPlan::new(
-            &layout,
-            grads.dtype().size_in_bytes(),
-            mib(config.first_bucket_cap_mb.min(config.bucket_cap_mb)),
-            mib(config.bucket_cap_mb),
-        );
         let buckets = plan.buckets().len();
         Ok(Self {
             on_device: native_for(comm.as_ref(), grads.tensor().device()).is_some(),
             shards: ShardLayout::new(layout.len(), comm.world_size()),
-            check: ReadyCheck::new(store, config.find_unused_parameters),
+            check: ReadyCheck::new(model.store(), config.find_unused_parameters),
             missing: plan.buckets().iter().map(|b| b.entries.len()).collect(),
             staging: (0..buckets).map(|_| None).collect(),
             in_flight: Vec::new(),
@@ -123,6 +107,16 @@ impl ShardedGradients {
 
     pub fn plan(&self) -> &BucketPlan {
         &self.plan
+    }
+
+    /// Every bucket waits for all of its gradients again.
+    fn reset_missing(&mut self) {
+        self.missing = self
+            .plan
+            .buckets()
+            .iter()
+            .map(|b| b.entries.len())
+            .collect();
     }
 
     /// Counts `bytes` more of staging buffers held.
@@ -272,12 +266,7 @@ impl Strategy for ShardedGradients {
         }
         self.staging.iter_mut().for_each(|s| *s = None);
         self.staged_bytes = 0;
-        self.missing = self
-            .plan
-            .buckets()
-            .iter()
-            .map(|b| b.entries.len())
-            .collect();
+        self.reset_missing();
         self.step_open = false;
         not_ready
     }
@@ -285,12 +274,7 @@ impl Strategy for ShardedGradients {
     /// Every micro-batch is reduced: the ranks keep no full-size gradients to accumulate.
     fn set_require_sync(&mut self, _sync: bool) {
         self.check.reset();
-        self.missing = self
-            .plan
-            .buckets()
-            .iter()
-            .map(|b| b.entries.len())
-            .collect();
+        self.reset_missing();
     }
 
     fn take_communication_peak(&mut self) -> usize {
