@@ -290,6 +290,8 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         loss_floor: data.loss_floor,
         seconds: started.elapsed().as_secs_f64(),
     };
+    // Under ZeRO-3 every rank takes part in gathering the whole model first.
+    stepper.gather_parameters()?;
     let mut full_state = match (&split_layers, &mesh.tp) {
         (Some(layers), Some(group)) => Some(gather_full_state(
             stepper.model().store(),

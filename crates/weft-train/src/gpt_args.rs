@@ -125,8 +125,9 @@ pub struct GptArgs {
     #[arg(long, value_enum, default_value_t = PipelineBalance::Params)]
     pub pp_balance: PipelineBalance,
     /// ZeRO stage over the data-parallel ranks: 0 (DDP), 1 (optimizer states sharded), 2
-    /// (gradients reduced into their owners too)
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    /// (gradients sharded too: each bucket reduced into its owners), 3 (parameters sharded
+    /// too: each block's gathered before its forward and backward, released after)
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: u8,
     /// Clip the gradients to this global norm before each step; logs `grad_norm`
     #[arg(long)]
@@ -293,11 +294,12 @@ impl GptArgs {
             bail!("--steps must be at least 1");
         }
         self.optimizer_flags(0).validate()?;
-        if self.pp > 1 && self.zero == 2 {
-            // ZeRO-2 keeps only its shard of the token table's gradient, which the first and
-            // last stage must sum whole.
+        if self.pp > 1 && self.zero >= 2 {
+            // ZeRO-2 and -3 keep only their shard of the token table's gradient, which the
+            // first and last stage must sum whole.
             bail!(
-                "--zero 2 is not supported with --pp {} yet (--zero 0 or 1)",
+                "--zero {} is not supported with --pp {} yet (--zero 0 or 1)",
+                self.zero,
                 self.pp
             );
         }

@@ -83,6 +83,15 @@ impl GptStepper {
         }
     }
 
+    /// Makes every parameter whole on this rank (ZeRO-3 gathers them: a collective), to save
+    /// the model; a pipeline stage's are whole already (ZeRO-3 is refused with one).
+    pub fn gather_parameters(&mut self) -> weft_parallel::Result<()> {
+        match self {
+            GptStepper::Whole(t) => t.gather_parameters(),
+            GptStepper::Stage(_) => Ok(()),
+        }
+    }
+
     /// Whether this rank reads batches: every rank without a pipeline, the first stage (the
     /// inputs) and the last (the targets) with one.
     pub fn reads_batches(&self) -> bool {

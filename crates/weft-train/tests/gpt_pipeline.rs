@@ -203,6 +203,31 @@ fn train_gpt_pp2_logs_the_losses_of_pp1() {
 }
 
 #[test]
+fn zero2_and_zero3_over_dp2_tp2_equal_one_process() {
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path();
+    weft_train::gpt::run(&flags(out, "one", &[])).unwrap();
+    // Gradients (and, under ZeRO-3, parameters) sharded over the 2 replicas of each
+    // tensor-parallel slice; micro-batches reduced one by one into the shards; the tied token
+    // table gathered for the head and again for the embedding.
+    for zero in ["2", "3"] {
+        let name = format!("dp2-tp2-zero{zero}");
+        let mesh = [
+            "--dp",
+            "2",
+            "--tp",
+            "2",
+            "--micro-batches",
+            "2",
+            "--zero",
+            zero,
+        ];
+        run_on_thread_ranks(4, &flags(out, &name, &mesh));
+        assert_same_run(out, "one", &name);
+    }
+}
+
+#[test]
 fn dp2_tp2_pp2_on_eight_ranks_equals_one_process() {
     let out = tempfile::tempdir().unwrap();
     let out = out.path();

@@ -159,13 +159,13 @@ fn zero2_gradients(comm: &Arc<dyn Communicator>, device: &Device) -> Result<()> 
         let mut t =
             parallelize::resnet(trainer(1, device, Mode::EVAL, device)?, Some(comm), &plan)?;
         t.step(&mine(&x)?, &mine(&y)?, 0.0)?;
-        grads.push(t.grads().tensor().copy()?);
+        // ZeRO-2 keeps this rank's shard of the gradients only.
+        let shards = weft_parallel::zero::ShardLayout::new(t.grads().layout().len(), world);
+        let own = shards.range(rank);
+        grads.push(t.grads().range(&own)?.copy()?);
     }
-    let shards = weft_parallel::zero::ShardLayout::new(grads[0].elem_count(), world);
-    let own = shards.range(rank);
-    let part = |g: &Tensor| g.narrow(0, own.start, own.len());
-    let diff = (part(&grads[1])? - part(&grads[0])?)?.abs()?;
-    let error = diff.max(0)?.to_scalar::<f64>()? / max_abs(&part(&grads[0])?)?;
+    let diff = (&grads[1] - &grads[0])?.abs()?;
+    let error = diff.max(0)?.to_scalar::<f64>()? / max_abs(&grads[0])?;
     if rank == 0 {
         let host: Vec<f64> = diff.to_vec1()?;
         if let Some(first) = host.iter().position(|&d| d != 0.0) {
@@ -218,6 +218,12 @@ fn scenario(
         let outcome = ddp.step(&mine(&x)?.copy()?, &mine(&y)?.copy()?, 1e-3)?;
         replayed += usize::from(outcome.graphed);
     }
+    // ZeRO-2 and -3 keep their shard of the gradients only.
+    let gradient_bytes = ddp.model_state_bytes().gradients;
+    let shard_of_gradients = {
+        let shards = weft_parallel::zero::ShardLayout::new(ddp.grads().layout().len(), world);
+        shards.range(rank).len() * ddp.grads().dtype().size_in_bytes()
+    };
     // Between steps a ZeRO-3 rank's parameters are its shard, and each released variable
     // keeps one element (the driver refuses empty allocations).
     let held = ddp.model_state_bytes().parameters;
@@ -262,6 +268,10 @@ fn scenario(
             "{ROW}\t{strategy} {world} GPUs = 1 GPU, {what}, {buckets} buckets\t{error:e}\t1e-9"
         );
         println!("{ROW}\t{strategy} {world} GPUs, {what}: replicas identical\t{spread:e}\t0");
+        if zero >= 2 {
+            let excess = gradient_bytes.abs_diff(shard_of_gradients) as f64;
+            println!("{ROW}\t{strategy} {world} GPUs: gradient bytes = the shard ({shard_of_gradients})\t{excess:e}\t0");
+        }
         if let Some(shard) = shard {
             let excess = held.abs_diff(shard) as f64 / shard as f64;
             println!("{ROW}\t{strategy} {world} GPUs: bytes held between steps = the shard + 1 element per variable ({shard})\t{excess:e}\t0");

@@ -286,7 +286,10 @@ impl DeviceOptimizer {
                 *made = loaded;
             }
         }
-        let flat = grads.range(&range).map_err(&err)?;
+        let flat = grads.range(&range).map_err(|e| OptimError::Tensor {
+            optimizer,
+            reason: e.to_string(),
+        })?;
         let device = flat.device().clone();
         let first_step = self.state.is_empty() && self.issued == 0;
         if self.state.is_empty() {

@@ -314,10 +314,22 @@ impl Trainer {
         &mut self,
         read: impl FnOnce(&BlockModel) -> Result<R>,
     ) -> Result<R> {
-        self.strategy.gather_parameters(&self.model)?;
+        self.gather_parameters()?;
         let result = read(&self.model);
-        self.strategy.release_parameters(&self.model)?;
+        self.release_parameters()?;
         result
+    }
+
+    /// Makes every parameter whole on this rank until [`Self::release_parameters`] (ZeRO-3
+    /// gathers them; a collective). [`Self::with_full_parameters`] pairs the two.
+    pub fn gather_parameters(&mut self) -> Result<()> {
+        self.strategy.gather_parameters(&self.model)
+    }
+
+    /// Gives back what [`Self::gather_parameters`] gathered, keeping what was written into the
+    /// parameters meanwhile (a collective under ZeRO-3).
+    pub fn release_parameters(&mut self) -> Result<()> {
+        self.strategy.release_parameters(&self.model)
     }
 
     /// The flat gradient buffer (its layout is the parameters' layout).

@@ -82,6 +82,22 @@ impl Strategy for TensorParallel {
         self.inner.take_communication_peak()
     }
 
+    fn before_update(&mut self, model: &BlockModel) -> Result<()> {
+        self.inner.before_update(model)
+    }
+
+    fn gather_parameters(&mut self, model: &BlockModel) -> Result<()> {
+        self.inner.gather_parameters(model)
+    }
+
+    fn release_parameters(&mut self, model: &BlockModel) -> Result<()> {
+        self.inner.release_parameters(model)
+    }
+
+    fn parameter_shard(&self) -> Option<&Tensor> {
+        self.inner.parameter_shard()
+    }
+
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {
         self.inner.block_ready(ready, grads)
     }
