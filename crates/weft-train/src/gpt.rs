@@ -26,6 +26,7 @@ use crate::gpt_args::GptArgs;
 use crate::gpt_data::open_data;
 use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
 use crate::gpt_pipeline::{gather_stages, stage_blocks, GptStepper, PipelineReport};
+use crate::memory_report;
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::progress::Progress;
@@ -163,7 +164,8 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             .zip(split_layers.as_ref().map(TensorParallelLayers::splits)),
         pipeline: mesh.pipeline_parallel().cloned(),
     };
-    let trainer = parallelize::gpt(trainer, mesh.data_parallel(), &plan)?;
+    let trainer = parallelize::gpt(trainer, mesh.data_parallel(), &plan)?.with_memory_tracking();
+    let mut memory_log = memory_report::MemoryLog::default();
     let mut stepper = match mesh.pipeline_parallel() {
         Some(stages) => GptStepper::Stage(PipelineTrainer::new(
             trainer,
@@ -251,6 +253,15 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                     pipeline,
                 })?;
             }
+            memory_log.push(step, stepper.trainer_mut().take_memory_samples());
+            if step == 0 && ctx.is_main() && !args.quiet {
+                let settings = memory_report::gpt_plan_settings(args, policy, mesh.dp_size);
+                let trainer = stepper.trainer_mut();
+                print!("{}", memory_report::model_state_table(trainer, &settings)?);
+                if let Some(peak) = trainer.memory_peak() {
+                    println!("{}", memory_report::peak_line(peak));
+                }
+            }
             totals[0] += outcome.loss * outcome.samples as f64;
             totals[1] += outcome.samples as f64;
             step += 1;
@@ -320,6 +331,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         );
     }
     ctx.barrier()?;
+    memory_log.write(&run.path.join(format!("memory-rank{}.jsonl", ctx.rank)))?;
     Ok(summary)
 }
 

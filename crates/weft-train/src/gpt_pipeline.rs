@@ -83,6 +83,14 @@ impl GptStepper {
         }
     }
 
+    /// This rank's trainer (its stage's, with a pipeline).
+    pub fn trainer_mut(&mut self) -> &mut Trainer {
+        match self {
+            GptStepper::Whole(t) => t,
+            GptStepper::Stage(p) => p.trainer_mut(),
+        }
+    }
+
     /// Makes every parameter whole on this rank (ZeRO-3 gathers them: a collective), to save
     /// the model; a pipeline stage's are whole already (ZeRO-3 is refused with one).
     pub fn gather_parameters(&mut self) -> weft_parallel::Result<()> {

@@ -9,6 +9,7 @@ use weft_parallel::{MemorySample, Trainer};
 use weft_precision::PrecisionPolicy;
 
 use crate::args::{OptimizerKind, TrainArgs};
+use crate::gpt_args::GptArgs;
 use crate::memory_plan::{self, Device, PlanSettings, PlannedOptimizer};
 
 /// The plan's settings for this run of `world` ranks.
@@ -32,6 +33,34 @@ pub fn plan_settings(args: &TrainArgs, policy: PrecisionPolicy, world: usize) ->
         },
         batch_size: (args.batch_size / world.max(1)).max(1),
         checkpoint_activations: false,
+        grad_dtype: None,
+        state_dtype: None,
+    }
+}
+
+/// The plan's settings for a GPT run with `dp` data-parallel replicas. The model states are
+/// planned from this rank's own parameters (a tensor-parallel slice, a pipeline stage), so the
+/// plan divides by the replicas alone.
+pub fn gpt_plan_settings(args: &GptArgs, policy: PrecisionPolicy, dp: usize) -> PlanSettings {
+    PlanSettings {
+        device: match args.device.starts_with("cuda") {
+            true => Device::Cuda,
+            false => Device::Cpu,
+        },
+        world: dp,
+        zero: args.zero,
+        offload_optimizer: false,
+        tp: 1,
+        pp: 1,
+        precision: policy,
+        optimizer: match args.optimizer {
+            OptimizerKind::Sgd => PlannedOptimizer::Sgd {
+                momentum: args.momentum != 0.0,
+            },
+            OptimizerKind::Adamw => PlannedOptimizer::AdamW,
+        },
+        batch_size: (args.batch_size / dp.max(1)).max(1),
+        checkpoint_activations: args.checkpoint_activations,
         grad_dtype: None,
         state_dtype: None,
     }
