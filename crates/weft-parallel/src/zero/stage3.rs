@@ -132,8 +132,9 @@ impl ZeroStage3 {
         let store = model.store();
         let used = model.parameters_used_by(block);
         let prefetched = self.pending.as_ref().is_some_and(|p| p.block == block);
-        self.release_all_but(store, used)?;
+        // Completed first: on a GPU a gather in flight writes into its variables.
         self.complete_pending(store)?;
+        self.release_all_but(store, used)?;
         if !prefetched && !Self::all_resident(store, used) {
             self.source(store)
                 .start(block, used)?
