@@ -99,7 +99,10 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
         checks.push(Check {
             name: format!("{dtype:?} running statistics from f32"),
             error: compare_blend(gpu, dtype)?,
-            tolerance: 0.0,
+            // The f32 blend may differ in its last bit between the GPU's fused multiply-add
+            // and the CPU's two roundings; rounded to 16 bits that is one unit at most (seen
+            // once in bf16: 6.2e-4 relative to the largest value; exact in every other call).
+            tolerance: unit,
         });
     }
     Ok(())
