@@ -16,7 +16,8 @@ use weft_collectives::{
 };
 
 use crate::error::{ParallelError, Result};
-use device_tensor::{device_buffer, uninit_flat};
+use device_tensor::device_buffer;
+pub(crate) use device_tensor::uninit_flat;
 use work::Pending;
 
 pub use device_tensor::native_for;

@@ -4,11 +4,11 @@
 //! broadcast by its owner from its shard of the parameters. Every rank then materialises the
 //! block's variables and writes the parts into them.
 //!
-//! On a GPU whose collectives the backend runs natively, the variables are materialised when
-//! the gather starts, the owner writes its part into them, and each part of each variable is
-//! broadcast in place, ordered on the device: no buffer beyond the variables themselves.
-//! Through the host otherwise (the CPU's shared memory), each part broadcast into a fresh tensor
-//! and written into the variables when the gather completes.
+//! On a GPU whose collectives the backend runs natively, each part is broadcast from the
+//! owner's shard itself into one buffer on every other rank, ordered on the device (one NCCL
+//! call per owner of a block, not one per variable); through the host otherwise (the CPU's
+//! shared memory). When the gather completes, the block's variables are materialised and the
+//! parts written into them.
 //!
 //! A gather is started (its broadcasts issued) before it is needed — the next block's, while
 //! the current one computes — and completed when its block runs. Every rank starts and
@@ -17,11 +17,13 @@
 use std::ops::Range;
 
 use candle_core::Tensor;
-use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin};
+use weft_collectives::{Communicator, DeviceJoin};
 use weft_tensor::{residency, EntryId, FlatLayout, ParamStore};
 
 use super::ShardLayout;
-use crate::collectives::{broadcast_ordered, native_for, TensorCollectives, TensorWork};
+use crate::collectives::{
+    broadcast_ordered, native_for, uninit_flat, TensorCollectives, TensorWork,
+};
 use crate::error::Result;
 
 /// The runs of `layout` that `entries` cover, in layout order, adjacent slots merged.
@@ -41,20 +43,21 @@ fn runs(layout: &FlatLayout, entries: &[EntryId]) -> Vec<Range<usize>> {
     merged
 }
 
-/// A block's gather in flight: its broadcasts issued.
+/// A block's gather in flight: its broadcasts issued, not yet written into the variables.
 pub(super) struct PendingGather {
     pub block: usize,
     entries: Vec<EntryId>,
-    parts: GatherParts,
+    /// Each part's flat start and its broadcast.
+    parts: Vec<(usize, Transfer)>,
 }
 
-/// The broadcasts of a gather.
-enum GatherParts {
-    /// Through the host: each part's flat start and its broadcast, written into the variables
-    /// when complete.
-    Host(Vec<(usize, TensorWork)>),
-    /// In place in the materialised variables, ordered on the device.
-    Device(Vec<Box<dyn DeviceJoin>>),
+/// One part's broadcast.
+enum Transfer {
+    /// Through the host: the result comes back from `wait`.
+    Host(Box<TensorWork>),
+    /// In place in `values` (the owner's shard, or the receiver's buffer), ordered on the
+    /// device.
+    Device(Box<dyn DeviceJoin>, Tensor),
 }
 
 /// What a gather reads: the cuts, this rank's shard of the parameters (1-D, the store's dtype,
@@ -68,12 +71,28 @@ pub(super) struct GatherSource<'a> {
 }
 
 impl GatherSource<'_> {
-    /// Issues the broadcasts that bring every rank the values of `entries` (block `block`'s).
+    /// Issues the broadcasts that bring every rank the values of `entries` (block `block`'s):
+    /// one per owner of each run, from the owner's shard itself into a buffer on the others.
     pub fn start(&self, block: usize, entries: &[EntryId]) -> Result<PendingGather> {
-        let parts = match native_for(self.comm, self.store.device()) {
-            Some(device) => GatherParts::Device(self.start_in_place(device, entries)?),
-            None => GatherParts::Host(self.start_through_host(entries)?),
-        };
+        let rank = self.comm.rank();
+        let (device, dtype) = (self.store.device(), self.store.dtype());
+        let native = native_for(self.comm, device);
+        let mut parts = Vec::new();
+        for run in runs(self.layout, entries) {
+            for (owner, part) in self.shards.owners(run) {
+                let values = match owner == rank {
+                    true => self.own_part(&part)?,
+                    false => uninit_flat(device, part.len(), dtype)?,
+                };
+                let transfer = match native {
+                    Some(native) => {
+                        Transfer::Device(broadcast_ordered(native, &values, owner)?, values)
+                    }
+                    None => Transfer::Host(Box::new(self.comm.broadcast_tensor(&values, owner)?)),
+                };
+                parts.push((part.start, transfer));
+            }
+        }
         Ok(PendingGather {
             block,
             entries: entries.to_vec(),
@@ -86,66 +105,24 @@ impl GatherSource<'_> {
         let own_start = self.shards.range(self.comm.rank()).start;
         Ok(self.own.narrow(0, part.start - own_start, part.len())?)
     }
-
-    fn start_through_host(&self, entries: &[EntryId]) -> Result<Vec<(usize, TensorWork)>> {
-        let mut parts = Vec::new();
-        for run in runs(self.layout, entries) {
-            for (owner, part) in self.shards.owners(run) {
-                let values = match owner == self.comm.rank() {
-                    true => self.own_part(&part)?,
-                    false => Tensor::zeros(part.len(), self.store.dtype(), self.store.device())?,
-                };
-                parts.push((part.start, self.comm.broadcast_tensor(&values, owner)?));
-            }
-        }
-        Ok(parts)
-    }
-
-    /// Materialises the variables of `entries`, writes this rank's parts into them and
-    /// broadcasts every owner's part of every variable in place.
-    fn start_in_place(
-        &self,
-        device: &dyn DeviceCollectives,
-        entries: &[EntryId],
-    ) -> Result<Vec<Box<dyn DeviceJoin>>> {
-        let mut joins = Vec::new();
-        for &id in entries {
-            let Some(slot) = self.layout.slot_of(id) else {
-                continue;
-            };
-            let variable = self.store.entries()[id].tensor();
-            residency::materialize(variable)?;
-            let flat = variable.flatten_all()?;
-            for (owner, part) in self.shards.owners(slot.range()) {
-                let view = flat.narrow(0, part.start - slot.offset, part.len())?;
-                if owner == self.comm.rank() {
-                    view.slice_set(&self.own_part(&part)?, 0, 0)?;
-                }
-                joins.push(broadcast_ordered(device, &view, owner)?);
-            }
-        }
-        Ok(joins)
-    }
 }
 
 impl PendingGather {
-    /// Waits for the broadcasts (joins them, on the device) and, through the host, writes the
-    /// values into the block's materialised variables.
+    /// Waits for the broadcasts (on the device: joins them, the compute stream then waiting
+    /// for them) and writes the values into the block's materialised variables.
     pub fn complete(self, layout: &FlatLayout, store: &ParamStore) -> Result<()> {
-        match self.parts {
-            GatherParts::Device(joins) => {
-                for join in joins {
+        for &id in &self.entries {
+            residency::materialize(store.entries()[id].tensor())?;
+        }
+        for (start, transfer) in self.parts {
+            let values = match transfer {
+                Transfer::Host(work) => work.wait()?,
+                Transfer::Device(join, values) => {
                     join.join()?;
+                    values
                 }
-            }
-            GatherParts::Host(parts) => {
-                for &id in &self.entries {
-                    residency::materialize(store.entries()[id].tensor())?;
-                }
-                for (start, work) in parts {
-                    layout.write_range(store, start, &work.wait()?)?;
-                }
-            }
+            };
+            layout.write_range(store, start, &values)?;
         }
         Ok(())
     }

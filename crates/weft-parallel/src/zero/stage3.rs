@@ -132,7 +132,7 @@ impl ZeroStage3 {
         let store = model.store();
         let used = model.parameters_used_by(block);
         let prefetched = self.pending.as_ref().is_some_and(|p| p.block == block);
-        // Completed first: on a GPU a gather in flight writes into its variables.
+        // Completed first: a gather's broadcasts never outlive its block's turn.
         self.complete_pending(store)?;
         self.release_all_but(store, used)?;
         if !prefetched && !Self::all_resident(store, used) {
