@@ -41,9 +41,12 @@ fn each_step_samples_forward_backward_and_optimizer_and_keeps_the_peak() {
     assert_eq!(first[2].model_states.optimizer_states, 2 * 8 * params);
     assert_eq!(first[2].model_states.parameters, 8 * params);
     assert!(
-        first.iter().all(|s| s.device_tensors.is_none()),
-        "no pool on the CPU"
+        first
+            .iter()
+            .all(|s| s.device_tensors.is_none() && s.workspaces.is_none()),
+        "no pool, no cuDNN workspace on the CPU"
     );
+    assert!(first.iter().all(|s| s.cuda_graph_pool.is_none()));
     t.step(&batches[1].0, &batches[1].1, 0.01).unwrap();
     let second = t.take_memory_samples();
     assert_eq!(second.len(), 3);

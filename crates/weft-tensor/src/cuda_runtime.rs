@@ -17,6 +17,8 @@
 //! [`device_memory_in_use`] is the device's own count, as nvidia-smi shows it.
 //! [`set_profiler_collection`] brackets the part of a run an attached profiler records.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use candle_core::Device;
 use cudarc::driver::{result, sys};
 
@@ -48,6 +50,22 @@ pub struct MemoryUsage {
     pub used_peak: u64,
     pub reserved: u64,
     pub reserved_peak: u64,
+    /// Of `reserved`: what CUDA graphs' memory nodes hold (a captured step's tensors).
+    pub graph_reserved: u64,
+}
+
+/// The largest cuDNN workspace allocated since [`take_workspace_peak`] last read it.
+static WORKSPACE_PEAK: AtomicU64 = AtomicU64::new(0);
+
+/// Notes a cuDNN workspace of `bytes` (its launches and algorithm searches call this).
+pub(crate) fn note_workspace(bytes: usize) {
+    WORKSPACE_PEAK.fetch_max(bytes as u64, Ordering::Relaxed);
+}
+
+/// The largest cuDNN workspace this process allocated since the last call (the memory
+/// tracker's `workspaces` category): one launch's scratch, taken from the memory pool.
+pub fn take_workspace_peak() -> u64 {
+    WORKSPACE_PEAK.swap(0, Ordering::Relaxed)
 }
 
 fn cuda_error(what: &str, e: impl std::fmt::Debug) -> TensorError {
@@ -132,6 +150,7 @@ pub fn memory_usage(device: &Device) -> Result<Option<MemoryUsage>> {
             + graph(G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
         reserved_peak: pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?
             + graph(G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?,
+        graph_reserved: graph(G::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
     }))
 }
 

@@ -109,6 +109,8 @@ impl MemoryLog {
                 "total": s.total(),
                 "device_tensors": s.device_tensors,
                 "device_in_use": s.device_in_use,
+                "workspaces": s.workspaces,
+                "cuda_graph_pool": s.cuda_graph_pool,
             });
             self.lines.push(line.to_string());
         }

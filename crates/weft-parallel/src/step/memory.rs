@@ -3,8 +3,9 @@
 //! master weights (the trainer's flat master copy, or the device optimizer's fp32 copy of
 //! 16-bit parameters) and the optimizer's state buffers; `memory-plan`'s model-state rows are
 //! tested against these counts — and, with memory tracking, a [`MemorySample`] at the forward,
-//! backward and optimizer points of each step, with the tape's activations and, on a GPU, the
-//! memory pool's and the device's own counts.
+//! backward and optimizer points of each step, with the tape's activations, the strategy's
+//! communication buffers (ZeRO-2/3's staged buckets) and, on a GPU, the largest cuDNN
+//! workspace, the CUDA graphs' memory, and the memory pool's and the device's own counts.
 
 use weft_tensor::residency;
 
@@ -72,6 +73,10 @@ pub struct MemorySample {
     pub device_tensors: Option<u64>,
     /// On a GPU: the device's memory in use as it sees it (context and pools included).
     pub device_in_use: Option<u64>,
+    /// On a GPU: the largest cuDNN workspace since the last sample.
+    pub workspaces: Option<u64>,
+    /// On a GPU: the memory CUDA graphs hold (a captured step's tensors).
+    pub cuda_graph_pool: Option<u64>,
 }
 
 impl MemorySample {
@@ -126,14 +131,20 @@ impl Trainer {
         }
         let device = self.model.store().device().clone();
         #[cfg(feature = "cuda")]
-        let (device_tensors, device_in_use) = (
-            weft_tensor::cuda_runtime::memory_usage(&device)?.map(|u| u.used),
+        let (usage, device_in_use) = (
+            weft_tensor::cuda_runtime::memory_usage(&device)?,
             weft_tensor::cuda_runtime::device_memory_in_use(&device)?,
         );
+        #[cfg(feature = "cuda")]
+        let (device_tensors, cuda_graph_pool, workspaces) = (
+            usage.map(|u| u.used),
+            usage.map(|u| u.graph_reserved),
+            usage.map(|_| weft_tensor::cuda_runtime::take_workspace_peak()),
+        );
         #[cfg(not(feature = "cuda"))]
-        let (device_tensors, device_in_use) = {
+        let (device_tensors, device_in_use, cuda_graph_pool, workspaces) = {
             let _ = &device;
-            (None, None)
+            (None, None, None, None)
         };
         let sample = MemorySample {
             phase,
@@ -142,6 +153,8 @@ impl Trainer {
             communication_buffers: self.strategy.take_communication_peak(),
             device_tensors,
             device_in_use,
+            workspaces,
+            cuda_graph_pool,
         };
         if let Some(timeline) = &self.options.timeline {
             let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
@@ -153,6 +166,14 @@ impl Trainer {
                 .collect();
             values.push(("activations", mib(activations)));
             values.push(("communication_buffers", mib(sample.communication_buffers)));
+            for (name, bytes) in [
+                ("workspaces", sample.workspaces),
+                ("cuda_graph_pool", sample.cuda_graph_pool),
+            ] {
+                if let Some(bytes) = bytes {
+                    values.push((name, mib(bytes as usize)));
+                }
+            }
             timeline.record_counter("memory MiB", std::time::Instant::now(), values);
         }
         let tracker = self.memory.as_mut().expect("checked above");

@@ -116,6 +116,7 @@ fn plan(
         let mut plan =
             Plan::describe(p, data_type(key.1)?, key.3, key.4).map_err(wrap("descriptors"))?;
         let candidates = if mode == AlgoSearch::Exhaustive {
+            crate::cuda_runtime::note_workspace(SEARCH_WORKSPACE);
             let workspace: CudaSlice<u8> = device.alloc::<u8>(SEARCH_WORKSPACE)?;
             let (ws, _) = workspace.device_ptr(&stream);
             let timed_on = (on, ws as *mut c_void, SEARCH_WORKSPACE);
@@ -213,6 +214,7 @@ fn run<T: CudaDType + DeviceRepr + WithDType>(
         &device,
         operands(pass, a_at, b_at, search_out),
     )?;
+    crate::cuda_runtime::note_workspace(plan.workspace);
     // SAFETY: scratch memory for cuDNN only.
     let workspace: CudaSlice<u8> = unsafe { device.alloc::<u8>(plan.workspace.max(1))? };
     let (ws, _) = workspace.device_ptr(&stream);
