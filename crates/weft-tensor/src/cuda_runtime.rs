@@ -58,6 +58,7 @@ pub struct MemoryUsage {
 static WORKSPACE_PEAK: AtomicU64 = AtomicU64::new(0);
 
 /// Notes a cuDNN workspace of `bytes` (its launches and algorithm searches call this).
+#[cfg(feature = "cudnn")]
 pub(crate) fn note_workspace(bytes: usize) {
     WORKSPACE_PEAK.fetch_max(bytes as u64, Ordering::Relaxed);
 }

@@ -125,6 +125,9 @@ impl StepGraph {
                         // The warm-up steps' freed memory, cached by the pool, is not needed
                         // any more: the graph allocates from its own.
                         weft_tensor::cuda_runtime::release_cached_memory(inputs.device())?;
+                        // One sample of the captured step (replays take none): its memory is
+                        // the graph's own.
+                        trainer.record_memory("captured", 0)?;
                         self.state = State::Ready(graph);
                         read(buffers, trainer, targets)
                     }

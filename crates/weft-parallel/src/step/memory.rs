@@ -61,7 +61,8 @@ impl Trainer {
 /// This rank's memory at one point of a step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemorySample {
-    /// `forward` (the tape holds the step's activations), `backward` or `optimizer`.
+    /// `forward` (the tape holds the step's activations), `backward`, `optimizer`, or `captured`
+    /// (after a step was captured in a CUDA graph, whose replays take no samples).
     pub phase: &'static str,
     pub model_states: ModelStateBytes,
     /// Bytes the block-wise tape keeps for backward (0 once backward has run).
