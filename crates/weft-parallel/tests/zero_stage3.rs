@@ -14,8 +14,9 @@ use candle_core::{DType, Tensor};
 use weft_collectives::Communicator;
 use weft_models::loss::Classification;
 use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
-use weft_parallel::zero::zero_stage3;
+use weft_parallel::zero::{zero_stage3, zero_stage3_from_shard, ShardLayout};
 use weft_parallel::{DdpConfig, ReadyGrads, Strategy, Trainer};
+use weft_tensor::sharded_init::ShardedInit;
 use weft_tensor::{residency, BlockModel, Checkpointing, EntryId, FlatBuffer, Mode};
 use weft_testing::{
     assert_close, flat_params, on_thread_ranks, tied_batch, tied_model, tiny_resnet,
@@ -195,6 +196,75 @@ fn a_rank_holds_the_running_block_and_its_shard_only() {
             peak < whole,
             "rank {rank}: peak {peak} of the whole {whole}"
         );
+    }
+}
+
+#[test]
+fn a_model_built_as_shards_never_whole_trains_like_one_process() {
+    let data = weft_testing::image_batches(3, 4);
+    let mut single = trainer(tiny_resnet(0, 3, DType::F64));
+    for (x, y) in &data {
+        single.step(x, y, 0.1).unwrap();
+    }
+    let reference = flat_params(single.model().store());
+    let results = on_thread_ranks(2, |rank, comm| {
+        let build = || weft_tensor::Result::Ok(tiny_resnet(0, 3, DType::F64));
+        let (_, len) = ShardedInit::count(build).unwrap();
+        let window = ShardLayout::new(len, 2).range(rank);
+        let (model, shard) = ShardedInit::capture(window, build).unwrap();
+        // Built, no parameter is whole on any rank.
+        let held_after_build = resident(&model);
+        let t = trainer(model);
+        // No gradient buffer until the strategy says which part this rank keeps.
+        let gradients_before = t.model_state_bytes().gradients;
+        let strategy =
+            zero_stage3_from_shard(t.model(), t.grads(), comm, DdpConfig::default(), shard)
+                .unwrap();
+        let mut t = t.with_strategy(Box::new(strategy)).unwrap();
+        assert_eq!(
+            gradients_before, 0,
+            "rank {rank}: gradients before the strategy"
+        );
+        let shard_bytes = ShardLayout::new(t.grads().layout().len(), 2)
+            .range(rank)
+            .len()
+            * 8;
+        assert_eq!(t.model_state_bytes().gradients, shard_bytes, "rank {rank}");
+        for (x, y) in &data {
+            let rows = |t: &Tensor| t.narrow(0, rank * 2, 2).unwrap();
+            t.step(&rows(x), &rows(y), 0.1).unwrap();
+        }
+        let params = t
+            .with_full_parameters(|model| Ok(flat_params(model.store())))
+            .unwrap();
+        (held_after_build, params)
+    });
+    for (rank, (held, params)) in results.into_iter().enumerate() {
+        assert_eq!(held, 0, "rank {rank}: parameters held after the build");
+        assert_close(
+            &params,
+            &reference,
+            TOL,
+            &format!("sharded init, rank {rank}"),
+        );
+    }
+}
+
+#[test]
+fn a_model_built_as_shards_needs_its_shard() {
+    let errors = on_thread_ranks(2, |rank, comm| {
+        let build = || weft_tensor::Result::Ok(tiny_resnet(0, 3, DType::F64));
+        let window = ShardLayout::new(ShardedInit::count(build).unwrap().1, 2).range(rank);
+        let (model, _) = ShardedInit::capture(window, build).unwrap();
+        let t = trainer(model);
+        let config = DdpConfig::default();
+        match zero_stage3(t.model(), t.grads(), comm, config) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    });
+    for err in errors {
+        assert!(err.contains("sharded initialisation"), "{err}");
     }
 }
 

@@ -8,7 +8,8 @@
 //!   gradients the moment they are final (tied weights once, summed), hooks before each
 //!   block's forward and backward, backward from a loss or a given output gradient, and
 //!   per-block activation checkpointing.
-//! - [`residency`]: a parameter's storage released and materialised again (ZeRO-3).
+//! - [`residency`]: a parameter's storage released and materialised again (ZeRO-3);
+//!   [`sharded_init`]: a model built keeping only one rank's shard of its parameters.
 //! - [`objective`]: what a training step minimises (a loss and its metrics), task-agnostic.
 //! - [`vjp`]: back-propagation from a given output gradient.
 //! - [`cross_rank`]: the hook through which SyncBatchNorm reaches the other ranks.
@@ -27,6 +28,7 @@ pub mod objective;
 pub mod ops;
 pub mod params;
 pub mod residency;
+pub mod sharded_init;
 pub mod state_dict;
 pub mod tape;
 pub mod timeline;

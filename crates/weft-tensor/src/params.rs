@@ -79,6 +79,7 @@ impl ParamStore {
             return Err(TensorError::DuplicateName { name: name.into() });
         }
         let var = Var::from_tensor(&value)?;
+        crate::sharded_init::on_register(&var, kind)?;
         self.index.insert(name.to_string(), self.entries.len());
         self.entries.push(Entry {
             name: name.to_string(),

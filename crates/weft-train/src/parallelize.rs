@@ -6,10 +6,11 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
+use candle_core::Tensor;
 use weft_collectives::Communicator;
 use weft_parallel::pipeline::PipelineStage;
 use weft_parallel::tensor::{TensorParallel, TensorParallelGroup};
-use weft_parallel::zero::{zero_stage1, zero_stage2, zero_stage3};
+use weft_parallel::zero::{zero_stage1, zero_stage2, zero_stage3_from_shard};
 use weft_parallel::{DdpConfig, DistributedDataParallel, SingleProcess, Strategy, Trainer};
 use weft_tensor::{EntryId, Timeline};
 
@@ -29,6 +30,8 @@ pub struct ResNetParallelism {
     pub cuda_graph: bool,
     /// Where DDP records its bucket all-reduces.
     pub timeline: Option<Arc<Timeline>>,
+    /// Under ZeRO-3, this rank's shard of a model built by a sharded initialisation.
+    pub zero3_shard: Option<Tensor>,
 }
 
 /// Data parallelism over `comm`'s ranks (one process without it; ZeRO's sharded optimizer
@@ -43,7 +46,8 @@ pub fn resnet(
     if let (Some(comm), true) = (comm, plan.sync_bn) {
         weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
     }
-    let strategy = data_parallel(&trainer, comm, plan.zero, &plan.ddp, plan.timeline.as_ref())?;
+    let zero = (plan.zero, plan.zero3_shard.clone());
+    let strategy = data_parallel(&trainer, comm, zero, &plan.ddp, plan.timeline.as_ref())?;
     let mut trainer = trainer.with_strategy(strategy)?;
     if plan.cuda_graph && !plan.sync_bn {
         trainer = trainer.with_cuda_graph();
@@ -74,7 +78,8 @@ pub fn gpt(
     dp: Option<&Arc<dyn Communicator>>,
     plan: &GptParallelism,
 ) -> Result<Trainer> {
-    let mut strategy = data_parallel(&trainer, dp, plan.zero, &plan.ddp, plan.timeline.as_ref())?;
+    let zero = (plan.zero, None);
+    let mut strategy = data_parallel(&trainer, dp, zero, &plan.ddp, plan.timeline.as_ref())?;
     if let Some((group, splits)) = &plan.tensor {
         let replicated = trainer
             .grads()
@@ -102,7 +107,7 @@ pub fn gpt(
 fn data_parallel(
     trainer: &Trainer,
     comm: Option<&Arc<dyn Communicator>>,
-    zero: u8,
+    (zero, zero3_shard): (u8, Option<Tensor>),
     config: &DdpConfig,
     timeline: Option<&Arc<Timeline>>,
 ) -> Result<Box<dyn Strategy>> {
@@ -121,7 +126,13 @@ fn data_parallel(
         }
         1 => Box::new(zero_stage1(model, grads, comm.clone(), config)?),
         2 => Box::new(zero_stage2(model, grads, comm.clone(), config)?),
-        3 => Box::new(zero_stage3(model, grads, comm.clone(), config)?),
+        3 => Box::new(zero_stage3_from_shard(
+            model,
+            grads,
+            comm.clone(),
+            config,
+            zero3_shard,
+        )?),
         other => bail!("--zero {other}: stages 0 to 3 exist"),
     };
     Ok(strategy)

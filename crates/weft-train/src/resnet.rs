@@ -8,14 +8,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 use weft_data::{DataLoader, Dataset, DistributedSampler, LoaderConfig, Pipeline};
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
+use weft_parallel::zero::ShardLayout;
 use weft_parallel::{DdpConfig, StepOutcome, Trainer};
 use weft_precision::PrecisionPolicy;
-use weft_tensor::{timeline, Checkpointing, Timeline};
+use weft_tensor::sharded_init::ShardedInit;
+use weft_tensor::{timeline, BlockModel, Checkpointing, Timeline};
 
 use crate::args::TrainArgs;
 use crate::data::{self, DataSets};
@@ -60,10 +62,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     config = config.with_channels_last(args.channels_last);
     // Validated by `args.validate`: a preset the trainer supports on this device.
     let policy = PrecisionPolicy::from_name(&args.precision)?;
-    let model = resnet(&config, policy.param, &device)?;
-    if let Some(path) = &args.init_from {
-        weft_tensor::state_dict::load_safetensors(model.store(), path)?;
-    }
+    let (model, zero3_shard) = build_model(&config, policy.param, &device, args, &ctx)?;
     let steps_per_epoch = data.train.len() / args.batch_size;
     if steps_per_epoch == 0 {
         bail!(
@@ -104,9 +103,20 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         },
         cuda_graph: args.cuda_graph && args.micro_batches == 1,
         timeline: Some(timeline.clone()),
+        zero3_shard,
     };
     let mut trainer =
         parallelize::resnet(trainer, ctx.comm.as_ref(), &plan)?.with_memory_tracking();
+    if let Some(path) = &args.init_from {
+        // Every rank loads the file; under ZeRO-3 each keeps its shard of it.
+        trainer.with_full_parameters(|model| {
+            Ok(weft_tensor::state_dict::load_safetensors(
+                model.store(),
+                path,
+            )?)
+        })?;
+        trainer.reload_master_weights()?;
+    }
     let mut memory_log = memory_report::MemoryLog::default();
     let mut run = RunFolder::open(
         &args.out,
@@ -307,6 +317,25 @@ fn loader(
         indices,
         config,
     )?)
+}
+
+/// The model, built whole; or, under ZeRO-3 on several ranks, built as this rank's shard of
+/// its parameters (built once to count them, then again keeping the shard: no parameter is
+/// ever whole on a rank), returned beside it.
+fn build_model(
+    config: &ResNetConfig,
+    dtype: DType,
+    device: &Device,
+    args: &TrainArgs,
+    ctx: &RankContext,
+) -> Result<(BlockModel, Option<Tensor>)> {
+    let build = || resnet(config, dtype, device);
+    if args.zero < 3 || ctx.world_size < 2 {
+        return Ok((build()?, None));
+    }
+    let (_, len) = ShardedInit::count(build)?;
+    let window = ShardLayout::new(len, ctx.world_size).range(ctx.rank);
+    Ok(ShardedInit::capture(window, build)?)
 }
 
 /// Mean loss and accuracy over the whole validation set in evaluation mode (images in the

@@ -204,6 +204,7 @@ fn scenario(
         },
         cuda_graph: graph,
         timeline: None,
+        zero3_shard: None,
     };
     let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
     let buckets = BucketPlan::new(ddp.grads().layout(), 8, mib(0.1), mib(0.5))

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
-use weft_tensor::{BlockModel, EntryId, FlatBuffer, Timeline};
+use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, Timeline};
 
 use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig};
 use crate::collectives::{all_reduce_ordered, native_for, TensorCollectives, TensorWork};
@@ -169,7 +169,9 @@ impl DistributedDataParallel {
 
 /// What every bucketed gradient sync does first: checks its bucket caps and that every rank
 /// has the same model, broadcasts rank 0's parameters and buffers, and plans the buckets over
-/// `grads`' layout.
+/// `grads`' layout. Parameters released by a sharded initialisation
+/// ([`weft_tensor::sharded_init`]) are not broadcast: every rank built them from the same
+/// seed, and each keeps its own shard.
 pub(crate) fn prepare_replicas(
     model: &BlockModel,
     grads: &FlatBuffer,
@@ -184,8 +186,10 @@ pub(crate) fn prepare_replicas(
     }
     let store = model.store();
     check_same_model(store, comm)?;
-    let all: Vec<EntryId> = (0..store.len()).collect();
-    broadcast_entries(store, &all, comm, 0)?;
+    let whole: Vec<EntryId> = (0..store.len())
+        .filter(|&id| residency::is_resident(store.entries()[id].tensor()))
+        .collect();
+    broadcast_entries(store, &whole, comm, 0)?;
     let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
     Ok(BucketPlan::new(
         grads.layout(),

@@ -94,7 +94,8 @@ impl Trainer {
         let layout = FlatLayout::parameters(model.store());
         let dtype = optimizer.gradient_dtype(model.store().dtype());
         let master_dtype = optimizer.needs_master_copy().then_some(dtype);
-        let grads = FlatBuffer::zeros(layout, dtype, model.store().device())?;
+        // Allocated once the strategy says which part of it this rank keeps.
+        let grads = FlatBuffer::zeros_window(layout, 0..0, dtype, model.store().device())?;
         let strategy = Box::new(SingleProcess::new(&model, false));
         Ok(Self {
             model,
@@ -159,29 +160,38 @@ impl Trainer {
     /// A strategy that keeps only a shard of the gradients (ZeRO-2/3) gets a gradient buffer of
     /// that shard instead of the whole one.
     pub fn with_strategy(mut self, strategy: Box<dyn Strategy>) -> Result<Self> {
-        let window = strategy.gradient_window(self.grads.layout().len());
+        self.strategy = strategy;
+        self.allocate_gradients()?;
+        self.reload_master_weights()?;
+        Ok(self)
+    }
+
+    /// Allocates the flat gradient buffer over the part of it the strategy keeps on this rank
+    /// (all of it, or a ZeRO-2/3 shard), unless it holds that part already. Until then it holds
+    /// none: a model built as shards never has a whole gradient buffer either.
+    pub(crate) fn allocate_gradients(&mut self) -> Result<()> {
+        let window = self.strategy.gradient_window(self.grads.layout().len());
         if window != self.grads.window() {
             let (dtype, device) = (self.grads.dtype(), self.grads.tensor().device().clone());
             let layout = self.grads.layout().clone();
             self.grads = FlatBuffer::zeros_window(layout, window, dtype, &device)?;
         }
-        self.strategy = strategy;
-        self.reload_master_weights()?;
-        Ok(self)
+        Ok(())
     }
 
     /// Reads the master copy again from the model's parameters, over the range the strategy
     /// gives this rank's optimizer (after the model was loaded or made identical to rank 0's).
     /// A host optimizer steps its master copy in host memory, wherever the model is: on a GPU
     /// that is ZeRO-Offload's arrangement.
-    /// A collective under ZeRO-3 (the parameters are read whole).
+    /// Under ZeRO-3 the strategy's shard of the parameters is that range.
     pub fn reload_master_weights(&mut self) -> Result<()> {
         if let Some(dtype) = self.master_dtype {
-            let layout = self.grads.layout().clone();
+            let layout = self.grads.layout();
             let range = self.strategy.optimizer_range(layout.len());
-            let values = self.with_full_parameters(|model| {
-                Ok(layout.read_range(model.store(), range, dtype)?)
-            })?;
+            let values = match self.strategy.parameter_shard() {
+                Some(shard) => shard.to_dtype(dtype)?,
+                None => layout.read_range(self.model.store(), range, dtype)?,
+            };
             self.params = Some(values.to_device(&candle_core::Device::Cpu)?);
         }
         Ok(())

@@ -53,8 +53,9 @@ impl Trainer {
         self.strategy.set_require_sync(sync)
     }
 
-    /// Makes the master copy at the first step.
+    /// Allocates the gradients and makes the master copy at the first step.
     pub(crate) fn prepare(&mut self) -> Result<()> {
+        self.allocate_gradients()?;
         if self.params.is_none() {
             self.reload_master_weights()?;
         }

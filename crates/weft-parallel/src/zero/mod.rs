@@ -34,6 +34,7 @@ mod stage3;
 
 use std::sync::Arc;
 
+use candle_core::Tensor;
 use weft_collectives::Communicator;
 use weft_tensor::{BlockModel, FlatBuffer};
 
@@ -91,6 +92,19 @@ pub fn zero_stage3(
     comm: Arc<dyn Communicator>,
     config: DdpConfig,
 ) -> Result<ZeroStage3> {
+    zero_stage3_from_shard(model, grads, comm, config, None)
+}
+
+/// ZeRO stage 3 over a model built by a sharded initialisation
+/// ([`weft_tensor::sharded_init::ShardedInit`]), whose parameters no rank holds whole: `shard`
+/// is this rank's cut of them (`None`: read from the model, whole on every rank).
+pub fn zero_stage3_from_shard(
+    model: &BlockModel,
+    grads: &FlatBuffer,
+    comm: Arc<dyn Communicator>,
+    config: DdpConfig,
+    shard: Option<Tensor>,
+) -> Result<ZeroStage3> {
     let sync = ShardedGradients::new(model, grads, comm.clone(), config)?;
-    ZeroStage3::new(Box::new(sync), model, grads, comm)
+    ZeroStage3::new(Box::new(sync), (model, grads), comm, shard)
 }

@@ -44,14 +44,15 @@ pub struct ZeroStage3 {
 }
 
 impl ZeroStage3 {
-    /// Shards `model`'s parameters (whole and identical on every rank: `sync` was built
-    /// first and broadcast rank 0's) over `comm`'s ranks. The variables are released at the
-    /// first step's forward.
+    /// Shards `model`'s parameters over `comm`'s ranks: this rank's shard is `own` (built by
+    /// a sharded initialisation), or read from the model, whole and identical on every rank
+    /// (`sync` was built first and broadcast rank 0's; the variables are then released at the
+    /// first step's forward).
     pub(crate) fn new(
         sync: Box<dyn Strategy>,
-        model: &BlockModel,
-        grads: &FlatBuffer,
+        (model, grads): (&BlockModel, &FlatBuffer),
         comm: Arc<dyn Communicator>,
+        own: Option<Tensor>,
     ) -> Result<Self> {
         let layout = grads.layout().clone();
         let store = model.store();
@@ -61,7 +62,29 @@ impl ZeroStage3 {
             ));
         }
         let shards = ShardLayout::new(layout.len(), comm.world_size());
-        let own = layout.read_range(store, shards.range(comm.rank()), store.dtype())?;
+        let range = shards.range(comm.rank());
+        let whole = store
+            .parameter_ids()
+            .iter()
+            .all(|&id| residency::is_resident(store.entries()[id].tensor()));
+        let own = match own {
+            Some(own) if own.elem_count() == range.len() => own.to_dtype(store.dtype())?,
+            Some(own) => {
+                return Err(ParallelError::Config(format!(
+                    "zero3: rank {}'s shard holds {} elements, its cut {range:?} of the {} parameters needs {}",
+                    comm.rank(),
+                    own.elem_count(),
+                    layout.len(),
+                    range.len()
+                )))
+            }
+            None if whole => layout.read_range(store, range, store.dtype())?,
+            None => {
+                return Err(ParallelError::Config(
+                    "zero3: the model was built by a sharded initialisation; pass its shard (zero_stage3_from_shard)".into(),
+                ))
+            }
+        };
         Ok(Self {
             sync,
             comm,

@@ -119,7 +119,8 @@ impl FlatBuffer {
         device: &Device,
     ) -> Result<Self> {
         layout.check_range(&window)?;
-        let data = Tensor::zeros(window.len(), dtype, device)?;
+        // An empty window is a view of one element: GPUs refuse empty allocations.
+        let data = Tensor::zeros(window.len().max(1), dtype, device)?.narrow(0, 0, window.len())?;
         Ok(Self {
             layout,
             window,
