@@ -17,8 +17,10 @@ use weft_models::gpt::{self, hf, Dense, GptLayers};
 use weft_models::loss::NextToken;
 use weft_parallel::pipeline::PipelineTrainer;
 use weft_parallel::tensor::VocabParallelNextToken;
+use weft_parallel::zero::ShardLayout;
 use weft_parallel::{DdpConfig, Trainer};
 use weft_precision::PrecisionPolicy;
+use weft_tensor::sharded_init::ShardedInit;
 use weft_tensor::{Checkpointing, Objective, Timeline};
 
 use crate::distributed::RankContext;
@@ -98,7 +100,18 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         Some(layers) => layers,
         None => &Dense,
     };
-    let model = gpt::gpt_stage(&config, policy.param, &device, layers, blocks)?;
+    let build = || gpt::gpt_stage(&config, policy.param, &device, layers, blocks.clone());
+    // Under ZeRO-3 over several replicas each rank builds only its shard of the parameters
+    // (counted in a first pass); loading --init-from needs the whole model.
+    let (model, zero3_shard) = match args.zero == 3 && mesh.dp_size > 1 && args.init_from.is_none()
+    {
+        true => {
+            let (_, len) = ShardedInit::count(build)?;
+            let window = ShardLayout::new(len, mesh.dp_size).range(mesh.dp_rank);
+            ShardedInit::capture(window, build)?
+        }
+        false => (build()?, None),
+    };
     if let Some(path) = &args.init_from {
         match (&split_layers, &mesh.tp) {
             (Some(layers), Some(group)) => {
@@ -163,6 +176,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             .clone()
             .zip(split_layers.as_ref().map(TensorParallelLayers::splits)),
         pipeline: mesh.pipeline_parallel().cloned(),
+        zero3_shard,
     };
     let trainer = parallelize::gpt(trainer, mesh.data_parallel(), &plan)?.with_memory_tracking();
     let mut memory_log = memory_report::MemoryLog::default();

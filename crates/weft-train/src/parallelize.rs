@@ -68,9 +68,11 @@ pub struct GptParallelism {
     /// The pipeline axis, when the model is one stage of several (built by
     /// `weft_models::gpt::gpt_stage`).
     pub pipeline: Option<Arc<dyn Communicator>>,
+    /// Under ZeRO-3, this rank's shard of a model built by a sharded initialisation.
+    pub zero3_shard: Option<Tensor>,
 }
 
-/// Data parallelism (DDP or ZeRO-1/2) over the replicas `dp` (one replica without it), inside
+/// Data parallelism (DDP or ZeRO-1/2/3) over the replicas `dp` (one replica without it), inside
 /// the tensor-parallel group if there is one, inside the pipeline stage if there is one (the
 /// token table's gradient summed between the first and last stage, which both hold it).
 pub fn gpt(
@@ -78,7 +80,7 @@ pub fn gpt(
     dp: Option<&Arc<dyn Communicator>>,
     plan: &GptParallelism,
 ) -> Result<Trainer> {
-    let zero = (plan.zero, None);
+    let zero = (plan.zero, plan.zero3_shard.clone());
     let mut strategy = data_parallel(&trainer, dp, zero, &plan.ddp, plan.timeline.as_ref())?;
     if let Some((group, splits)) = &plan.tensor {
         let replicated = trainer
