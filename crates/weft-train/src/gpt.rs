@@ -167,18 +167,23 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     .with_timeline(timeline.clone())
     .with_dropout_seed(args.seed);
     trainer = with_step_settings(trainer, args.clip_grad_norm, &policy)?;
-    let plan = GptParallelism {
-        zero: args.zero,
-        ddp: DdpConfig::default(),
-        timeline: Some(timeline.clone()),
-        tensor: mesh
-            .tp
-            .clone()
-            .zip(split_layers.as_ref().map(TensorParallelLayers::splits)),
-        pipeline: mesh.pipeline_parallel().cloned(),
-        zero3_shard,
-    };
-    let trainer = parallelize::gpt(trainer, mesh.data_parallel(), &plan)?.with_memory_tracking();
+    // The plan is a temporary: the shard it carries lives in the strategy alone.
+    let trainer = parallelize::gpt(
+        trainer,
+        mesh.data_parallel(),
+        &GptParallelism {
+            zero: args.zero,
+            ddp: DdpConfig::default(),
+            timeline: Some(timeline.clone()),
+            tensor: mesh
+                .tp
+                .clone()
+                .zip(split_layers.as_ref().map(TensorParallelLayers::splits)),
+            pipeline: mesh.pipeline_parallel().cloned(),
+            zero3_shard,
+        },
+    )?
+    .with_memory_tracking();
     let mut memory_log = memory_report::MemoryLog::default();
     let mut stepper = match mesh.pipeline_parallel() {
         Some(stages) => GptStepper::Stage(PipelineTrainer::new(

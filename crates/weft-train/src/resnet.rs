@@ -91,22 +91,26 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     )?
     .with_timeline(timeline.clone());
     trainer = with_step_settings(trainer, args.clip_grad_norm, &policy)?;
-    let plan = ResNetParallelism {
-        sync_bn: args.sync_bn,
-        zero: args.zero,
-        ddp: DdpConfig {
-            bucket_cap_mb: args.bucket_cap_mb,
-            broadcast_buffers: args.broadcast_buffers,
-            find_unused_parameters: args.find_unused_parameters,
-            grad_compression: args.grad_compression.to_ddp(),
-            ..DdpConfig::default()
+    // The plan is a temporary: the shard it carries lives in the strategy alone.
+    let mut trainer = parallelize::resnet(
+        trainer,
+        ctx.comm.as_ref(),
+        &ResNetParallelism {
+            sync_bn: args.sync_bn,
+            zero: args.zero,
+            ddp: DdpConfig {
+                bucket_cap_mb: args.bucket_cap_mb,
+                broadcast_buffers: args.broadcast_buffers,
+                find_unused_parameters: args.find_unused_parameters,
+                grad_compression: args.grad_compression.to_ddp(),
+                ..DdpConfig::default()
+            },
+            cuda_graph: args.cuda_graph && args.micro_batches == 1,
+            timeline: Some(timeline.clone()),
+            zero3_shard,
         },
-        cuda_graph: args.cuda_graph && args.micro_batches == 1,
-        timeline: Some(timeline.clone()),
-        zero3_shard,
-    };
-    let mut trainer =
-        parallelize::resnet(trainer, ctx.comm.as_ref(), &plan)?.with_memory_tracking();
+    )?
+    .with_memory_tracking();
     if let Some(path) = &args.init_from {
         // Every rank loads the file; under ZeRO-3 each keeps its shard of it.
         trainer.with_full_parameters(|model| {
