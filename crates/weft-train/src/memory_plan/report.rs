@@ -130,7 +130,7 @@ impl MemoryPlan {
         let s = &self.settings;
         let mut notes = Vec::new();
         if s.zero == 3 {
-            notes.push("weft builds every rank's whole model at initialisation before sharding it: the peak at start-up is the whole parameters (Ψ·p B), not the shard".into());
+            notes.push("weft's trainers build the model as each rank's shard (one whole parameter at a time at start-up), except with --init-from, which loads the whole model first".into());
         }
         if s.offload_optimizer {
             notes.push("weft's offload is exact: each step waits for the host's update (no one-step-delayed overlap yet)".into());
