@@ -16,7 +16,8 @@
 //! | `gather/release_parameters` | — | — | stage 3: whole model for reading | — |
 //!
 //! Strategies compose by wrapping: a pipeline stage wraps the tensor-parallel strategy of its
-//! blocks, which wraps the data-parallel strategy of its replicas.
+//! blocks, which wraps the data-parallel strategy of its replicas ([`Strategy::wrapped`]: the
+//! hooks a wrapper does not implement are passed to the strategy it wraps).
 //!
 //! Gradients live in one flat buffer laid out like the parameters ([`weft_tensor::FlatBuffer`]);
 //! the step writes each block's final gradients into it before calling `block_ready`.
@@ -47,33 +48,51 @@ pub trait Strategy: Send {
     /// A short name for logs (`single`, `ddp`, …).
     fn name(&self) -> &'static str;
 
+    /// The strategy this one wraps, if any (a pipeline stage wraps the tensor-parallel
+    /// strategy, which wraps the data-parallel one; ZeRO wraps its gradient sync): every hook
+    /// below that this one does not implement itself is passed to it. A strategy that wraps
+    /// none does nothing in those hooks, or what each says.
+    fn wrapped(&self) -> Option<&dyn Strategy> {
+        None
+    }
+
+    /// [`Strategy::wrapped`], mutably.
+    fn wrapped_mut(&mut self) -> Option<&mut dyn Strategy> {
+        None
+    }
+
     /// Before each micro-batch's forward pass.
-    fn before_forward(&mut self, _model: &BlockModel) -> Result<()> {
-        Ok(())
+    fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
+        self.wrapped_mut()
+            .map_or(Ok(()), |inner| inner.before_forward(model))
     }
 
     /// Before block `block`'s forward.
-    fn before_block_forward(&mut self, _model: &BlockModel, _block: usize) -> Result<()> {
-        Ok(())
+    fn before_block_forward(&mut self, model: &BlockModel, block: usize) -> Result<()> {
+        self.wrapped_mut()
+            .map_or(Ok(()), |inner| inner.before_block_forward(model, block))
     }
 
     /// Before block `block`'s backward.
-    fn before_block_backward(&mut self, _model: &BlockModel, _block: usize) -> Result<()> {
-        Ok(())
+    fn before_block_backward(&mut self, model: &BlockModel, block: usize) -> Result<()> {
+        self.wrapped_mut()
+            .map_or(Ok(()), |inner| inner.before_block_backward(model, block))
     }
 
     /// The elements of the flat gradient buffer this rank keeps (of `len`): all of them, or
     /// its shard (ZeRO-2/3, whose other gradients only pass through
     /// [`Strategy::stage_gradients`] on their way to their owners).
     fn gradient_window(&self, len: usize) -> Range<usize> {
-        0..len
+        self.wrapped()
+            .map_or(0..len, |inner| inner.gradient_window(len))
     }
 
     /// Takes a block's gradients before `block_ready`, where the strategy keeps them until
     /// they are reduced (ZeRO-2/3's bucket staging), and returns true; false (the default)
     /// lets the step write them into the flat gradient buffer.
-    fn stage_gradients(&mut self, _grads: &[(&Slot, Tensor)]) -> Result<bool> {
-        Ok(false)
+    fn stage_gradients(&mut self, grads: &[(&Slot, Tensor)]) -> Result<bool> {
+        self.wrapped_mut()
+            .map_or(Ok(false), |inner| inner.stage_gradients(grads))
     }
 
     /// Called when backward has made the gradients of `ready` final in `grads` (or staged
@@ -90,14 +109,18 @@ pub trait Strategy: Send {
 
     /// The elements of the flat buffers (of `len` elements) this rank's optimizer steps.
     fn optimizer_range(&self, len: usize) -> Range<usize> {
-        0..len
+        self.wrapped()
+            .map_or(0..len, |inner| inner.optimizer_range(len))
     }
 
     /// This rank's share of the squared global gradient norm, from the squares of the
     /// gradients it steps (`squares`, elements `range` of the flat buffers): their sum, unless
     /// other ranks hold copies of some of them (tensor-parallel replicas, counted once overall).
-    fn local_grad_norm_squared(&self, squares: &Tensor, _range: Range<usize>) -> Result<Tensor> {
-        Ok(squares.sum_all()?)
+    fn local_grad_norm_squared(&self, squares: &Tensor, range: Range<usize>) -> Result<Tensor> {
+        match self.wrapped() {
+            Some(inner) => inner.local_grad_norm_squared(squares, range),
+            None => Ok(squares.sum_all()?),
+        }
     }
 
     /// The squared global gradient norm from this rank's part of it (a scalar on the device),
@@ -105,7 +128,10 @@ pub trait Strategy: Send {
     /// gradients (ZeRO shards, tensor-parallel slices; TP-replicated parameters counted once).
     /// Under data parallelism every rank holds all of them, averaged: nothing to reduce.
     fn reduce_grad_norm_squared(&mut self, local: Tensor) -> Result<Tensor> {
-        Ok(local)
+        match self.wrapped_mut() {
+            Some(inner) => inner.reduce_grad_norm_squared(local),
+            None => Ok(local),
+        }
     }
 
     /// Whether any rank found an inf or NaN in its gradients, from this rank's flag (a
@@ -113,57 +139,66 @@ pub trait Strategy: Send {
     /// the model or its gradients, so that all ranks skip the same steps. One rank alone
     /// reduces nothing.
     fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
-        Ok(local)
+        match self.wrapped_mut() {
+            Some(inner) => inner.reduce_found_inf(local),
+            None => Ok(local),
+        }
     }
 
     /// Just before this rank's optimizer steps its range (not for a step the loss scaler
     /// skips): ZeRO-3 materialises the parameters of its shard.
-    fn before_update(&mut self, _model: &BlockModel) -> Result<()> {
-        Ok(())
+    fn before_update(&mut self, model: &BlockModel) -> Result<()> {
+        self.wrapped_mut()
+            .map_or(Ok(()), |inner| inner.before_update(model))
     }
 
     /// After this rank's optimizer has stepped its range (the updated parameters are in the
     /// model's store): makes every rank's parameters whole again where they are sharded.
-    fn after_step(&mut self, _model: &BlockModel) -> Result<()> {
-        Ok(())
+    fn after_step(&mut self, model: &BlockModel) -> Result<()> {
+        self.wrapped_mut()
+            .map_or(Ok(()), |inner| inner.after_step(model))
     }
 
     /// Makes every parameter of the model whole on this rank, for reading or writing it
     /// outside a step (evaluation, saving, loading): ZeRO-3 gathers them. Where they are whole
     /// already, nothing happens. A collective: every rank calls it.
-    fn gather_parameters(&mut self, _model: &BlockModel) -> Result<()> {
-        Ok(())
+    fn gather_parameters(&mut self, model: &BlockModel) -> Result<()> {
+        self.wrapped_mut()
+            .map_or(Ok(()), |inner| inner.gather_parameters(model))
     }
 
     /// Gives back what [`Strategy::gather_parameters`] (or an evaluation) gathered, keeping
     /// what was written into the whole parameters meanwhile. A collective.
-    fn release_parameters(&mut self, _model: &BlockModel) -> Result<()> {
-        Ok(())
+    fn release_parameters(&mut self, model: &BlockModel) -> Result<()> {
+        self.wrapped_mut()
+            .map_or(Ok(()), |inner| inner.release_parameters(model))
     }
 
     /// The parameters this rank keeps outside the model's variables, flat over its
     /// [`Strategy::optimizer_range`] in the model's dtype: ZeRO-3's shard (saved by sharded
     /// checkpoints in place of the whole model).
     fn parameter_shard(&self) -> Option<&Tensor> {
-        None
+        self.wrapped().and_then(|inner| inner.parameter_shard())
     }
 
     /// The most bytes this rank's communication buffers held since the last call (ZeRO-2/3's
     /// staged gradient buckets; DDP reduces in place and holds none), for the memory tracker.
     fn take_communication_peak(&mut self) -> usize {
-        0
+        self.wrapped_mut()
+            .map_or(0, |inner| inner.take_communication_peak())
     }
 
     /// Waits until the device has finished the step's communication (for strategies whose
     /// operations are ordered on the device only), failing on a dead peer or a timeout rather
     /// than blocking forever; called before the step's results are read.
     fn wait_for_device(&mut self) -> Result<()> {
-        Ok(())
+        self.wrapped_mut()
+            .map_or(Ok(()), |inner| inner.wait_for_device())
     }
 
     /// Whether a step under this strategy can be captured in a CUDA graph (its operations
     /// never wait on the host).
     fn capturable(&self) -> bool {
-        false
+        self.wrapped().is_some_and(|inner| inner.capturable())
     }
 }

@@ -7,7 +7,6 @@
 //! - evaluation gathers block by block and gives one process's loss, then releases;
 //! - `with_full_parameters` writes back what is written into the whole model.
 
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Tensor};
@@ -79,6 +78,12 @@ impl Strategy for Measured {
     fn name(&self) -> &'static str {
         "measured"
     }
+    fn wrapped(&self) -> Option<&dyn Strategy> {
+        Some(self.inner.as_ref())
+    }
+    fn wrapped_mut(&mut self) -> Option<&mut dyn Strategy> {
+        Some(self.inner.as_mut())
+    }
     fn before_forward(&mut self, model: &BlockModel) -> weft_parallel::Result<()> {
         self.inner.before_forward(model)?;
         self.note("before forward".into(), model, 0);
@@ -105,9 +110,6 @@ impl Strategy for Measured {
     fn set_require_sync(&mut self, sync: bool) {
         self.inner.set_require_sync(sync)
     }
-    fn optimizer_range(&self, len: usize) -> Range<usize> {
-        self.inner.optimizer_range(len)
-    }
     fn before_update(&mut self, model: &BlockModel) -> weft_parallel::Result<()> {
         self.inner.before_update(model)?;
         // The entries that hold this rank's shard, whole.
@@ -126,9 +128,6 @@ impl Strategy for Measured {
         self.inner.after_step(model)?;
         self.note("after step".into(), model, 0);
         Ok(())
-    }
-    fn parameter_shard(&self) -> Option<&Tensor> {
-        self.inner.parameter_shard()
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use weft_collectives::{Communicator, ReduceOp};
-use weft_tensor::{BlockModel, FlatBuffer, Slot};
+use weft_tensor::FlatBuffer;
 
 use crate::collectives::TensorCollectives;
 use crate::error::{ParallelError, Result};
@@ -94,44 +94,12 @@ impl Strategy for PipelineStage {
         "pipeline"
     }
 
-    fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
-        self.inner.before_forward(model)
+    fn wrapped(&self) -> Option<&dyn Strategy> {
+        Some(self.inner.as_ref())
     }
 
-    fn before_block_forward(&mut self, model: &BlockModel, block: usize) -> Result<()> {
-        self.inner.before_block_forward(model, block)
-    }
-
-    fn before_block_backward(&mut self, model: &BlockModel, block: usize) -> Result<()> {
-        self.inner.before_block_backward(model, block)
-    }
-
-    fn gradient_window(&self, len: usize) -> Range<usize> {
-        self.inner.gradient_window(len)
-    }
-
-    fn stage_gradients(&mut self, grads: &[(&Slot, Tensor)]) -> Result<bool> {
-        self.inner.stage_gradients(grads)
-    }
-
-    fn take_communication_peak(&mut self) -> usize {
-        self.inner.take_communication_peak()
-    }
-
-    fn before_update(&mut self, model: &BlockModel) -> Result<()> {
-        self.inner.before_update(model)
-    }
-
-    fn gather_parameters(&mut self, model: &BlockModel) -> Result<()> {
-        self.inner.gather_parameters(model)
-    }
-
-    fn release_parameters(&mut self, model: &BlockModel) -> Result<()> {
-        self.inner.release_parameters(model)
-    }
-
-    fn parameter_shard(&self) -> Option<&Tensor> {
-        self.inner.parameter_shard()
+    fn wrapped_mut(&mut self) -> Option<&mut dyn Strategy> {
+        Some(self.inner.as_mut())
     }
 
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {
@@ -145,10 +113,6 @@ impl Strategy for PipelineStage {
 
     fn set_require_sync(&mut self, sync: bool) {
         self.inner.set_require_sync(sync)
-    }
-
-    fn optimizer_range(&self, len: usize) -> Range<usize> {
-        self.inner.optimizer_range(len)
     }
 
     /// The inner strategy's share, less its share of the last stage's copy of the table.
@@ -183,11 +147,8 @@ impl Strategy for PipelineStage {
             .wait()
     }
 
-    fn after_step(&mut self, model: &BlockModel) -> Result<()> {
-        self.inner.after_step(model)
-    }
-
-    fn wait_for_device(&mut self) -> Result<()> {
-        self.inner.wait_for_device()
+    /// A pipeline's sends and receives wait on the host.
+    fn capturable(&self) -> bool {
+        false
     }
 }

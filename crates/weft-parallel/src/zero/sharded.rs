@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use weft_collectives::{Communicator, ReduceOp};
-use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
+use weft_tensor::{BlockModel, FlatBuffer, FlatLayout};
 
 use super::gather::all_gather_parameters;
 use super::ShardLayout;
@@ -59,20 +59,12 @@ impl Strategy for ZeroRedundancy {
         self.name
     }
 
-    fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
-        self.sync.before_forward(model)
+    fn wrapped(&self) -> Option<&dyn Strategy> {
+        Some(self.sync.as_ref())
     }
 
-    fn gradient_window(&self, len: usize) -> Range<usize> {
-        self.sync.gradient_window(len)
-    }
-
-    fn stage_gradients(&mut self, grads: &[(&Slot, Tensor)]) -> Result<bool> {
-        self.sync.stage_gradients(grads)
-    }
-
-    fn take_communication_peak(&mut self) -> usize {
-        self.sync.take_communication_peak()
+    fn wrapped_mut(&mut self) -> Option<&mut dyn Strategy> {
+        Some(self.sync.as_mut())
     }
 
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {
@@ -113,7 +105,8 @@ impl Strategy for ZeroRedundancy {
         all_gather_parameters(self.comm.as_ref(), &self.layout, &self.shards, store)
     }
 
-    fn wait_for_device(&mut self) -> Result<()> {
-        self.sync.wait_for_device()
+    /// The norm, the inf flag and the all-gather wait on the host.
+    fn capturable(&self) -> bool {
+        false
     }
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use weft_collectives::{Communicator, ReduceOp};
-use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, FlatLayout, ParamStore, Slot};
+use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, FlatLayout, ParamStore};
 
 use super::block_gather::{GatherSource, PendingGather};
 use super::gather::all_gather_parameters;
@@ -190,6 +190,14 @@ impl Strategy for ZeroStage3 {
         "zero3"
     }
 
+    fn wrapped(&self) -> Option<&dyn Strategy> {
+        Some(self.sync.as_ref())
+    }
+
+    fn wrapped_mut(&mut self) -> Option<&mut dyn Strategy> {
+        Some(self.sync.as_mut())
+    }
+
     fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
         self.sync.before_forward(model)?;
         self.write_back_and_release(model.store())
@@ -204,18 +212,6 @@ impl Strategy for ZeroStage3 {
     fn before_block_backward(&mut self, model: &BlockModel, block: usize) -> Result<()> {
         self.sync.before_block_backward(model, block)?;
         self.hold_block(model, block, block.checked_sub(1))
-    }
-
-    fn gradient_window(&self, len: usize) -> Range<usize> {
-        self.sync.gradient_window(len)
-    }
-
-    fn stage_gradients(&mut self, grads: &[(&Slot, Tensor)]) -> Result<bool> {
-        self.sync.stage_gradients(grads)
-    }
-
-    fn take_communication_peak(&mut self) -> usize {
-        self.sync.take_communication_peak()
     }
 
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {
@@ -291,7 +287,8 @@ impl Strategy for ZeroStage3 {
         Some(&self.own)
     }
 
-    fn wait_for_device(&mut self) -> Result<()> {
-        self.sync.wait_for_device()
+    /// Gathers allocate and free the variables' storage every step.
+    fn capturable(&self) -> bool {
+        false
     }
 }
