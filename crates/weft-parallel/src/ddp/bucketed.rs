@@ -20,7 +20,7 @@ use candle_core::Tensor;
 use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
 use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, Timeline};
 
-use super::{broadcast_entries, check_same_model, BucketPlan, DdpConfig};
+use super::{broadcast_entries, check_same_model, BucketCountdown, BucketPlan, DdpConfig};
 use crate::collectives::{all_reduce_ordered, native_for, TensorCollectives, TensorWork};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
@@ -63,7 +63,7 @@ pub struct DistributedDataParallel {
     config: DdpConfig,
     plan: BucketPlan,
     /// Gradients still missing per bucket in the current backward.
-    missing: Vec<usize>,
+    countdown: BucketCountdown,
     /// Which parameters' gradients the current backward has reported.
     check: ReadyCheck,
     in_flight: Vec<InFlight>,
@@ -86,13 +86,13 @@ impl DistributedDataParallel {
     ) -> Result<Self> {
         let plan = prepare_replicas(model, grads, comm.as_ref(), &config)?;
         let on_device = native_for(comm.as_ref(), grads.tensor().device()).is_some();
-        let missing = plan.buckets().iter().map(|b| b.entries.len()).collect();
+        let countdown = BucketCountdown::new(&plan);
         Ok(Self {
             comm,
             check: ReadyCheck::new(model.store(), config.find_unused_parameters),
             config,
             plan,
-            missing,
+            countdown,
             in_flight: Vec::new(),
             timings: Vec::new(),
             require_sync: true,
@@ -219,11 +219,7 @@ impl Strategy for DistributedDataParallel {
             return Ok(());
         }
         for entry in entries {
-            let Some(bucket) = self.plan.bucket_of(entry) else {
-                continue;
-            };
-            self.missing[bucket] -= 1;
-            if self.missing[bucket] == 0 {
+            if let Some(bucket) = self.countdown.arrive(&self.plan, entry) {
                 self.launch(bucket, grads)?;
             }
         }
@@ -273,12 +269,7 @@ impl Strategy for DistributedDataParallel {
                 completed,
             });
         }
-        self.missing = self
-            .plan
-            .buckets()
-            .iter()
-            .map(|b| b.entries.len())
-            .collect();
+        self.countdown = BucketCountdown::new(&self.plan);
         not_ready
     }
 

@@ -72,6 +72,28 @@ impl BucketPlan {
     }
 }
 
+/// Per bucket, the gradients the current backward has still to produce.
+#[derive(Debug, Clone)]
+pub(crate) struct BucketCountdown {
+    missing: Vec<usize>,
+}
+
+impl BucketCountdown {
+    /// Every bucket of `plan` waiting for all of its gradients.
+    pub(crate) fn new(plan: &BucketPlan) -> Self {
+        Self {
+            missing: plan.buckets().iter().map(|b| b.entries.len()).collect(),
+        }
+    }
+
+    /// Counts `entry`'s gradient; returns the bucket it completes, if it completes one.
+    pub(crate) fn arrive(&mut self, plan: &BucketPlan, entry: EntryId) -> Option<usize> {
+        let bucket = plan.bucket_of(entry)?;
+        self.missing[bucket] -= 1;
+        (self.missing[bucket] == 0).then_some(bucket)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

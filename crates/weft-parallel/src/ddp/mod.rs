@@ -15,6 +15,7 @@ use candle_core::DType;
 
 pub(crate) use bucketed::prepare_replicas;
 pub use bucketed::{BucketTiming, DistributedDataParallel};
+pub(crate) use buckets::BucketCountdown;
 pub use buckets::{Bucket, BucketPlan};
 pub use consistency::{broadcast_entries, check_same_model};
 pub use naive::NaiveDataParallel;

@@ -24,7 +24,7 @@ use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
 
 use super::ShardLayout;
 use crate::collectives::{native_for, reduce_ordered, TensorCollectives, TensorWork};
-use crate::ddp::{broadcast_entries, prepare_replicas, BucketPlan, DdpConfig};
+use crate::ddp::{broadcast_entries, prepare_replicas, BucketCountdown, BucketPlan, DdpConfig};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -63,7 +63,7 @@ pub struct ShardedGradients {
     shards: ShardLayout,
     check: ReadyCheck,
     /// Gradients still missing per bucket in the current backward.
-    missing: Vec<usize>,
+    countdown: BucketCountdown,
     /// Per bucket: its staging buffer while backward fills it.
     staging: Vec<Option<FlatBuffer>>,
     in_flight: Vec<InFlight>,
@@ -91,7 +91,7 @@ impl ShardedGradients {
             on_device: native_for(comm.as_ref(), grads.tensor().device()).is_some(),
             shards: ShardLayout::new(layout.len(), comm.world_size()),
             check: ReadyCheck::new(model.store(), config.find_unused_parameters),
-            missing: plan.buckets().iter().map(|b| b.entries.len()).collect(),
+            countdown: BucketCountdown::new(&plan),
             staging: (0..buckets).map(|_| None).collect(),
             in_flight: Vec::new(),
             step_open: false,
@@ -107,16 +107,6 @@ impl ShardedGradients {
 
     pub fn plan(&self) -> &BucketPlan {
         &self.plan
-    }
-
-    /// Every bucket waits for all of its gradients again.
-    fn reset_missing(&mut self) {
-        self.missing = self
-            .plan
-            .buckets()
-            .iter()
-            .map(|b| b.entries.len())
-            .collect();
     }
 
     /// Counts `bytes` more of staging buffers held.
@@ -248,11 +238,7 @@ impl Strategy for ShardedGradients {
             self.step_open = true;
         }
         for entry in self.check.report(ready)? {
-            let Some(bucket) = self.plan.bucket_of(entry) else {
-                continue;
-            };
-            self.missing[bucket] -= 1;
-            if self.missing[bucket] == 0 {
+            if let Some(bucket) = self.countdown.arrive(&self.plan, entry) {
                 self.launch(bucket, grads)?;
             }
         }
@@ -266,7 +252,7 @@ impl Strategy for ShardedGradients {
         }
         self.staging.iter_mut().for_each(|s| *s = None);
         self.staged_bytes = 0;
-        self.reset_missing();
+        self.countdown = BucketCountdown::new(&self.plan);
         self.step_open = false;
         not_ready
     }
@@ -274,7 +260,7 @@ impl Strategy for ShardedGradients {
     /// Every micro-batch is reduced: the ranks keep no full-size gradients to accumulate.
     fn set_require_sync(&mut self, _sync: bool) {
         self.check.reset();
-        self.reset_missing();
+        self.countdown = BucketCountdown::new(&self.plan);
     }
 
     fn take_communication_peak(&mut self) -> usize {
