@@ -273,7 +273,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                 })?;
             }
             memory_log.push(step, stepper.trainer_mut().take_memory_samples());
-            if step == 0 && ctx.is_main() && !args.quiet {
+            if step == 0 && !args.quiet {
                 let settings = memory_report::gpt_plan_settings(args, policy, mesh.dp_size);
                 let trainer = stepper.trainer_mut();
                 print!("{}", memory_report::model_state_table(trainer, &settings)?);

@@ -201,7 +201,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             skipped += usize::from(outcome.skipped);
             accumulate(&mut totals, &outcome);
             memory_log.push(step, trainer.take_memory_samples());
-            if step == 0 && ctx.is_main() && !args.quiet {
+            if step == 0 && !args.quiet {
                 let settings = memory_report::plan_settings(args, policy, ctx.world_size);
                 print!("{}", memory_report::model_state_table(&trainer, &settings)?);
                 if let Some(peak) = trainer.memory_peak() {
