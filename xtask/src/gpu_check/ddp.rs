@@ -17,17 +17,19 @@ use weft_optim::{ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::ddp::BucketPlan;
 use weft_parallel::{init_for_device, TensorCollectives};
 use weft_parallel::{DdpConfig, Trainer};
-use weft_tensor::{Checkpointing, Mode};
+use weft_tensor::{BlockModel, Checkpointing, Mode};
 use weft_train::parallelize::{self, ResNetParallelism};
 
+use super::zero;
+
 /// Images per rank and steps.
-const PER_RANK: usize = 2;
-const STEPS: usize = 3;
+pub(super) const PER_RANK: usize = 2;
+pub(super) const STEPS: usize = 3;
 /// The marker of a result line, read by the parent gpu-check.
 pub const ROW: &str = "gpu-check-row";
 
 /// A deterministic global batch (the same on every rank): images and labels of `n` samples.
-fn batch(n: usize, step: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+pub(super) fn batch(n: usize, step: usize, device: &Device) -> Result<(Tensor, Tensor)> {
     let len = n * 3 * 64 * 64;
     let values: Vec<f64> = (0..len)
         .map(|i| ((i * 7919 + step * 104_729) % 2003) as f64 / 1001.5 - 1.0)
@@ -38,12 +40,26 @@ fn batch(n: usize, step: usize, device: &Device) -> Result<(Tensor, Tensor)> {
 }
 
 /// ResNet-18 in f64 on `device`, its SGD on `optimizer_device` (the CPU: ZeRO-Offload).
-fn trainer(seed: u64, device: &Device, mode: Mode, optimizer_device: &Device) -> Result<Trainer> {
-    let model = resnet(
-        &ResNetConfig::from_name("resnet18", 10)?.with_seed(seed),
-        DType::F64,
-        device,
-    )?;
+pub(super) fn trainer(
+    seed: u64,
+    device: &Device,
+    mode: Mode,
+    optimizer_device: &Device,
+) -> Result<Trainer> {
+    let model = resnet(&resnet18(seed)?, DType::F64, device)?;
+    trainer_of(model, mode, optimizer_device)
+}
+
+pub(super) fn resnet18(seed: u64) -> Result<ResNetConfig> {
+    Ok(ResNetConfig::from_name("resnet18", 10)?.with_seed(seed))
+}
+
+/// `model` with SGD on `optimizer_device`.
+pub(super) fn trainer_of(
+    model: BlockModel,
+    mode: Mode,
+    optimizer_device: &Device,
+) -> Result<Trainer> {
     let sgd = OptimizerConfig::Sgd(SgdConfig {
         lr: 1e-3,
         momentum: 0.9,
@@ -62,7 +78,7 @@ fn trainer(seed: u64, device: &Device, mode: Mode, optimizer_device: &Device) ->
 
 /// Every parameter, flattened and concatenated, on `device` (gathered under ZeRO-3: a
 /// collective).
-fn parameters(t: &mut Trainer) -> Result<Tensor> {
+pub(super) fn parameters(t: &mut Trainer) -> Result<Tensor> {
     Ok(t.with_full_parameters(|model| {
         let store = model.store();
         let flat: Vec<Tensor> = store
@@ -74,7 +90,7 @@ fn parameters(t: &mut Trainer) -> Result<Tensor> {
     })?)
 }
 
-fn max_abs(t: &Tensor) -> Result<f64> {
+pub(super) fn max_abs(t: &Tensor) -> Result<f64> {
     Ok(t.abs()?.max(0)?.to_scalar::<f64>()?)
 }
 
@@ -103,7 +119,8 @@ pub fn run_rank() -> Result<()> {
     for (sync_bn, graph, zero, offload) in scenarios {
         scenario(&comm, &device, (sync_bn, graph), (zero, offload))?;
     }
-    zero2_gradients(&comm, &device)?;
+    zero::zero2_gradients(&comm, &device)?;
+    zero::zero3_built_as_shards(&comm, &device)?;
     results_in_flight(&comm, &device)?;
     comm.barrier().wait()?;
     Ok(())
@@ -135,45 +152,6 @@ fn results_in_flight(comm: &Arc<dyn Communicator>, device: &Device) -> Result<()
         .count();
     if rank == 0 {
         println!("{ROW}\tall-reduce results in flight, written back: wrong elements\t{wrong}\t0");
-    }
-    Ok(())
-}
-
-/// One step's reduced gradients under ZeRO-2 against DDP's, over this rank's shard (both from
-/// the same parameters and batch): rank 0 prints the row, and where the first difference is.
-fn zero2_gradients(comm: &Arc<dyn Communicator>, device: &Device) -> Result<()> {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let (x, y) = batch(PER_RANK * world, 0, device)?;
-    let mine = |t: &Tensor| t.narrow(0, rank * PER_RANK, PER_RANK);
-    let mut grads = Vec::new();
-    for zero in [0, 2] {
-        let plan = ResNetParallelism {
-            zero,
-            ddp: DdpConfig {
-                bucket_cap_mb: 0.5,
-                first_bucket_cap_mb: 0.1,
-                ..DdpConfig::default()
-            },
-            ..ResNetParallelism::default()
-        };
-        let mut t =
-            parallelize::resnet(trainer(1, device, Mode::EVAL, device)?, Some(comm), &plan)?;
-        t.step(&mine(&x)?, &mine(&y)?, 0.0)?;
-        // ZeRO-2 keeps this rank's shard of the gradients only.
-        let shards = weft_parallel::zero::ShardLayout::new(t.grads().layout().len(), world);
-        let own = shards.range(rank);
-        grads.push(t.grads().range(&own)?.copy()?);
-    }
-    let diff = (&grads[1] - &grads[0])?.abs()?;
-    let error = diff.max(0)?.to_scalar::<f64>()? / max_abs(&grads[0])?;
-    if rank == 0 {
-        let host: Vec<f64> = diff.to_vec1()?;
-        if let Some(first) = host.iter().position(|&d| d != 0.0) {
-            let last = host.iter().rposition(|&d| d != 0.0).unwrap_or(first);
-            let count = host.iter().filter(|&&d| d != 0.0).count();
-            println!("gpu-check-ddp: ZeRO-2 gradients differ at {count} elements in {first}..={last} of {}", host.len());
-        }
-        println!("{ROW}\tZeRO-2 {world} GPUs: reduced gradients = DDP's\t{error:e}\t1e-12");
     }
     Ok(())
 }

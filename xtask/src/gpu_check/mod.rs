@@ -19,6 +19,7 @@ mod multi_gpu;
 mod optimizers;
 mod resnet;
 mod single_ops;
+mod zero;
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
