@@ -20,8 +20,9 @@
 //!   partition of a model's blocks into stages, and their execution over point-to-point links.
 //! - [`tensor`]: Megatron tensor parallelism — column/row-parallel linear layers, the
 //!   vocabulary-parallel embedding and cross-entropy, and the f/g collectives joining them.
-//! - [`zero`]: ZeRO — the optimizer's states sharded over the data-parallel ranks (stages 1
-//!   and 2, beside a naive reference).
+//! - [`zero`]: ZeRO — the optimizer's states (stage 1), the gradients (2) and the parameters
+//!   (3, FSDP) sharded over the data-parallel ranks, beside a naive reference; sharded
+//!   checkpoints.
 
 pub mod clip;
 pub mod collectives;

@@ -1,6 +1,6 @@
 //! The GPT language-model trainer (`cargo xtask train-gpt`): token data, model, optimizer and
 //! schedule from the flags; tensor parallelism over groups of `--tp` ranks and data
-//! parallelism (DDP or ZeRO-1/2) over the replicas;
+//! parallelism (DDP or ZeRO-1/2/3) over the replicas;
 //! per-step `loss`/`lr`/`tokens_per_sec` and per-epoch `val_loss` lines in `metrics.jsonl`;
 //! per-rank traces, and the final weights with Hugging Face's names (loadable by
 //! `GPT2LMHeadModel.from_pretrained`).

@@ -105,10 +105,6 @@ impl ShardedGradients {
         })
     }
 
-    pub fn plan(&self) -> &BucketPlan {
-        &self.plan
-    }
-
     /// Counts `bytes` more of staging buffers held.
     fn hold(&mut self, bytes: usize) {
         self.staged_bytes += bytes;

@@ -15,7 +15,9 @@
 //!   so the optimizer steps them in place as under stages 1 and 2; `after_step` reads the
 //!   updated shard back and releases them.
 //!
-//! The gradient buffer is still full-size, as under stage 2.
+//! The gradients are stage 2's: this rank's shard only ([`super::ShardedGradients`]). A model
+//! built as shards ([`weft_tensor::sharded_init`], [`super::zero_stage3_from_shard`]) is never
+//! whole on any rank.
 
 use std::ops::Range;
 use std::sync::Arc;
