@@ -37,9 +37,6 @@ use crate::strategy::{ReadyGrads, Strategy};
 pub struct ZeroStage3 {
     sync: Box<dyn Strategy>,
     comm: Arc<dyn Communicator>,
-    /// The same ranks split off for the gathers: a communicator (under NCCL, a stream) of their
-    /// own, so that a prefetch does not queue behind the gradient reduces.
-    gathers: Box<dyn Communicator>,
     layout: FlatLayout,
     shards: ShardLayout,
     /// This rank's shard of the parameters: the model's dtype, on its device.
@@ -92,7 +89,6 @@ impl ZeroStage3 {
         };
         Ok(Self {
             sync,
-            gathers: comm.split(0, comm.rank() as i64)?,
             comm,
             layout,
             shards,
@@ -123,7 +119,7 @@ impl ZeroStage3 {
 
     fn source<'a>(&'a self, store: &'a ParamStore) -> GatherSource<'a> {
         GatherSource {
-            comm: self.gathers.as_ref(),
+            comm: self.comm.as_ref(),
             layout: &self.layout,
             shards: &self.shards,
             own: &self.own,
@@ -282,7 +278,7 @@ impl Strategy for ZeroStage3 {
         }
         self.layout
             .write_range(store, self.own_range().start, &self.own)?;
-        all_gather_parameters(self.gathers.as_ref(), &self.layout, &self.shards, store)
+        all_gather_parameters(self.comm.as_ref(), &self.layout, &self.shards, store)
     }
 
     fn release_parameters(&mut self, model: &BlockModel) -> Result<()> {
