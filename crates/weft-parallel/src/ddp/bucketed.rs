@@ -20,7 +20,9 @@ use candle_core::Tensor;
 use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
 use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, Timeline};
 
-use super::{broadcast_entries, check_same_model, BucketCountdown, BucketPlan, DdpConfig};
+use super::{
+    broadcast_buffers, broadcast_entries, check_same_model, BucketCountdown, BucketPlan, DdpConfig,
+};
 use crate::collectives::{all_reduce_ordered, native_for, TensorCollectives, TensorWork};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
@@ -167,6 +169,16 @@ impl DistributedDataParallel {
     }
 }
 
+/// Waits until the device has finished the operations ordered on it (`native`: the
+/// communicator's device collectives, when the gradients are on their device), watched for
+/// dead peers and timeouts; nothing to wait for otherwise.
+pub(crate) fn fence(native: Option<&dyn DeviceCollectives>) -> Result<()> {
+    if let Some(device) = native {
+        device.fence()?.wait()?;
+    }
+    Ok(())
+}
+
 /// What every bucketed gradient sync does first: checks its bucket caps and that every rank
 /// has the same model, broadcasts rank 0's parameters and buffers, and plans the buckets over
 /// `grads`' layout. Parameters released by a sharded initialisation
@@ -206,8 +218,7 @@ impl Strategy for DistributedDataParallel {
 
     fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
         if self.config.broadcast_buffers {
-            let store = model.store();
-            broadcast_entries(store, &store.buffer_ids(), self.comm.as_ref(), 0)?;
+            broadcast_buffers(model.store(), self.comm.as_ref())?;
         }
         Ok(())
     }
@@ -286,13 +297,7 @@ impl Strategy for DistributedDataParallel {
     /// Every step on the device ends here, also one replayed from a CUDA graph (whose
     /// operations this strategy never sees issued).
     fn wait_for_device(&mut self) -> Result<()> {
-        match self.native() {
-            Some(device) => {
-                device.fence()?.wait()?;
-                Ok(())
-            }
-            None => Ok(()),
-        }
+        fence(self.native())
     }
 
     fn capturable(&self) -> bool {

@@ -40,6 +40,12 @@ pub fn check_same_model(store: &ParamStore, comm: &dyn Communicator) -> Result<(
     Ok(())
 }
 
+/// Overwrites every rank's buffers (BatchNorm running statistics) with rank 0's, as PyTorch's
+/// DDP does before each forward with `broadcast_buffers`.
+pub fn broadcast_buffers(store: &ParamStore, comm: &dyn Communicator) -> Result<()> {
+    broadcast_entries(store, &store.buffer_ids(), comm, 0)
+}
+
 /// Overwrites the given entries on every rank with `root`'s values: per dtype, the entries are
 /// gathered into one flat tensor, broadcast, and scattered back (a few launches on a GPU
 /// whatever the number of entries, see [`copy_tensors`]).

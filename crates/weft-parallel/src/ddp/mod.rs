@@ -13,11 +13,11 @@ mod naive;
 
 use candle_core::DType;
 
-pub(crate) use bucketed::prepare_replicas;
+pub(crate) use bucketed::{fence, prepare_replicas};
 pub use bucketed::{BucketTiming, DistributedDataParallel};
 pub(crate) use buckets::BucketCountdown;
 pub use buckets::{Bucket, BucketPlan};
-pub use consistency::{broadcast_entries, check_same_model};
+pub use consistency::{broadcast_buffers, broadcast_entries, check_same_model};
 pub use naive::NaiveDataParallel;
 
 /// Settings of [`DistributedDataParallel`], named as in PyTorch.

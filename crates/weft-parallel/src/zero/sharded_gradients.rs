@@ -24,7 +24,9 @@ use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
 
 use super::ShardLayout;
 use crate::collectives::{native_for, reduce_ordered, TensorCollectives, TensorWork};
-use crate::ddp::{broadcast_entries, prepare_replicas, BucketCountdown, BucketPlan, DdpConfig};
+use crate::ddp::{
+    broadcast_buffers, fence, prepare_replicas, BucketCountdown, BucketPlan, DdpConfig,
+};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -194,8 +196,7 @@ impl Strategy for ShardedGradients {
 
     fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
         if self.config.broadcast_buffers {
-            let store = model.store();
-            broadcast_entries(store, &store.buffer_ids(), self.comm.as_ref(), 0)?;
+            broadcast_buffers(model.store(), self.comm.as_ref())?;
         }
         Ok(())
     }
@@ -264,12 +265,6 @@ impl Strategy for ShardedGradients {
     }
 
     fn wait_for_device(&mut self) -> Result<()> {
-        match self.native() {
-            Some(device) => {
-                device.fence()?.wait()?;
-                Ok(())
-            }
-            None => Ok(()),
-        }
+        fence(self.native())
     }
 }
