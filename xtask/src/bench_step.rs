@@ -72,6 +72,10 @@ pub struct BenchStepArgs {
     /// step on the CPU (the gradients copied over, the parameters back; no CUDA graph)
     #[arg(long, default_value_t = false)]
     offload_optimizer: bool,
+    /// With --offload-optimizer: from this step on, overlap the CPU's update with the next
+    /// step's forward and backward (DeepSpeed's delayed parameter update; changes the math)
+    #[arg(long, value_name = "STEP")]
+    delayed_update_from: Option<u64>,
     /// On a GPU, use at most this much of its memory (e.g. 4GiB; the rest is held by a
     /// blocker allocation): a run against a smaller GPU
     #[arg(long)]
@@ -286,6 +290,12 @@ fn measure_weft(args: &BenchStepArgs, policy: &PrecisionPolicy) -> Result<Measur
     )?
     .with_synchronized_timings();
     let mut trainer = weft_train::optim_setup::with_step_settings(trainer, None, policy)?;
+    if let Some(from) = args.delayed_update_from {
+        if !args.offload_optimizer {
+            bail!("--delayed-update-from overlaps an offloaded step: it needs --offload-optimizer");
+        }
+        trainer = trainer.with_delayed_update(from)?;
+    }
     if args.cuda_graph {
         trainer = trainer.with_cuda_graph();
     }

@@ -37,7 +37,7 @@ pub use adamw::{AdamW, AdamWConfig};
 pub use device::{DeviceOptimizer, DeviceRule, MASTER_WEIGHTS};
 pub use error::OptimError;
 pub use groups::{ParamGroup, ParamGroups};
-pub use model_optimizer::{ModelOptimizer, OptimizerConfig};
+pub use model_optimizer::{gradients_to_host, write_master, ModelOptimizer, OptimizerConfig};
 pub use named_state::{FlatState, NamedState, NamedStateEntry};
 pub use optimizer::{Optimizer, Shard};
 pub use real::Real;

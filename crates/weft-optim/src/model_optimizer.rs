@@ -200,12 +200,77 @@ impl ModelOptimizer {
             })
         };
         match self {
-            ModelOptimizer::F32(opt) => step_master(opt.as_mut(), master()?, grads, store, range),
-            ModelOptimizer::F64(opt) => step_master(opt.as_mut(), master()?, grads, store, range),
             #[cfg(feature = "cuda")]
             ModelOptimizer::Device(opt) => opt.step(grads, store, range),
+            _ => {
+                let master = master()?;
+                let on_host = grads.tensor().device().is_cpu();
+                let local = grads.local(&range).map_err(tensor_error)?;
+                let (host_grads, source) = match on_host {
+                    true => (grads.tensor().clone(), local),
+                    false => (
+                        shard_to_host(grads.tensor(), &local).map_err(tensor_error)?,
+                        0..range.len(),
+                    ),
+                };
+                let shard = Shard {
+                    offset: range.start,
+                    buffer_len: grads.layout().len(),
+                };
+                self.step_host(master, &host_grads, source, shard)?;
+                write_master(grads, store, range.start, master)
+            }
         }
     }
+
+    /// Steps the host master copy `master` (one shard `shard` of the flat buffers) with the
+    /// elements `source` of the host gradients `grads`, leaving the model's parameters as they
+    /// are ([`write_master`] writes them): the part of an offloaded step that can run on a
+    /// thread of its own (DeepSpeed's delayed parameter update). A device optimizer has no host
+    /// part and refuses.
+    pub fn step_host(
+        &mut self,
+        master: &Tensor,
+        grads: &Tensor,
+        source: Range<usize>,
+        shard: Shard,
+    ) -> Result<(), OptimError> {
+        match self {
+            ModelOptimizer::F32(opt) => step_slices(opt.as_mut(), master, grads, source, shard),
+            ModelOptimizer::F64(opt) => step_slices(opt.as_mut(), master, grads, source, shard),
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(_) => Err(tensor_error(
+                "the optimizer runs on the device: it has no host master copy to step",
+            )),
+        }
+    }
+}
+
+/// The elements `range` of the flat gradients `grads`, in a host tensor of their own (a copy
+/// even on the CPU, so the buffer can take the next step's gradients meanwhile).
+pub fn gradients_to_host(grads: &FlatBuffer, range: &Range<usize>) -> Result<Tensor, OptimError> {
+    let local = grads.local(range).map_err(tensor_error)?;
+    let copy = || -> candle_core::Result<Tensor> {
+        match grads.tensor().device().is_cpu() {
+            true => grads.tensor().narrow(0, local.start, local.len())?.copy(),
+            false => shard_to_host(grads.tensor(), &local),
+        }
+    };
+    copy().map_err(tensor_error)
+}
+
+/// Writes the master copy `master` of the flat buffers' elements from `start` on into the
+/// model's variables in `store` (converted to their dtype and moved to their device).
+pub fn write_master(
+    grads: &FlatBuffer,
+    store: &ParamStore,
+    start: usize,
+    master: &Tensor,
+) -> Result<(), OptimError> {
+    grads
+        .layout()
+        .write_range(store, start, master)
+        .map_err(tensor_error)
 }
 
 /// The elements `range` of the device tensor `flat`, copied to the host alone: candle moves a
@@ -220,40 +285,26 @@ fn shard_to_host(flat: &Tensor, range: &Range<usize>) -> candle_core::Result<Ten
     own.to_device(&Device::Cpu)
 }
 
-/// Steps the master copy `master` of `range` (in host memory) in place with a slice
-/// optimizer, then writes it into the model's variables. Gradients on a GPU are copied to the
-/// host first, and the updated values go back in the parameters' dtype (ZeRO-Offload).
-fn step_master<T: Real + HostElement>(
+/// Steps the host master copy `master` (all of it: the shard `shard`) in place with a slice
+/// optimizer and the elements `source` of the host gradients `grads`. On a GPU the caller
+/// copied the gradients to the host first and writes the result back in the parameters'
+/// dtype (ZeRO-Offload).
+fn step_slices<T: Real + HostElement>(
     optimizer: &mut (dyn Optimizer<T> + Send),
     master: &Tensor,
-    grads: &FlatBuffer,
-    store: &ParamStore,
-    range: Range<usize>,
+    grads: &Tensor,
+    source: Range<usize>,
+    shard: Shard,
 ) -> Result<(), OptimError> {
     let mut result = Ok(());
-    let shard = Shard {
-        offset: range.start,
-        buffer_len: grads.layout().len(),
-    };
-    let on_host = grads.tensor().device().is_cpu();
-    let local = grads.local(&range).map_err(tensor_error)?;
-    let host_grads = match on_host {
-        true => grads.tensor().clone(),
-        false => shard_to_host(grads.tensor(), &local).map_err(tensor_error)?,
-    };
-    let source_range = if on_host { local } else { 0..range.len() };
     zip_update(
         master,
-        &host_grads,
-        (0..range.len(), source_range),
+        grads,
+        (0..master.elem_count(), source),
         |p: &mut [T], g: &[T]| result = optimizer.step_at(shard, p, g),
     )
     .map_err(tensor_error)?;
-    result?;
-    grads
-        .layout()
-        .write_range(store, range.start, master)
-        .map_err(tensor_error)
+    result
 }
 
 #[cfg(test)]

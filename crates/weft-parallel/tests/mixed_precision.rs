@@ -83,6 +83,7 @@ fn bf16_and_fp16_working_copies_train_like_f32_with_fp32_masters() {
         let working = flat_params(store);
         let master = mixed
             .master_weights()
+            .unwrap()
             .expect("a master copy")
             .to_dtype(DType::F64)
             .unwrap()

@@ -96,7 +96,7 @@ fn check_resumes(saved_by: u8) {
     let reference = on_thread_ranks(4, |rank, comm| {
         let (mut t, shards) = zero_trainer(0, saved_by, comm.clone());
         train(&mut t, early, rank, 4);
-        save_sharded(&t, comm.as_ref(), &shards, &dir).unwrap();
+        save_sharded(&mut t, comm.as_ref(), &shards, &dir).unwrap();
         train(&mut t, later, rank, 4);
         whole(&mut t)
     });
@@ -160,10 +160,10 @@ fn bad_checkpoints_are_errors_naming_the_file_and_what_differs() {
     let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path().join("ckpt");
     let errors = on_thread_ranks(2, |_, comm| {
-        let (t, shards) = zero_trainer(0, 1, comm.clone());
-        save_sharded(&t, comm.as_ref(), &shards, &dir).unwrap();
+        let (mut t, shards) = zero_trainer(0, 1, comm.clone());
+        save_sharded(&mut t, comm.as_ref(), &shards, &dir).unwrap();
         // The folder exists now: saving again is refused, not overwritten.
-        save_sharded(&t, comm.as_ref(), &shards, &dir)
+        save_sharded(&mut t, comm.as_ref(), &shards, &dir)
             .unwrap_err()
             .to_string()
     });

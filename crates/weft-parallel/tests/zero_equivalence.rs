@@ -87,11 +87,11 @@ fn run_ranks(
                 .collect();
             t.step_accumulated(&parts, 0.01).unwrap();
         }
-        let master = t.master_weights().map_or(0, |m| m.elem_count());
+        let master = t.master_weights().unwrap().map_or(0, |m| m.elem_count());
         let params = t
             .with_full_parameters(|model| Ok(flat_params(model.store())))
             .unwrap();
-        (params, master, t.optimizer().state_len())
+        (params, master, t.optimizer().unwrap().state_len())
     })
 }
 
@@ -100,11 +100,11 @@ fn single_process(data: &[(Tensor, Tensor)], clip: Option<f64>) -> (Vec<f64>, us
     for (x, y) in data {
         t.step(x, y, 0.01).unwrap();
     }
-    let master = t.master_weights().map_or(0, |m| m.elem_count());
+    let master = t.master_weights().unwrap().map_or(0, |m| m.elem_count());
     (
         flat_params(t.model().store()),
         master,
-        t.optimizer().state_len(),
+        t.optimizer().unwrap().state_len(),
     )
 }
 

@@ -126,9 +126,14 @@ pub struct TrainArgs {
     pub zero: u8,
     /// ZeRO-Offload: keep the fp32 master weights and optimizer states in host memory and run
     /// the optimizer step on the CPU (multi-threaded), copying the gradients over and the
-    /// parameters back each step; exact (not the one-step-delayed variant). GPU only
+    /// parameters back each step; exact unless --delayed-update-from is given. GPU only
     #[arg(long, default_value_t = false)]
     pub offload_optimizer: bool,
+    /// With --offload-optimizer: from this step on, overlap the CPU's optimizer step with the
+    /// next step's forward and backward (DeepSpeed's delayed parameter update). This changes
+    /// the math: each update uses gradients one step stale. The steps before update exactly
+    #[arg(long, value_name = "STEP")]
+    pub delayed_update_from: Option<u64>,
     /// DDP: broadcast rank 0's buffers (BatchNorm running statistics) before every forward,
     /// as PyTorch's DistributedDataParallel does by default
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -185,6 +190,7 @@ impl TrainArgs {
             momentum: self.momentum,
             weight_decay: self.weight_decay,
             offload_optimizer: self.offload_optimizer,
+            delayed_update_from: self.delayed_update_from,
             lr_schedule: &self.lr_schedule,
             warmup_steps: self.warmup_steps,
         }

@@ -230,6 +230,7 @@ impl GptArgs {
             momentum: self.momentum,
             weight_decay: self.weight_decay,
             offload_optimizer: false,
+            delayed_update_from: None,
             lr_schedule: &self.lr_schedule,
             warmup_steps: self.warmup_steps.unwrap_or(total_steps / 20),
         }

@@ -63,7 +63,7 @@ fn role<'a>(
 /// Writes `trainer`'s checkpoint to `dir` from every rank of `mesh` (a collective): its model's
 /// slices as `splits` cut them, its optimizer state over `zero_shards` (ZeRO) or whole.
 pub fn save_tensor_parallel(
-    trainer: &Trainer,
+    trainer: &mut Trainer,
     mesh: &GptMesh,
     splits: &[(EntryId, Split)],
     zero_shards: Option<&ShardLayout>,

@@ -20,6 +20,7 @@ pub struct OptimizerFlags<'a> {
     pub momentum: f64,
     pub weight_decay: f64,
     pub offload_optimizer: bool,
+    pub delayed_update_from: Option<u64>,
     pub lr_schedule: &'a str,
     pub warmup_steps: usize,
 }
@@ -35,6 +36,9 @@ impl OptimizerFlags<'_> {
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             bail!("--weight-decay {} must be >= 0", self.weight_decay);
+        }
+        if self.delayed_update_from.is_some() && !self.offload_optimizer {
+            bail!("--delayed-update-from overlaps an offloaded step: it needs --offload-optimizer");
         }
         if !["constant", "step", "cosine"].contains(&self.lr_schedule) {
             bail!(

@@ -91,6 +91,9 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     )?
     .with_timeline(timeline.clone());
     trainer = with_step_settings(trainer, args.clip_grad_norm, &policy)?;
+    if let Some(from) = args.delayed_update_from {
+        trainer = trainer.with_delayed_update(from)?;
+    }
     // The plan is a temporary: the shard it carries lives in the strategy alone.
     let mut trainer = parallelize::resnet(
         trainer,
@@ -262,7 +265,9 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         final_val_acc: last.2,
         seconds: started.elapsed().as_secs_f64(),
     };
-    // Under ZeRO-3 every rank takes part in gathering the whole model; rank 0 writes it.
+    // The delayed update in flight reaches the parameters; under ZeRO-3 every rank takes part
+    // in gathering the whole model; rank 0 writes it.
+    trainer.flush_updates()?;
     let saved = trainer.with_full_parameters(|model| {
         Ok(run
             .writer

@@ -121,7 +121,8 @@ fn check_case(world: usize, tp: usize, zero: u8, dir: &Path) {
     let saved = on_thread_ranks(world, |_, comm| {
         let (mut t, mesh, layers) = trainer(1, &comm, tp, zero);
         train(&mut t, &mesh, &data[..2]);
-        save_tensor_parallel(&t, &mesh, &layers.splits(), shards(&t, &mesh).as_ref(), dir).unwrap();
+        let zero_shards = shards(&t, &mesh);
+        save_tensor_parallel(&mut t, &mesh, &layers.splits(), zero_shards.as_ref(), dir).unwrap();
         full_state(&t, &mesh, &layers)
     });
     let resumed = on_thread_ranks(world, |_, comm| {
@@ -154,8 +155,8 @@ fn split_checkpoints_resume_exactly_and_export_the_whole_model() {
     // A second save into the same folder is refused; a group of another size cannot load it.
     let dir = scratch.path().join("tp2");
     on_thread_ranks(2, |_, comm| {
-        let (t, mesh, layers) = trainer(1, &comm, 2, 0);
-        let err = save_tensor_parallel(&t, &mesh, &layers.splits(), None, &dir).unwrap_err();
+        let (mut t, mesh, layers) = trainer(1, &comm, 2, 0);
+        let err = save_tensor_parallel(&mut t, &mesh, &layers.splits(), None, &dir).unwrap_err();
         assert!(err.to_string().contains("exists already"), "{err}");
     });
     on_thread_ranks(4, |_, comm| {

@@ -52,8 +52,12 @@ impl Trainer {
             parameters,
             gradients: bytes(self.grads.tensor()),
             master_weights: self.params.as_ref().map_or(0, bytes)
-                + self.optimizer.own_master_bytes(),
-            optimizer_states: self.optimizer.state_bytes(),
+                + self.optimizer.as_ref().map_or(0, |o| o.own_master_bytes()),
+            optimizer_states: match (&self.optimizer, &self.delayed) {
+                (Some(optimizer), _) => optimizer.state_bytes(),
+                (None, Some(delayed)) => delayed.away_state_bytes().unwrap_or(0),
+                (None, None) => 0,
+            },
         }
     }
 }

@@ -10,7 +10,9 @@
 
 #[cfg(feature = "cuda")]
 mod cuda_graph;
+mod delayed_update;
 mod memory;
+use delayed_update::lost_optimizer;
 mod outcome;
 mod run;
 
@@ -44,7 +46,12 @@ pub struct Trainer {
     /// The master copy's dtype, for an optimizer that steps one.
     master_dtype: Option<DType>,
     grads: FlatBuffer,
-    optimizer: ModelOptimizer,
+    /// The optimizer; away (`None`) while a delayed update runs on its thread.
+    optimizer: Option<ModelOptimizer>,
+    /// The learning rate last set, for an optimizer that was away when it was set.
+    lr: Option<f64>,
+    /// DeepSpeed's delayed parameter update, when on.
+    delayed: Option<delayed_update::DelayedUpdate>,
     options: TapeOptions,
     strategy: Box<dyn Strategy>,
     /// Clip the gradients to this global norm before each update.
@@ -103,7 +110,9 @@ impl Trainer {
             params: None,
             master_dtype,
             grads,
-            optimizer,
+            optimizer: Some(optimizer),
+            lr: None,
+            delayed: None,
             options: TapeOptions {
                 checkpointing,
                 ..TapeOptions::default()
@@ -147,7 +156,7 @@ impl Trainer {
         if self.model.store().device().is_cuda()
             && self.strategy.capturable()
             && self.scaler.is_none()
-            && !self.optimizer.needs_master_copy()
+            && self.master_dtype.is_none()
         {
             self.graph = Some(cuda_graph::StepGraph::default());
         }
@@ -185,6 +194,7 @@ impl Trainer {
     /// that is ZeRO-Offload's arrangement.
     /// Under ZeRO-3 the strategy's shard of the parameters is that range.
     pub fn reload_master_weights(&mut self) -> Result<()> {
+        self.settle()?;
         if let Some(dtype) = self.master_dtype {
             let layout = self.grads.layout();
             let range = self.strategy.optimizer_range(layout.len());
@@ -278,18 +288,21 @@ impl Trainer {
         self.strategy.as_ref()
     }
 
-    pub fn optimizer(&self) -> &ModelOptimizer {
-        &self.optimizer
+    /// The optimizer (after a delayed update in flight has finished).
+    pub fn optimizer(&mut self) -> Result<&ModelOptimizer> {
+        Ok(self.settled_optimizer()?)
     }
 
-    /// The optimizer, to load a checkpoint's state into.
-    pub fn optimizer_mut(&mut self) -> &mut ModelOptimizer {
-        &mut self.optimizer
+    /// The optimizer, to load a checkpoint's state into (after a delayed update in flight has
+    /// finished).
+    pub fn optimizer_mut(&mut self) -> Result<&mut ModelOptimizer> {
+        self.settled_optimizer()
     }
 
     /// Replaces the master copy (over the optimizer's range) with `values`, e.g. a
     /// checkpoint's: more precise than the 16-bit parameters it was rounded into.
     pub fn load_master_weights(&mut self, values: &Tensor) -> Result<()> {
+        self.settle()?;
         if self.params.is_none() {
             self.reload_master_weights()?;
         }
@@ -311,9 +324,12 @@ impl Trainer {
     }
 
     /// The flat master copy of the parameters the optimizer steps (over its range of the flat
-    /// buffers), where it keeps one (from the first step on, or once a strategy is set).
-    pub fn master_weights(&self) -> Option<&Tensor> {
-        self.params.as_ref()
+    /// buffers), where it keeps one (from the first step on, or once a strategy is set), after
+    /// a delayed update in flight has finished. Under the delayed update it may be one update
+    /// ahead of the parameters.
+    pub fn master_weights(&mut self) -> Result<Option<&Tensor>> {
+        self.settle()?;
+        Ok(self.params.as_ref())
     }
 
     /// Runs `read` on the model with every parameter whole on this rank (ZeRO-3 gathers them
@@ -419,8 +435,14 @@ impl Trainer {
         self.objective.as_ref()
     }
 
+    /// Sets the learning rate of the next update (of an optimizer away on a delayed update,
+    /// once it is back).
     pub(crate) fn set_lr(&mut self, lr: f64) -> Result<()> {
-        Ok(self.optimizer.set_lr(lr)?)
+        self.lr = Some(lr);
+        if let Some(optimizer) = self.optimizer.as_mut() {
+            optimizer.set_lr(lr)?;
+        }
+        Ok(())
     }
 
     /// Waits for the strategy's device-ordered work (watched: a dead peer is an error,

@@ -98,10 +98,16 @@ impl Trainer {
             )?),
             None => None,
         };
-        self.strategy.before_update(&self.model)?;
-        self.optimizer
-            .step(self.params.as_ref(), &self.grads, self.model.store(), range)?;
-        self.strategy.after_step(&self.model)?;
+        if self.delays_this_update() {
+            self.delayed_update(range)?;
+        } else {
+            self.strategy.before_update(&self.model)?;
+            self.settle()?;
+            let optimizer = self.optimizer.as_mut().ok_or_else(super::lost_optimizer)?;
+            let (params, grads) = (self.params.as_ref(), &self.grads);
+            optimizer.step(params, grads, self.model.store(), range)?;
+            self.strategy.after_step(&self.model)?;
+        }
         self.record_memory("optimizer", 0)?;
         timings.optimizer = self.lap(start)?;
         if let Some(t) = &self.options.timeline {

@@ -55,7 +55,7 @@ pub(super) fn save_atomic(tensors: &HashMap<String, Tensor>, path: &Path) -> Res
 /// Writes `trainer`'s checkpoint to `dir` from every rank of `comm` (a collective: every rank
 /// calls it). `shards` are the cuts its optimizer steps (one shard of all for one process).
 pub fn save_sharded(
-    trainer: &Trainer,
+    trainer: &mut Trainer,
     comm: &dyn Communicator,
     shards: &ShardLayout,
     dir: &Path,
@@ -71,9 +71,11 @@ pub fn save_sharded(
         optimizer,
         step,
         buffers,
-    } = trainer.optimizer().flat_state(range.len())?;
+    } = trainer.optimizer()?.flat_state(range.len())?;
     let mut tensors: HashMap<String, Tensor> = buffers.iter().cloned().collect();
-    if let Some(master) = trainer.master_weights() {
+    let master = trainer.master_weights()?.cloned();
+    let master_weights = master.is_some();
+    if let Some(master) = master {
         tensors.insert(MASTER.into(), master.to_device(&Device::Cpu)?);
     }
     let parameter_shard = trainer.strategy().parameter_shard();
@@ -96,7 +98,7 @@ pub fn save_sharded(
             optimizer,
             step,
             buffers: buffers.into_iter().map(|(name, _)| name).collect(),
-            master_weights: trainer.master_weights().is_some(),
+            master_weights,
             flat_len: shards.len(),
             entries: Manifest::entries_of(trainer.grads().layout()),
             shards: (0..world)
@@ -203,7 +205,7 @@ pub fn load_sharded(
     if range.is_empty() {
         return Ok(());
     }
-    let load_master = manifest.master_weights && trainer.master_weights().is_some();
+    let load_master = manifest.master_weights && trainer.master_weights()?.is_some();
     let mut names = manifest.buffers.clone();
     if load_master {
         names.push(MASTER.into());
@@ -211,7 +213,7 @@ pub fn load_sharded(
     let mut values = read_ranges(dir, &manifest, &names, &range)?;
     let master = load_master.then(|| values.pop()).flatten();
     let buffers = names.into_iter().zip(values).collect();
-    trainer.optimizer_mut().load_flat_state(
+    trainer.optimizer_mut()?.load_flat_state(
         &manifest.optimizer,
         manifest.step,
         range.clone(),

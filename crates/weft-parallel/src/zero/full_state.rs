@@ -110,9 +110,11 @@ pub fn import_full_state(
     let tensors =
         candle_core::safetensors::load(state, &Device::Cpu).map_err(|e| fail(state, e))?;
     let range = shards.range(rank);
+    let keeps_master = trainer.master_weights()?.is_some();
+    let layout = trainer.grads().layout().clone();
     let slice = |name: &str| -> Result<Tensor> {
         let mut parts = Vec::new();
-        for slot in trainer.grads().layout().slots() {
+        for slot in layout.slots() {
             let (start, end) = (
                 slot.offset.max(range.start),
                 (slot.offset + slot.numel()).min(range.end),
@@ -149,13 +151,13 @@ pub fn import_full_state(
         .iter()
         .map(|b| Ok((b.clone(), slice(b)?)))
         .collect::<Result<Vec<_>>>()?;
-    let master = match field("master_weights")? == "true" && trainer.master_weights().is_some() {
+    let master = match field("master_weights")? == "true" && keeps_master {
         true => Some(slice(MASTER)?),
         false => None,
     };
     let optimizer = field("optimizer")?;
     trainer
-        .optimizer_mut()
+        .optimizer_mut()?
         .load_flat_state(&optimizer, step, range, flat)?;
     match master {
         Some(values) => trainer.load_master_weights(&values),
