@@ -34,7 +34,7 @@ fn train_rank(comm: Arc<dyn Communicator>) -> Result<()> {
     let trainer = Trainer::new(
         model,
         Box::new(Classification),
-        ModelOptimizer::F32(Box::new(sgd)),
+        ModelOptimizer::host_f32(sgd),
         Checkpointing::None,
     )?;
     // The ResNet's set-up, as the trainer does it: DistributedDataParallel over the ranks

@@ -10,9 +10,10 @@
 use std::ops::Range;
 
 use candle_core::{DType, Device, Tensor};
-use weft_tensor::flat::{zip_update, HostElement};
+use weft_tensor::flat::StagingElement;
 use weft_tensor::{FlatBuffer, ParamStore};
 
+use crate::host_optimizer::HostOptimizer;
 use crate::{AdamW, AdamWConfig, OptimError, Optimizer, ParamGroups, Real, Sgd, SgdConfig, Shard};
 
 const NAME: &str = "model optimizer";
@@ -34,9 +35,9 @@ pub enum OptimizerConfig {
 /// An optimizer over flat buffers of the model's dtype.
 pub enum ModelOptimizer {
     /// A slice optimizer over an f32 flat master copy.
-    F32(Box<dyn Optimizer<f32> + Send>),
+    F32(Box<HostOptimizer<f32>>),
     /// A slice optimizer over an f64 flat master copy.
-    F64(Box<dyn Optimizer<f64> + Send>),
+    F64(Box<HostOptimizer<f64>>),
     /// The rule on the parameters' CUDA device, in place (no master copy).
     #[cfg(feature = "cuda")]
     Device(Box<crate::DeviceOptimizer>),
@@ -58,16 +59,16 @@ impl ModelOptimizer {
         }
         Ok(match (config, dtype) {
             (OptimizerConfig::Sgd(c), DType::F32) => {
-                Self::F32(Box::new(Sgd::<f32>::new(c)?.with_param_groups(groups)))
+                host(Sgd::<f32>::new(c)?.with_param_groups(groups), Self::F32)
             }
             (OptimizerConfig::Sgd(c), DType::F64) => {
-                Self::F64(Box::new(Sgd::<f64>::new(c)?.with_param_groups(groups)))
+                host(Sgd::<f64>::new(c)?.with_param_groups(groups), Self::F64)
             }
             (OptimizerConfig::AdamW(c), DType::F32) => {
-                Self::F32(Box::new(AdamW::<f32>::new(c)?.with_param_groups(groups)))
+                host(AdamW::<f32>::new(c)?.with_param_groups(groups), Self::F32)
             }
             (OptimizerConfig::AdamW(c), DType::F64) => {
-                Self::F64(Box::new(AdamW::<f64>::new(c)?.with_param_groups(groups)))
+                host(AdamW::<f64>::new(c)?.with_param_groups(groups), Self::F64)
             }
             (_, other) => {
                 return Err(tensor_error(format!(
@@ -75,6 +76,16 @@ impl ModelOptimizer {
                 )))
             }
         })
+    }
+
+    /// A host optimizer over an f32 master copy stepped by `rule` (e.g. an [`Sgd`]).
+    pub fn host_f32(rule: impl Optimizer<f32> + Send + 'static) -> Self {
+        host(rule, Self::F32)
+    }
+
+    /// A host optimizer over an f64 master copy stepped by `rule`.
+    pub fn host_f64(rule: impl Optimizer<f64> + Send + 'static) -> Self {
+        host(rule, Self::F64)
     }
 
     #[cfg(feature = "cuda")]
@@ -193,130 +204,78 @@ impl ModelOptimizer {
         store: &ParamStore,
         range: Range<usize>,
     ) -> Result<(), OptimError> {
-        let master = || {
-            master.ok_or(OptimError::Tensor {
-                optimizer: NAME,
-                reason: "this optimizer steps a flat master copy, but none was given".into(),
-            })
-        };
-        match self {
-            #[cfg(feature = "cuda")]
-            ModelOptimizer::Device(opt) => opt.step(grads, store, range),
-            _ => {
-                let master = master()?;
-                let on_host = grads.tensor().device().is_cpu();
-                let local = grads.local(&range).map_err(tensor_error)?;
-                let (host_grads, source) = match on_host {
-                    true => (grads.tensor().clone(), local),
-                    false => (
-                        shard_to_host(grads.tensor(), &local).map_err(tensor_error)?,
-                        0..range.len(),
-                    ),
-                };
-                let shard = Shard {
-                    offset: range.start,
-                    buffer_len: grads.layout().len(),
-                };
-                self.step_host(master, &host_grads, source, shard)?;
-                write_master(grads, store, range.start, master)
-            }
+        #[cfg(feature = "cuda")]
+        if let ModelOptimizer::Device(opt) = self {
+            return opt.step(grads, store, range);
         }
+        let master = master.ok_or(OptimError::Tensor {
+            optimizer: NAME,
+            reason: "this optimizer steps a flat master copy, but none was given".into(),
+        })?;
+        let shard = Shard {
+            offset: range.start,
+            buffer_len: grads.layout().len(),
+        };
+        self.download_gradients(grads, &range)?;
+        self.step_master(master, shard)?;
+        self.write_master(grads, store, range.start, master)
     }
 
-    /// Steps the host master copy `master` (one shard `shard` of the flat buffers) with the
-    /// elements `source` of the host gradients `grads`, leaving the model's parameters as they
-    /// are ([`write_master`] writes them): the part of an offloaded step that can run on a
-    /// thread of its own (DeepSpeed's delayed parameter update). A device optimizer has no host
-    /// part and refuses.
-    pub fn step_host(
+    /// Copies the elements `range` of the flat gradients into host memory (pinned on a GPU),
+    /// for [`Self::step_master`]: the first part of a host optimizer's step.
+    pub fn download_gradients(
         &mut self,
-        master: &Tensor,
-        grads: &Tensor,
-        source: Range<usize>,
-        shard: Shard,
+        grads: &FlatBuffer,
+        range: &Range<usize>,
     ) -> Result<(), OptimError> {
         match self {
-            ModelOptimizer::F32(opt) => step_slices(opt.as_mut(), master, grads, source, shard),
-            ModelOptimizer::F64(opt) => step_slices(opt.as_mut(), master, grads, source, shard),
+            ModelOptimizer::F32(opt) => opt.download(grads, range),
+            ModelOptimizer::F64(opt) => opt.download(grads, range),
             #[cfg(feature = "cuda")]
-            ModelOptimizer::Device(_) => Err(tensor_error(
-                "the optimizer runs on the device: it has no host master copy to step",
-            )),
+            ModelOptimizer::Device(_) => Err(on_device()),
+        }
+    }
+
+    /// Steps the host master copy `master` (the shard `shard` of the flat buffers) with the
+    /// gradients last downloaded, leaving the model's parameters as they are: the part of a
+    /// host optimizer's step that can run on a thread of its own (the delayed update).
+    pub fn step_master(&mut self, master: &Tensor, shard: Shard) -> Result<(), OptimError> {
+        match self {
+            ModelOptimizer::F32(opt) => opt.step_master(master, shard),
+            ModelOptimizer::F64(opt) => opt.step_master(master, shard),
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(_) => Err(on_device()),
+        }
+    }
+
+    /// Writes the host master copy `master` (the flat buffers' elements from `start` on) into
+    /// the model's variables in `store` (through pinned memory on a GPU): the last part of a
+    /// host optimizer's step.
+    pub fn write_master(
+        &mut self,
+        grads: &FlatBuffer,
+        store: &ParamStore,
+        start: usize,
+        master: &Tensor,
+    ) -> Result<(), OptimError> {
+        match self {
+            ModelOptimizer::F32(opt) => opt.write_master(grads, store, start, master),
+            ModelOptimizer::F64(opt) => opt.write_master(grads, store, start, master),
+            #[cfg(feature = "cuda")]
+            ModelOptimizer::Device(_) => Err(on_device()),
         }
     }
 }
 
-/// The elements `range` of the flat gradients `grads`, in a host tensor of their own (a copy
-/// even on the CPU, so the buffer can take the next step's gradients meanwhile).
-pub fn gradients_to_host(grads: &FlatBuffer, range: &Range<usize>) -> Result<Tensor, OptimError> {
-    let local = grads.local(range).map_err(tensor_error)?;
-    let copy = || -> candle_core::Result<Tensor> {
-        match grads.tensor().device().is_cpu() {
-            true => grads.tensor().narrow(0, local.start, local.len())?.copy(),
-            false => shard_to_host(grads.tensor(), &local),
-        }
-    };
-    copy().map_err(tensor_error)
+/// A host optimizer over `rule`, as the variant `variant`.
+fn host<T: Real + StagingElement>(
+    rule: impl Optimizer<T> + Send + 'static,
+    variant: fn(Box<HostOptimizer<T>>) -> ModelOptimizer,
+) -> ModelOptimizer {
+    variant(Box::new(HostOptimizer::new(Box::new(rule))))
 }
 
-/// Writes the master copy `master` of the flat buffers' elements from `start` on into the
-/// model's variables in `store` (converted to their dtype and moved to their device).
-pub fn write_master(
-    grads: &FlatBuffer,
-    store: &ParamStore,
-    start: usize,
-    master: &Tensor,
-) -> Result<(), OptimError> {
-    grads
-        .layout()
-        .write_range(store, start, master)
-        .map_err(tensor_error)
-}
-
-/// The elements `range` of the device tensor `flat`, copied to the host alone: candle moves a
-/// view's whole allocation, so a shard is first copied into a tensor of its own.
-fn shard_to_host(flat: &Tensor, range: &Range<usize>) -> candle_core::Result<Tensor> {
-    let part = flat.narrow(0, range.start, range.len())?;
-    if range.len() == flat.elem_count() {
-        return part.to_device(&Device::Cpu);
-    }
-    let own = Tensor::zeros(range.len(), flat.dtype(), flat.device())?;
-    own.slice_set(&part, 0, 0)?;
-    own.to_device(&Device::Cpu)
-}
-
-/// Steps the host master copy `master` (all of it: the shard `shard`) in place with a slice
-/// optimizer and the elements `source` of the host gradients `grads`. On a GPU the caller
-/// copied the gradients to the host first and writes the result back in the parameters'
-/// dtype (ZeRO-Offload).
-fn step_slices<T: Real + HostElement>(
-    optimizer: &mut (dyn Optimizer<T> + Send),
-    master: &Tensor,
-    grads: &Tensor,
-    source: Range<usize>,
-    shard: Shard,
-) -> Result<(), OptimError> {
-    let mut result = Ok(());
-    zip_update(
-        master,
-        grads,
-        (0..master.elem_count(), source),
-        |p: &mut [T], g: &[T]| result = optimizer.step_at(shard, p, g),
-    )
-    .map_err(tensor_error)?;
-    result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_shard_comes_to_the_host_alone() {
-        let flat = Tensor::arange(0f32, 10.0, &Device::Cpu).unwrap();
-        let shard = shard_to_host(&flat, &(3..7)).unwrap();
-        assert_eq!(shard.to_vec1::<f32>().unwrap(), vec![3.0, 4.0, 5.0, 6.0]);
-        let whole = shard_to_host(&flat, &(0..10)).unwrap();
-        assert_eq!(whole.elem_count(), 10);
-    }
+#[cfg(feature = "cuda")]
+fn on_device() -> OptimError {
+    tensor_error("the optimizer runs on the device: it has no host master copy")
 }

@@ -25,7 +25,7 @@ fn trainer(clip: Option<f64>) -> Trainer {
     let t = Trainer::new(
         tiny_resnet(5, 3, DType::F64),
         Box::new(Classification),
-        ModelOptimizer::F64(Box::new(sgd)),
+        ModelOptimizer::host_f64(sgd),
         Checkpointing::None,
     )
     .unwrap()

@@ -32,7 +32,7 @@ fn trainer(seed: u64) -> Trainer {
     Trainer::new(
         model,
         Box::new(Classification),
-        ModelOptimizer::F64(Box::new(sgd)),
+        ModelOptimizer::host_f64(sgd),
         Checkpointing::None,
     )
     .unwrap()

@@ -33,7 +33,7 @@ fn trainer() -> Trainer {
     Trainer::new(
         tiny_resnet(9, 3, DType::F32),
         Box::new(Classification),
-        ModelOptimizer::F32(Box::new(sgd)),
+        ModelOptimizer::host_f32(sgd),
         Checkpointing::None,
     )
     .unwrap()

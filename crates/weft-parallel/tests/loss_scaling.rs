@@ -26,7 +26,7 @@ fn trainer(scale: Option<f64>) -> Trainer {
     let t = Trainer::new(
         tiny_resnet(4, 3, DType::F32),
         Box::new(Classification),
-        ModelOptimizer::F32(Box::new(sgd)),
+        ModelOptimizer::host_f32(sgd),
         Checkpointing::None,
     )
     .unwrap()

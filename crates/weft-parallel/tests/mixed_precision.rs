@@ -24,7 +24,7 @@ fn trainer(dtype: DType) -> Trainer {
     Trainer::new(
         tiny_resnet(2, 3, dtype),
         Box::new(Classification),
-        ModelOptimizer::F32(Box::new(sgd)),
+        ModelOptimizer::host_f32(sgd),
         Checkpointing::None,
     )
     .unwrap()

@@ -59,7 +59,7 @@ fn trainer(model: BlockModel) -> Trainer {
     Trainer::new(
         model,
         objective,
-        ModelOptimizer::F64(Box::new(sgd)),
+        ModelOptimizer::host_f64(sgd),
         Checkpointing::None,
     )
     .unwrap()
@@ -210,7 +210,7 @@ fn every_stage_skips_when_one_stage_finds_an_inf() {
         let plain = Trainer::new(
             model,
             Box::new(NextToken { vocab_size: 13 }),
-            ModelOptimizer::F32(Box::new(sgd)),
+            ModelOptimizer::host_f32(sgd),
             Checkpointing::None,
         )
         .unwrap()

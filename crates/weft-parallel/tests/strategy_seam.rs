@@ -28,7 +28,7 @@ fn trainer(model: BlockModel, momentum: f64) -> Trainer {
     Trainer::new(
         model,
         Box::new(Classification),
-        ModelOptimizer::F64(Box::new(sgd)),
+        ModelOptimizer::host_f64(sgd),
         Checkpointing::None,
     )
     .unwrap()

@@ -55,7 +55,7 @@ fn trainer() -> Trainer {
     Trainer::new(
         model,
         Box::new(Classification),
-        ModelOptimizer::F32(Box::new(sgd)),
+        ModelOptimizer::host_f32(sgd),
         Checkpointing::None,
     )
     .unwrap()

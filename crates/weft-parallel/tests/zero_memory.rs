@@ -36,7 +36,7 @@ fn stages_2_and_3_hold_a_shard_of_the_gradients_and_a_few_buckets() {
             let t = Trainer::new(
                 model,
                 Box::new(Classification),
-                ModelOptimizer::F64(Box::new(sgd)),
+                ModelOptimizer::host_f64(sgd),
                 Checkpointing::None,
             )
             .unwrap()

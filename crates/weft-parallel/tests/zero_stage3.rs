@@ -33,7 +33,7 @@ fn trainer(model: BlockModel) -> Trainer {
     Trainer::new(
         model,
         Box::new(Classification),
-        ModelOptimizer::F64(Box::new(sgd)),
+        ModelOptimizer::host_f64(sgd),
         Checkpointing::None,
     )
     .unwrap()

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use candle_core::Tensor;
-use weft_optim::{gradients_to_host, write_master, ModelOptimizer, OptimError, Shard};
+use weft_optim::{ModelOptimizer, OptimError, Shard};
 
 use super::Trainer;
 use crate::error::{ParallelError, Result};
@@ -107,23 +107,22 @@ impl Trainer {
     /// update launched on a thread of its own.
     pub(crate) fn delayed_update(&mut self, range: Range<usize>) -> Result<()> {
         self.write_settled_master(range.start)?;
-        let grads = gradients_to_host(&self.grads, &range)?;
         let shard = Shard {
             offset: range.start,
             buffer_len: self.grads.layout().len(),
         };
         let master = self.master_copy()?.clone();
-        self.settled_optimizer()?;
         let Some(mut optimizer) = self.optimizer.take() else {
             return Err(lost_optimizer());
         };
+        optimizer.download_gradients(&self.grads, &range)?;
         let state_bytes = optimizer.state_bytes();
         let timeline = self.options.timeline.clone();
         let job = std::thread::Builder::new()
             .name("weft-delayed-update".into())
             .spawn(move || {
                 let start = Instant::now();
-                let stepped = optimizer.step_host(&master, &grads, 0..grads.elem_count(), shard);
+                let stepped = optimizer.step_master(&master, shard);
                 if let Some(t) = &timeline {
                     t.record("delayed update", "optimizer", "host", start, Instant::now());
                 }
@@ -155,18 +154,22 @@ impl Trainer {
     fn write_settled_master(&mut self, start: usize) -> Result<()> {
         self.settle()?;
         self.strategy.before_update(&self.model)?;
-        write_master(&self.grads, self.model.store(), start, self.master_copy()?)?;
+        let optimizer = self.optimizer.as_mut().ok_or_else(lost_optimizer)?;
+        let master = self.params.as_ref().ok_or_else(no_master)?;
+        optimizer.write_master(&self.grads, self.model.store(), start, master)?;
         self.strategy.after_step(&self.model)
     }
 
     fn master_copy(&self) -> Result<&Tensor> {
-        self.params.as_ref().ok_or_else(|| {
-            ParallelError::Config("the delayed update needs the host master copy".into())
-        })
+        self.params.as_ref().ok_or_else(no_master)
     }
 }
 
 /// The error of an optimizer lost with a failed delayed update.
 pub(crate) fn lost_optimizer() -> ParallelError {
     ParallelError::Config("the optimizer was lost with a failed delayed update".into())
+}
+
+fn no_master() -> ParallelError {
+    ParallelError::Config("the delayed update needs the host master copy".into())
 }

@@ -156,3 +156,53 @@ fn contiguous_range(layout: &Layout) -> candle_core::Result<Range<usize>> {
         None => candle_core::bail!("flat buffers must be contiguous"),
     }
 }
+
+/// Runs `f` over all of the 1-D CPU tensor `target`'s elements as a mutable slice, together
+/// with `source` (of the same length): a host master copy stepped with gradients staged in
+/// host memory ([`super::HostStaging`]). In place inside Candle's storage.
+pub fn update_with_slice<T, F>(target: &Tensor, source: &[T], f: F) -> Result<()>
+where
+    T: HostElement,
+    F: FnMut(&mut [T], &[T]),
+{
+    if !target.device().is_cpu() || target.elem_count() != source.len() {
+        return Err(TensorError::Flat(format!(
+            "cannot update a {:?} tensor of {} elements with {} host elements",
+            target.device(),
+            target.elem_count(),
+            source.len()
+        )));
+    }
+    let op = SliceUpdate {
+        source,
+        f: std::sync::Mutex::new(f),
+    };
+    target.inplace_op1(&op)?;
+    Ok(())
+}
+
+/// In-place `f(&mut dst, source)` over a CPU tensor of element type `T`.
+struct SliceUpdate<'a, T, F> {
+    source: &'a [T],
+    f: std::sync::Mutex<F>,
+}
+
+impl<T: HostElement, F: FnMut(&mut [T], &[T])> candle_core::InplaceOp1 for SliceUpdate<'_, T, F> {
+    fn name(&self) -> &'static str {
+        "weft-slice-update"
+    }
+
+    fn cpu_fwd(&self, dst: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let range = contiguous_range(layout)?;
+        let dtype = dst.dtype();
+        let Some(dst) = T::slice_mut(dst) else {
+            candle_core::bail!(
+                "weft-slice-update: the buffer is {dtype:?}, not {}",
+                std::any::type_name::<T>()
+            );
+        };
+        let mut f = self.f.lock().expect("update closure panicked before");
+        f(&mut dst[range], self.source);
+        Ok(())
+    }
+}
