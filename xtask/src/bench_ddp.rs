@@ -62,6 +62,17 @@ pub struct BenchDdpArgs {
     /// out, at most 8, so that no rank waits for its images and stalls the others)
     #[arg(long)]
     workers: Option<usize>,
+    /// weft's precision policy for every run (fp32, bf16-mixed, fp16-mixed); the GPU anchor
+    /// autocasts to the same 16-bit type (fp16 with a GradScaler)
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    /// DDP gradient compression (none, bf16, fp16); the GPU anchor registers PyTorch's
+    /// `bf16_compress_hook` / `fp16_compress_hook`
+    #[arg(long, default_value = "none")]
+    grad_compression: String,
+    /// Channels-last tensors in weft's runs and in the GPU anchor
+    #[arg(long, default_value_t = false)]
+    channels_last: bool,
 }
 
 struct Measured {
@@ -175,6 +186,9 @@ fn run_gpu(args: &BenchDdpArgs) -> Result<()> {
         .args(["--batch-per-gpu", &args.batch_size.to_string()])
         .args(["--steps", &(args.steps - args.warmup).to_string()])
         .args(["--warmup", &args.warmup.to_string()])
+        .args(["--amp", amp_of(&args.precision)?])
+        .args(["--compress", &args.grad_compression])
+        .args(args.channels_last.then_some("--channels-last"))
         .output()
         .context("cannot run the PyTorch DDP anchor")?;
     if !output.status.success() {
@@ -206,6 +220,18 @@ fn run_gpu(args: &BenchDdpArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The anchor's autocast dtype for weft's precision policy `precision`.
+fn amp_of(precision: &str) -> Result<&'static str> {
+    Ok(match precision {
+        "fp32" => "none",
+        "bf16-mixed" => "bf16",
+        "fp16-mixed" => "fp16",
+        other => bail!(
+            "--precision {other}: the anchor has no counterpart (fp32, bf16-mixed, fp16-mixed)"
+        ),
+    })
 }
 
 /// Prints `phase NAME at UNIX-SECONDS`, so that a memory sampler running beside the benchmark
@@ -256,6 +282,9 @@ fn measure(
         .args(["--synthetic-val", &global_batch.to_string()])
         .args(["--cuda-graph", &args.cuda_graph.to_string()])
         .args(["--workers", &workers(args, nproc).to_string()])
+        .args(["--precision", &args.precision])
+        .args(["--grad-compression", &args.grad_compression])
+        .args(args.channels_last.then_some("--channels-last"))
         .arg("--out")
         .arg(&out)
         .args(["--name", &name])
