@@ -4,17 +4,20 @@
 //! torchrun: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
 //! `MASTER_PORT`. Slurm: `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NNODES`;
 //! `MASTER_ADDR` defaults to the first host of `SLURM_JOB_NODELIST`/`SLURM_NODELIST` and
-//! `MASTER_PORT` to one derived from `SLURM_JOB_ID`. Both: `WEFT_JOB_TOKEN` (required),
-//! `WEFT_JOB_ID` (defaults to `SLURM_JOB_ID` or `port<MASTER_PORT>`), `WEFT_TIMEOUT`,
-//! `WEFT_STORE_BIND_ADDR` (where rank 0's store listens; default `127.0.0.1`).
+//! `MASTER_PORT` to one derived from `SLURM_JOB_ID`. Both: `WEFT_JOB_TOKEN` (derived from
+//! torchrun's or Slurm's ids when unset: [`launcher`]), `WEFT_STORE_PORT` (default
+//! `MASTER_PORT`, or `MASTER_PORT + 1` under torchrun), `WEFT_JOB_ID` (defaults to
+//! `SLURM_JOB_ID` or `port<store port>`), `WEFT_TIMEOUT`, `WEFT_STORE_BIND_ADDR` (where rank 0's
+//! store listens; default `127.0.0.1`).
 
 use std::time::Duration;
 
 use crate::error::{CommError, Result};
 use crate::shm::{DEFAULT_TIMEOUT, TIMEOUT_VAR};
 
-/// Variable with the job token that every store connection must present.
-pub const JOB_TOKEN_VAR: &str = "WEFT_JOB_TOKEN";
+mod launcher;
+
+pub use launcher::{JOB_TOKEN_VAR, STORE_PORT_VAR};
 /// Variable with the job id, used in shared-memory segment names.
 pub const JOB_ID_VAR: &str = "WEFT_JOB_ID";
 /// Variable with the address rank 0's store listens on.
@@ -28,7 +31,8 @@ pub struct LaunchEnv {
     pub local_rank: usize,
     pub local_world_size: usize,
     pub master_addr: String,
-    pub master_port: u16,
+    /// The port rank 0's store listens on (see [`launcher`]).
+    pub store_port: u16,
     pub job_id: String,
     pub job_token: String,
     pub timeout: Duration,
@@ -57,7 +61,7 @@ impl LaunchEnv {
                 reason: "not set".to_string(),
             })
         };
-        let (rank, world_size, local_rank, local_world_size, master_addr, master_port);
+        let (rank, world_size, local_rank, local_world_size, master_addr, store_port);
         if lookup("RANK").is_some() || lookup("SLURM_PROCID").is_none() {
             rank = parse::<usize>("RANK", &required("RANK")?)?;
             world_size = parse::<usize>("WORLD_SIZE", &required("WORLD_SIZE")?)?;
@@ -68,7 +72,8 @@ impl LaunchEnv {
             let local = lookup("LOCAL_WORLD_SIZE").unwrap_or_else(|| world_size.to_string());
             local_world_size = parse::<usize>("LOCAL_WORLD_SIZE", &local)?;
             master_addr = required("MASTER_ADDR")?;
-            master_port = parse::<u16>("MASTER_PORT", &required("MASTER_PORT")?)?;
+            let master_port = parse::<u16>("MASTER_PORT", &required("MASTER_PORT")?)?;
+            store_port = launcher::store_port(&lookup, master_port)?;
         } else {
             rank = parse::<usize>("SLURM_PROCID", &required("SLURM_PROCID")?)?;
             world_size = parse::<usize>("SLURM_NTASKS", &required("SLURM_NTASKS")?)?;
@@ -86,13 +91,14 @@ impl LaunchEnv {
                 Some(addr) => addr,
                 None => slurm_master_addr(&lookup)?,
             };
-            master_port = match lookup("MASTER_PORT") {
+            let master_port = match lookup("MASTER_PORT") {
                 Some(port) => parse::<u16>("MASTER_PORT", &port)?,
                 None => {
                     let job = parse::<u64>("SLURM_JOB_ID", &required("SLURM_JOB_ID")?)?;
                     20000 + (job % 20000) as u16
                 }
             };
+            store_port = launcher::store_port(&lookup, master_port)?;
         }
         let env = LaunchEnv {
             rank,
@@ -100,11 +106,11 @@ impl LaunchEnv {
             local_rank,
             local_world_size,
             master_addr,
-            master_port,
+            store_port,
             job_id: lookup(JOB_ID_VAR)
                 .or_else(|| lookup("SLURM_JOB_ID"))
-                .unwrap_or_else(|| format!("port{master_port}")),
-            job_token: required(JOB_TOKEN_VAR)?,
+                .unwrap_or_else(|| format!("port{store_port}")),
+            job_token: launcher::job_token(&lookup)?,
             timeout: crate::shm::timeout_from(lookup(TIMEOUT_VAR).as_deref())?
                 .unwrap_or(DEFAULT_TIMEOUT),
             store_bind_addr: lookup(STORE_BIND_VAR).unwrap_or_else(|| "127.0.0.1".to_string()),
@@ -142,7 +148,7 @@ impl LaunchEnv {
                 format!("{} is not below {}", self.local_rank, self.local_world_size),
             );
         }
-        if self.master_port == 0 {
+        if self.store_port == 0 {
             return bad("MASTER_PORT", "must not be 0".into());
         }
         if self.job_token.is_empty() {

@@ -66,12 +66,12 @@ pub fn init_shm_with_config(env: &LaunchEnv, config: ShmConfig) -> Result<ShmCom
 pub(crate) fn join_store(env: &LaunchEnv) -> Result<(Option<TcpStoreServer>, TcpStore)> {
     let server = match env.rank {
         0 => Some(TcpStoreServer::bind(
-            &format!("{}:{}", env.store_bind_addr, env.master_port),
+            &format!("{}:{}", env.store_bind_addr, env.store_port),
             &env.job_token,
         )?),
         _ => None,
     };
-    let store_addr = format!("{}:{}", env.master_addr, env.master_port);
+    let store_addr = format!("{}:{}", env.master_addr, env.store_port);
     let store = TcpStore::connect(&store_addr, &env.job_token, env.timeout)?;
     Ok((server, store))
 }
@@ -156,7 +156,7 @@ mod tests {
             local_rank: rank,
             local_world_size: world_size,
             master_addr: "127.0.0.1".into(),
-            master_port: port,
+            store_port: port,
             job_id: job_id.into(),
             job_token: "token".into(),
             timeout: Duration::from_secs(10),

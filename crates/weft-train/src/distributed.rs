@@ -27,13 +27,9 @@ impl RankContext {
     /// Joins the job described by the environment when `WORLD_SIZE` (or `SLURM_NTASKS`) says
     /// there is more than one rank, through NCCL when the model is on a GPU and the shm
     /// backend otherwise; a single process when there is one rank.
+    /// A malformed `WORLD_SIZE` is an error naming it, never a silent single-process run.
     pub fn from_env(device: &Device) -> Result<Self> {
-        let world: usize = std::env::var("WORLD_SIZE")
-            .or_else(|_| std::env::var("SLURM_NTASKS"))
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
-        if world <= 1 {
+        if launched_world_size(|name| std::env::var(name).ok())? <= 1 {
             return Ok(Self::single());
         }
         let comm: Arc<dyn Communicator> =
@@ -66,5 +62,52 @@ impl RankContext {
             comm.barrier().wait()?;
         }
         Ok(())
+    }
+}
+
+/// The world size the launcher's variables give (`WORLD_SIZE`, else Slurm's `SLURM_NTASKS`),
+/// 1 when neither is set; an error naming the variable when it is not a positive number.
+pub fn launched_world_size(lookup: impl Fn(&str) -> Option<String>) -> Result<usize> {
+    for var in ["WORLD_SIZE", "SLURM_NTASKS"] {
+        if let Some(value) = lookup(var) {
+            return match value.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(n),
+                _ => anyhow::bail!(
+                    "{var}={value:?}: the launcher's world size must be a positive number"
+                ),
+            };
+        }
+    }
+    Ok(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::launched_world_size;
+
+    fn with(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn a_malformed_world_size_is_an_error_not_one_process() {
+        assert_eq!(launched_world_size(with(&[])).unwrap(), 1);
+        assert_eq!(
+            launched_world_size(with(&[("SLURM_NTASKS", "4")])).unwrap(),
+            4
+        );
+        for bad in [
+            &[("WORLD_SIZE", "abc")][..],
+            &[("WORLD_SIZE", "0")],
+            &[("SLURM_NTASKS", "-2")],
+        ] {
+            let err = launched_world_size(with(bad)).unwrap_err().to_string();
+            assert!(err.contains(bad[0].0) && err.lines().count() == 1, "{err}");
+        }
     }
 }

@@ -35,7 +35,7 @@ fn torchrun_variables_are_read() {
             local_rank: 1,
             local_world_size: 2,
             master_addr: "10.1.2.3".into(),
-            master_port: 29500,
+            store_port: 29500,
             job_id: "job7".into(),
             job_token: "tok".into(),
             timeout: DEFAULT_TIMEOUT,
@@ -99,7 +99,7 @@ fn slurm_variables_are_read_with_derived_master() {
         (5, 8, 1, 4)
     );
     assert_eq!(env.master_addr, "gpu07");
-    assert_eq!(env.master_port, 20000 + (123456 % 20000) as u16);
+    assert_eq!(env.store_port, 20000 + (123456 % 20000) as u16);
     assert_eq!(env.job_id, "123456");
 }
 
@@ -113,4 +113,71 @@ fn first_hosts_of_node_lists() {
     assert_eq!(first_host("rack[1-2]-node[1-4]"), None);
     assert_eq!(first_host("node[a-b]"), None);
     assert_eq!(first_host(""), None);
+}
+
+/// What torchrun sets in each worker (no weft variable): the token comes from its run id and
+/// rendezvous address, and the store moves off MASTER_PORT, which torchrun's agent holds.
+#[test]
+fn a_torchrun_job_needs_no_weft_variable() {
+    let torchrun = [
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+        ("TORCHELASTIC_RUN_ID", "5f2c"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ];
+    let env = LaunchEnv::from_lookup(lookup(&torchrun)).unwrap();
+    assert_eq!(env.store_port, 29501);
+    assert_eq!(env.job_token, "torchrun:5f2c@127.0.0.1:29500");
+    let mut overridden = torchrun.to_vec();
+    overridden.extend([("WEFT_JOB_TOKEN", "mine"), ("WEFT_STORE_PORT", "31000")]);
+    let env = LaunchEnv::from_lookup(lookup(&overridden)).unwrap();
+    assert_eq!((env.job_token.as_str(), env.store_port), ("mine", 31000));
+    let mut top = torchrun.to_vec();
+    top[5] = ("MASTER_PORT", "65535");
+    let err = LaunchEnv::from_lookup(lookup(&top))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("WEFT_STORE_PORT"), "{err}");
+}
+
+/// What `srun` sets in an sbatch script's tasks (no weft variable): the token comes from the
+/// job and step ids, the same in every task of the step.
+#[test]
+fn a_slurm_job_needs_no_weft_variable() {
+    let task = |rank: &'static str| {
+        [
+            ("SLURM_PROCID", rank),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", rank),
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_STEP_ID", "0"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29600"),
+        ]
+    };
+    let (first, second) = (
+        LaunchEnv::from_lookup(lookup(&task("0"))).unwrap(),
+        LaunchEnv::from_lookup(lookup(&task("1"))).unwrap(),
+    );
+    assert_eq!(first.job_token, "slurm:4242.0");
+    assert_eq!(first.job_token, second.job_token);
+    assert_eq!((first.store_port, second.rank), (29600, 1));
+}
+
+#[test]
+fn without_a_token_or_a_launcher_identity_the_error_names_the_variable() {
+    let mut bare = TORCHRUN.to_vec();
+    bare.retain(|(k, _)| *k != "WEFT_JOB_TOKEN");
+    let err = LaunchEnv::from_lookup(lookup(&bare))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("WEFT_JOB_TOKEN") && err.contains("weft-run"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1);
 }
