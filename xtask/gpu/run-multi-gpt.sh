@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Two-GPU rows of the multi-GPU issue for the GPT, each beside PyTorch on the same machine
+# (`xtask/python/gpt_parallel_anchor.py`), fp32 (TF32 off), AdamW. Runs from the repository root
+# with the bundle of `cargo xtask gpu-bundle` carried as `.gpu/` (or WEFT_BUNDLE=. inside a
+# bundle); builds nothing; everything under $OUT. Device memory is nvidia-smi's, sampled every
+# 100 ms during each run (the peak per GPU). Usage: bash xtask/gpu/run-multi-gpt.sh [SECTIONS],
+# a comma-separated choice of (default zero,tp,pp):
+#   zero  GPT-2 small, 8 x 1024 tokens per GPU: weft on one GPU, DDP and ZeRO-1/2/3 on two, and
+#         memory-plan's prediction for each; PyTorch on one GPU, DDP and FSDP2 on two
+#   tp    GPT-2 large, 4 x 1024 tokens: weft and PyTorch on one GPU and with TP = 2
+#   pp    GPT-2 small, 16 x 1024 tokens, PP = 2 with 1F1B over M = 2, 4, 8, 16 micro-batches:
+#         weft (stages balanced by measured time) with each stage's bubble, and PyTorch's
+#         Schedule1F1B
+#   ddp   ResNet-50 bench-ddp, 10 warm-up and 40 timed steps: fp32 batch 32, bf16-mixed
+#         channels-last batch 128
+set -uo pipefail
+B=${WEFT_BUNDLE:-.gpu}
+source "$B/env.sh"
+export WEFT_ANCHOR_PYTHON=python3 WEFT_TIMEOUT=120
+OUT=${OUT:-/tmp/weft-gpu-out}
+mkdir -p "$OUT/smi"
+X=$B/xtask
+ANCHOR=$B/python/gpt_parallel_anchor.py
+SECTIONS=",${1:-zero,tp,pp},"
+want() { [[ $SECTIONS == *",$1,"* ]]; }
+exec > >(tee -a "$OUT/multi-gpt.log") 2>&1
+date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__)'
+
+# measured NAME COMMAND...: runs the command while sampling each GPU's memory, then prints the
+# peak per GPU
+measured() {
+  local name=$1; shift
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/smi/$name.csv" &
+  local smi=$!
+  "$@" > "$OUT/smi/$name.log" 2>&1
+  local status=$?
+  kill $smi; wait $smi 2>/dev/null
+  grep -v -e Warning -e warn "$OUT/smi/$name.log" | tail -2
+  python3 - "$OUT/smi/$name.csv" "$name" "$status" <<'PY'
+import collections, sys
+peak = collections.defaultdict(int)
+for line in open(sys.argv[1]):
+    parts = line.split(",")
+    if len(parts) == 2 and parts[1].strip().isdigit():
+        peak[int(parts[0])] = max(peak[int(parts[0])], int(parts[1]))
+print(f"{sys.argv[2]}: exit {sys.argv[3]}, device peak MiB per GPU (nvidia-smi) {dict(sorted(peak.items()))}")
+PY
+}
+
+# weft_summary RUN: median tokens/s of steps 3+, and each pipeline stage's bubble
+weft_summary() {
+  python3 - "$OUT/runs/$1/metrics.jsonl" "$1" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l][3:]
+line = f"{sys.argv[2]}: median tokens/s (steps 3+) {round(statistics.median(r['tokens_per_sec'] for r in rows))}, loss {rows[-1]['loss']:.4f}"
+if 'bubble' in rows[0]:
+    stages = len(rows[0]['bubble'])
+    bubble = [round(statistics.mean(r['bubble'][s] for r in rows), 3) for s in range(stages)]
+    mib = [round(max(r['peak_activation_bytes'][s] for r in rows) / 2**20) for s in range(stages)]
+    line += f", bubble per stage {bubble} mean {statistics.mean(bubble):.3f} (formula {rows[0]['bubble_theory']:.3f}), peak micro-batches {rows[0]['peak_micro_batches']}, peak activations MiB {mib}"
+print(line)
+PY
+}
+
+weft() { # weft NAME FLAGS...
+  local name=$1; shift
+  measured "$name" timeout 240 "$X" train-gpt --device cuda --out "$OUT/runs" --name "$name" "$@"
+  weft_summary "$name"
+}
+
+torch_anchor() { # torch_anchor NAME FLAGS...
+  local name=$1; shift
+  measured "$name" timeout 240 python3 "$ANCHOR" "$@"
+  grep '^{' "$OUT/smi/$name.log" >> "$OUT/anchors.jsonl"
+}
+
+GPT2="--vocab 50257 --context 1024 --width 768 --layers 12 --heads 12 --seq-len 1024"
+if want zero; then
+  echo "== ZeRO on GPT-2 small, 8 x 1024 tokens per GPU, AdamW fp32"
+  D="--model gpt2 --seq-len 1024 --steps 10 --synthetic-tokens 262144 --val-tokens 16384"
+  weft zero-1gpu $D --nproc 1 --batch-size 8
+  for z in 0 1 2 3; do
+    weft "zero$z-2gpu" $D --nproc 2 --batch-size 16 --zero $z
+    grep -E "rank 0\] (model state|parameters|gradients|master|optimizer|memory peak)" "$OUT/smi/zero$z-2gpu.log"
+    "$X" memory-plan --layers 12 --hidden 768 --heads 12 --seq-len 1024 --vocab 50304 --world 2 \
+      --zero $z --batch-size 8 --optimizer adamw | grep -E "^(memory|parameters|gradients|optimizer|communication|gathered|activations|cuda|total)"
+  done
+  torch_anchor torch-1gpu $GPT2 --mode single --batch-size 8 --steps 7 --warmup 3
+  torch_anchor torch-ddp $GPT2 --mode ddp --batch-size 16 --steps 7 --warmup 3
+  torch_anchor torch-fsdp2 $GPT2 --mode fsdp2 --batch-size 16 --steps 7 --warmup 3
+fi
+
+if want tp; then
+  echo "== TP = 2 on GPT-2 large, 4 x 1024 tokens, AdamW fp32"
+  D="--model gpt2-large --seq-len 1024 --batch-size 4 --steps 8 --synthetic-tokens 131072 --val-tokens 4096"
+  weft tp-1gpu $D --nproc 1
+  weft tp2 $D --nproc 2 --tp 2
+  L="--vocab 50257 --context 1024 --width 1280 --layers 36 --heads 20 --seq-len 1024 --batch-size 4 --steps 5 --warmup 3"
+  torch_anchor torch-tp-1gpu $L --mode single
+  torch_anchor torch-tp2 $L --mode tp
+fi
+
+if want pp; then
+  echo "== PP = 2 on GPT-2 small, 16 x 1024 tokens, 1F1B, AdamW fp32"
+  D="--model gpt2 --seq-len 1024 --batch-size 16 --steps 8 --synthetic-tokens 262144 --val-tokens 16384 --pp-balance time"
+  for m in 2 4 8 16; do
+    weft "pp2-m$m" $D --nproc 2 --pp 2 --micro-batches $m
+  done
+  for m in 2 4 8 16; do
+    torch_anchor "torch-pp2-m$m" $GPT2 --mode pp --schedule 1f1b --micro-batches $m --batch-size 16 --steps 5 --warmup 3
+  done
+fi
+
+if want ddp; then
+  echo "== ResNet-50 DDP, 10 warm-up and 40 timed steps"
+  R="bench-ddp --device cuda --model resnet50 --image-size 224 --num-classes 1000 --steps 50 --warmup 10 --nproc 2"
+  timeout 280 "$X" $R --batch-size 32 2>&1 | grep -v Warning | tail -6
+  timeout 280 "$X" $R --batch-size 128 --precision bf16-mixed --channels-last 2>&1 | grep -v Warning | tail -6
+fi
+cat "$OUT/anchors.jsonl" 2>/dev/null
