@@ -18,7 +18,8 @@ B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
 export WEFT_ANCHOR_PYTHON=python3 WEFT_TIMEOUT=120
 OUT=${OUT:-/tmp/weft-gpu-out}
-mkdir -p "$OUT/smi"
+RUNS=/tmp/weft-multi-gpt  # checkpoints stay here; their metrics are copied under $OUT
+mkdir -p "$OUT/smi" "$RUNS"
 X=$B/xtask
 ANCHOR=$B/python/gpt_parallel_anchor.py
 SECTIONS=",${1:-zero,tp,pp},"
@@ -50,6 +51,8 @@ PY
 
 # weft_summary RUN: median tokens/s of steps 3+, and each pipeline stage's bubble
 weft_summary() {
+  mkdir -p "$OUT/runs/$1"
+  cp "$RUNS/$1"/*.jsonl "$OUT/runs/$1/"
   python3 - "$OUT/runs/$1/metrics.jsonl" "$1" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l][3:]
@@ -65,13 +68,13 @@ PY
 
 weft() { # weft NAME FLAGS...
   local name=$1; shift
-  measured "$name" timeout 240 "$X" train-gpt --device cuda --out "$OUT/runs" --name "$name" "$@"
+  measured "$name" timeout 150 "$X" train-gpt --device cuda --out "$RUNS" --name "$name" "$@"
   weft_summary "$name"
 }
 
 torch_anchor() { # torch_anchor NAME FLAGS...
   local name=$1; shift
-  measured "$name" timeout 240 python3 "$ANCHOR" "$@"
+  measured "$name" timeout 150 python3 "$ANCHOR" "$@"
   grep '^{' "$OUT/smi/$name.log" >> "$OUT/anchors.jsonl"
 }
 
