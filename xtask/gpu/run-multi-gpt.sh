@@ -63,6 +63,12 @@ if 'bubble' in rows[0]:
     mib = [round(max(r['peak_activation_bytes'][s] for r in rows) / 2**20) for s in range(stages)]
     line += f", bubble per stage {bubble} mean {statistics.mean(bubble):.3f} (formula {rows[0]['bubble_theory']:.3f}), peak micro-batches {rows[0]['peak_micro_batches']}, peak activations MiB {mib}"
 print(line)
+samples = [json.loads(l) for l in open(sys.argv[1].replace("metrics.jsonl", "memory-rank0.jsonl"))]
+if samples and samples[-1].get("device_tensors_peak") is not None:
+    mib = lambda key: round(max(s[key] or 0 for s in samples) / 2**20)
+    print(f"{sys.argv[2]} rank 0: tensors' peak {mib('device_tensors_peak')} MiB, pool's reserve peak {mib('device_reserved_peak')} MiB, "
+          f"device in use at most {mib('device_in_use')} MiB at a sample, tracked total at most {mib('total')} MiB "
+          f"(activations {mib('activations')}, model states {round(max(s['parameters'] + s['gradients'] + s['master_weights'] + s['optimizer_states'] for s in samples) / 2**20)})")
 PY
 }
 

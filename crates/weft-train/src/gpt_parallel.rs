@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Result};
 use candle_core::Tensor;
 use weft_collectives::Communicator;
-use weft_models::gpt::{GptConfig, GptLayers, Projection, ProjectionRole, TokenEmbedding};
+use weft_models::gpt::{
+    Affine, AffineSplit, GptConfig, GptLayers, PartSum, Projection, ProjectionRole, TokenEmbedding,
+};
 use weft_parallel::mesh::{DeviceMesh, MeshShape};
 use weft_parallel::tensor::{
     column_slice, row_slice, ColumnParallelLinear, RowParallelLinear, TensorParallelGroup,
@@ -175,19 +177,58 @@ fn tensor_error(e: weft_parallel::ParallelError) -> TensorError {
     }
 }
 
-struct Column(ColumnParallelLinear);
-struct Row(RowParallelLinear);
+/// The tensor-parallel group's all-reduce, for the transformer block's own backward.
+struct GroupSum(TensorParallelGroup);
+
+impl PartSum for GroupSum {
+    fn sum(&self, x: &Tensor) -> weft_tensor::Result<Tensor> {
+        self.0.all_reduce(x).map_err(tensor_error)
+    }
+}
+
+struct Column(ColumnParallelLinear, GroupSum);
+struct Row(RowParallelLinear, GroupSum);
 struct VocabTable(VocabParallelEmbedding);
+
+impl Column {
+    fn new(layer: ColumnParallelLinear) -> Self {
+        let sum = GroupSum(layer.group().clone());
+        Self(layer, sum)
+    }
+}
+
+impl Row {
+    fn new(layer: RowParallelLinear) -> Self {
+        let sum = GroupSum(layer.group().clone());
+        Self(layer, sum)
+    }
+}
 
 impl Projection for Column {
     fn forward(&self, x: &Tensor) -> weft_tensor::Result<Tensor> {
         self.0.forward(x).map_err(tensor_error)
+    }
+
+    fn affine(&self) -> Option<Affine<'_>> {
+        (!self.0.gathers_output()).then(|| Affine {
+            weight: self.0.weight(),
+            bias: self.0.bias(),
+            split: AffineSplit::Columns(&self.1),
+        })
     }
 }
 
 impl Projection for Row {
     fn forward(&self, x: &Tensor) -> weft_tensor::Result<Tensor> {
         self.0.forward(x).map_err(tensor_error)
+    }
+
+    fn affine(&self) -> Option<Affine<'_>> {
+        Some(Affine {
+            weight: self.0.weight(),
+            bias: self.0.bias(),
+            split: AffineSplit::Rows(&self.1),
+        })
     }
 }
 
@@ -219,11 +260,11 @@ impl GptLayers for TensorParallelLayers {
             _ => 1,
         };
         let part: Box<dyn Projection> = match role {
-            ProjectionRole::AttentionQkv | ProjectionRole::MlpUp => Box::new(Column(
+            ProjectionRole::AttentionQkv | ProjectionRole::MlpUp => Box::new(Column::new(
                 ColumnParallelLinear::from_full(scope, &weight, &bias, groups, &self.group, false)
                     .map_err(tensor_error)?,
             )),
-            ProjectionRole::AttentionOutput | ProjectionRole::MlpDown => Box::new(Row(
+            ProjectionRole::AttentionOutput | ProjectionRole::MlpDown => Box::new(Row::new(
                 RowParallelLinear::from_full(scope, &weight, bias, &self.group)
                     .map_err(tensor_error)?,
             )),

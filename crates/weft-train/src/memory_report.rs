@@ -108,6 +108,8 @@ impl MemoryLog {
                 "communication_buffers": s.communication_buffers,
                 "total": s.total(),
                 "device_tensors": s.device_tensors,
+                "device_tensors_peak": s.device_tensors_peak,
+                "device_reserved_peak": s.device_reserved_peak,
                 "device_in_use": s.device_in_use,
                 "workspaces": s.workspaces,
                 "cuda_graph_pool": s.cuda_graph_pool,
@@ -128,12 +130,20 @@ impl MemoryLog {
 pub fn peak_line(peak: &MemorySample) -> String {
     let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
     let device = peak.device_in_use.map_or(String::new(), |b| {
-        format!(", device in use {:.1} MiB", b as f64 / (1u64 << 20) as f64)
+        format!(", device in use {:.1} MiB", mib(b as usize))
     });
+    let pool = match (peak.device_tensors_peak, peak.device_reserved_peak) {
+        (Some(tensors), Some(reserved)) => format!(
+            "; the pool's peaks so far: tensors {:.1} MiB, taken from the device {:.1} MiB",
+            mib(tensors as usize),
+            mib(reserved as usize)
+        ),
+        _ => String::new(),
+    };
     format!(
         "memory peak so far: {:.2} MiB after {} (activations {:.2} MiB){device}",
         mib(peak.total()),
         peak.phase,
         mib(peak.activations)
-    )
+    ) + &pool
 }

@@ -4,27 +4,35 @@
 //! once. Under Candle's autograd every intermediate gradient is first added into a zero-filled
 //! accumulator, a pass over each activation that this avoids.
 //!
-//! It applies when the layer's projections are whole Conv1Ds (not tensor-parallel slices),
-//! nothing is dropped, and the fused kernels cover the tensors (f32/f64 on the CPU, and on a GPU
-//! the attention kernels' head widths); otherwise the tape records Candle's graph.
+//! It applies when the layer's projections are affine ([`Affine`]: whole Conv1Ds, or
+//! tensor-parallel slices whose sums over the ranks it issues itself: one all-reduce after each
+//! row-split projection forward, one of each column-split projection's input gradient
+//! backward), nothing is dropped, and the fused kernels cover the tensors (f32/f64 on the CPU,
+//! and on a GPU the attention kernels' head widths); otherwise the tape records Candle's graph.
 
 use candle_core::{Tensor, D};
 use weft_tensor::{ops, Mode, Result};
 use weft_tensor::{ExplicitBackward, ExplicitGrads, Saved};
 
 use super::blocks::TransformerBlock;
-use crate::layers::Conv1D;
+use super::parts::{Affine, AffineSplit};
 
-/// `x W + b` over rows.
-fn affine(x: &Tensor, layer: &Conv1D) -> Result<Tensor> {
-    let product = x.matmul(&layer.weight().detach())?;
-    Ok(ops::add_bias(&product, &layer.bias().detach())?)
+/// `x W + b` over rows (a row-split product summed over the ranks first).
+fn affine(x: &Tensor, layer: Affine<'_>) -> Result<Tensor> {
+    let mut product = x.matmul(&layer.weight.detach())?;
+    if let AffineSplit::Rows(sum) = layer.split {
+        product = sum.sum(&product)?;
+    }
+    Ok(ops::add_bias(&product, &layer.bias.detach())?)
 }
 
 /// The gradients of `x W + b` from `dy`: `(dx, dW, db)` (`xᵀ` a transposed view: the GEMM reads
-/// it transposed, no copy).
-fn affine_backward(x: &Tensor, layer: &Conv1D, dy: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-    let dx = dy.matmul(&layer.weight().detach().t()?)?;
+/// it transposed, no copy); a column-split layer's `dx` summed over the ranks.
+fn affine_backward(x: &Tensor, layer: Affine<'_>, dy: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let mut dx = dy.matmul(&layer.weight.detach().t()?)?;
+    if let AffineSplit::Columns(sum) = layer.split {
+        dx = sum.sum(&dx)?;
+    }
     let dw = x.t()?.matmul(dy)?;
     Ok((dx, dw, ops::column_sums(dy)?))
 }
@@ -50,20 +58,20 @@ fn merge_heads(y: &Tensor) -> Result<Tensor> {
 }
 
 impl TransformerBlock {
-    /// The four projections as whole Conv1Ds, when they are.
-    fn conv1ds(&self) -> Option<[&Conv1D; 4]> {
+    /// The four projections as affine maps, when they are.
+    fn affines(&self) -> Option<[Affine<'_>; 4]> {
         Some([
-            self.c_attn.as_conv1d()?,
-            self.attn_proj.as_conv1d()?,
-            self.c_fc.as_conv1d()?,
-            self.mlp_proj.as_conv1d()?,
+            self.c_attn.affine()?,
+            self.attn_proj.affine()?,
+            self.c_fc.affine()?,
+            self.mlp_proj.affine()?,
         ])
     }
 }
 
 impl ExplicitBackward for TransformerBlock {
     fn forward_saving(&self, x: &Tensor, mode: Mode) -> Result<Option<(Tensor, Saved)>> {
-        let Some([c_attn, attn_proj, c_fc, mlp_proj]) = self.conv1ds() else {
+        let Some([c_attn, attn_proj, c_fc, mlp_proj]) = self.affines() else {
             return Ok(None);
         };
         if mode.train && self.dropout > 0.0 {
@@ -94,8 +102,8 @@ impl ExplicitBackward for TransformerBlock {
 
     fn backward(&self, saved: Saved, dy: &Tensor, input_grad: bool) -> Result<ExplicitGrads> {
         let [c_attn, attn_proj, c_fc, mlp_proj] = self
-            .conv1ds()
-            .expect("forward_saving kept tensors only for whole Conv1Ds");
+            .affines()
+            .expect("forward_saving kept tensors only for affine projections");
         let [h, ln_1, q, k, v, packed, attended, h_2, ln_2, up, act]: [Tensor; 11] = saved
             .try_into()
             .map_err(|_| weft_tensor::TensorError::Block {
@@ -134,16 +142,16 @@ impl ExplicitBackward for TransformerBlock {
         let params = vec![
             (self.ln_1.weight().id(), d_w1),
             (self.ln_1.bias().id(), d_b1),
-            (c_attn.weight().id(), d_w_qkv),
-            (c_attn.bias().id(), d_b_qkv),
-            (attn_proj.weight().id(), d_w_proj),
-            (attn_proj.bias().id(), d_b_proj),
+            (c_attn.weight.id(), d_w_qkv),
+            (c_attn.bias.id(), d_b_qkv),
+            (attn_proj.weight.id(), d_w_proj),
+            (attn_proj.bias.id(), d_b_proj),
             (self.ln_2.weight().id(), d_w2),
             (self.ln_2.bias().id(), d_b2),
-            (c_fc.weight().id(), d_w_up),
-            (c_fc.bias().id(), d_b_up),
-            (mlp_proj.weight().id(), d_w_down),
-            (mlp_proj.bias().id(), d_b_down),
+            (c_fc.weight.id(), d_w_up),
+            (c_fc.bias.id(), d_b_up),
+            (mlp_proj.weight.id(), d_w_down),
+            (mlp_proj.bias.id(), d_b_down),
         ];
         Ok(ExplicitGrads { input, params })
     }

@@ -21,7 +21,10 @@ use weft_tensor::{Block, BlockModel, ParamStore, Scope};
 pub use attention::causal_self_attention;
 pub use blocks::{Embeddings, Head, TransformerBlock};
 pub use config::{GptConfig, MODEL_NAMES};
-pub use parts::{lookup, Dense, Embedding, GptLayers, Projection, ProjectionRole, TokenEmbedding};
+pub use parts::{
+    lookup, Affine, AffineSplit, Dense, Embedding, GptLayers, PartSum, Projection, ProjectionRole,
+    TokenEmbedding,
+};
 
 use crate::error::{ModelError, Result};
 use crate::layers::{Init, LayerNorm};

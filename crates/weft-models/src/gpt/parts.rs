@@ -32,11 +32,38 @@ pub enum ProjectionRole {
 pub trait Projection: Send + Sync {
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
 
-    /// The whole Conv1D, when this projection is one (a block can then differentiate it
-    /// itself); `None` for a slice that communicates.
-    fn as_conv1d(&self) -> Option<&Conv1D> {
+    /// The projection as `x W + b` and how it is split, so that a block can differentiate it
+    /// itself; `None` when it cannot be written so.
+    fn affine(&self) -> Option<Affine<'_>> {
         None
     }
+}
+
+/// The sum of a tensor over the ranks that hold the other parts of a split projection
+/// (tensor parallelism's all-reduce).
+pub trait PartSum: Send + Sync {
+    fn sum(&self, x: &Tensor) -> Result<Tensor>;
+}
+
+/// How an [`Affine`] projection is split over ranks.
+#[derive(Clone, Copy)]
+pub enum AffineSplit<'a> {
+    /// The whole projection.
+    Whole,
+    /// This rank's output columns of a projection whose input every rank holds: the input's
+    /// gradient is the sum of the ranks' parts (Megatron's f).
+    Columns(&'a dyn PartSum),
+    /// This rank's input rows: the product is summed over the ranks before the whole bias is
+    /// added (Megatron's g); the output's gradient is every rank's already.
+    Rows(&'a dyn PartSum),
+}
+
+/// A projection `x W + b` (`W` `[in, out]`, Conv1D layout) by its parameters.
+#[derive(Clone, Copy)]
+pub struct Affine<'a> {
+    pub weight: &'a Tensor,
+    pub bias: &'a Tensor,
+    pub split: AffineSplit<'a>,
 }
 
 /// The token embedding table, used twice: looked up by the first block and, transposed, as the
@@ -81,8 +108,12 @@ impl Projection for Conv1D {
         Conv1D::forward(self, x)
     }
 
-    fn as_conv1d(&self) -> Option<&Conv1D> {
-        Some(self)
+    fn affine(&self) -> Option<Affine<'_>> {
+        Some(Affine {
+            weight: self.weight(),
+            bias: self.bias(),
+            split: AffineSplit::Whole,
+        })
     }
 }
 

@@ -76,6 +76,10 @@ pub struct MemorySample {
     pub communication_buffers: usize,
     /// On a GPU: the memory pool's bytes in use by tensors (CUDA graphs' included).
     pub device_tensors: Option<u64>,
+    /// On a GPU: the most bytes the pool's tensors held at once so far, between samples too
+    /// (a backward's transient gradients), and the most the pool took from the device.
+    pub device_tensors_peak: Option<u64>,
+    pub device_reserved_peak: Option<u64>,
     /// On a GPU: the device's memory in use as it sees it (context and pools included).
     pub device_in_use: Option<u64>,
     /// On a GPU: the largest cuDNN workspace since the last sample.
@@ -141,15 +145,22 @@ impl Trainer {
             weft_tensor::cuda_runtime::device_memory_in_use(&device)?,
         );
         #[cfg(feature = "cuda")]
-        let (device_tensors, cuda_graph_pool, workspaces) = (
+        let (device_tensors, device_tensors_peak, device_reserved_peak) = (
             usage.map(|u| u.used),
+            usage.map(|u| u.used_peak),
+            usage.map(|u| u.reserved_peak),
+        );
+        #[cfg(feature = "cuda")]
+        let (cuda_graph_pool, workspaces) = (
             usage.map(|u| u.graph_reserved),
             usage.map(|_| weft_tensor::cuda_runtime::take_workspace_peak()),
         );
         #[cfg(not(feature = "cuda"))]
-        let (device_tensors, device_in_use, cuda_graph_pool, workspaces) = {
+        let (device_tensors, device_tensors_peak, device_reserved_peak) = (None, None, None);
+        #[cfg(not(feature = "cuda"))]
+        let (device_in_use, cuda_graph_pool, workspaces) = {
             let _ = &device;
-            (None, None, None, None)
+            (None, None, None)
         };
         let sample = MemorySample {
             phase,
@@ -157,6 +168,8 @@ impl Trainer {
             activations,
             communication_buffers: self.strategy.take_communication_peak(),
             device_tensors,
+            device_tensors_peak,
+            device_reserved_peak,
             device_in_use,
             workspaces,
             cuda_graph_pool,

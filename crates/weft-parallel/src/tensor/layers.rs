@@ -77,6 +77,25 @@ impl ColumnParallelLinear {
         })
     }
 
+    /// This rank's columns of the weight, `[in, out / size]`.
+    pub fn weight(&self) -> &Tensor {
+        self.weight.as_tensor()
+    }
+
+    /// This rank's part of the bias.
+    pub fn bias(&self) -> &Tensor {
+        self.bias.as_tensor()
+    }
+
+    pub fn group(&self) -> &TensorParallelGroup {
+        &self.group
+    }
+
+    /// Whether the forward gathers every rank's columns.
+    pub fn gathers_output(&self) -> bool {
+        self.gather_output
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = copy_to_region(x, &self.group)?;
         let y = project(&x, self.weight.as_tensor())?.broadcast_add(self.bias.as_tensor())?;
@@ -107,6 +126,20 @@ impl RowParallelLinear {
             bias: scope.parameter("bias", bias)?,
             group: group.clone(),
         })
+    }
+
+    /// This rank's rows of the weight, `[in / size, out]`.
+    pub fn weight(&self) -> &Tensor {
+        self.weight.as_tensor()
+    }
+
+    /// The whole bias (added once, after the sum).
+    pub fn bias(&self) -> &Tensor {
+        self.bias.as_tensor()
+    }
+
+    pub fn group(&self) -> &TensorParallelGroup {
+        &self.group
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
