@@ -55,8 +55,9 @@ pub struct NextToken {
     pub vocab_size: usize,
 }
 
-impl Objective for NextToken {
-    fn loss(&self, logits: &Tensor, targets: &Tensor) -> weft_tensor::Result<LossOutput> {
+impl NextToken {
+    /// The logits' row width, checked against the vocabulary.
+    fn rows(&self, logits: &Tensor) -> weft_tensor::Result<usize> {
         let rows = logits.dim(D::Minus1)?;
         if rows < self.vocab_size {
             return Err(weft_tensor::TensorError::Block {
@@ -67,6 +68,13 @@ impl Objective for NextToken {
                 ),
             });
         }
+        Ok(rows)
+    }
+}
+
+impl Objective for NextToken {
+    fn loss(&self, logits: &Tensor, targets: &Tensor) -> weft_tensor::Result<LossOutput> {
+        let rows = self.rows(logits)?;
         let flat = logits.reshape(((), rows))?;
         let losses = ops::cross_entropy_rows(&flat, &targets.flatten_all()?, self.vocab_size)?;
         let loss = losses.mean_all()?;
@@ -74,5 +82,89 @@ impl Objective for NextToken {
             loss,
             metrics: Vec::new(),
         })
+    }
+
+    /// The fused kernel's two passes with no graph: the mean loss, and `(softmax − one-hot) ·
+    /// scale / tokens` as the logits' gradient (zero in the padded columns).
+    fn loss_and_output_grad(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+    ) -> weft_tensor::Result<Option<(LossOutput, Tensor)>> {
+        let rows = self.rows(logits)?;
+        let flat = logits.reshape(((), rows))?;
+        let tokens = flat.dim(0)?;
+        let fused = ops::cross_entropy_rows_and_grad(
+            &flat,
+            &targets.flatten_all()?,
+            self.vocab_size,
+            scale / tokens as f64,
+        )?;
+        let Some((losses, grad)) = fused else {
+            return Ok(None);
+        };
+        let loss = LossOutput {
+            loss: losses.mean_all()?,
+            metrics: Vec::new(),
+        };
+        Ok(Some((loss, grad.reshape(logits.shape())?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor, Var};
+    use weft_tensor::Objective;
+
+    use super::NextToken;
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    }
+
+    /// The direct gradient is autograd's of `scale × loss` in f64 within 1e-15 — the padded
+    /// columns' zero included — and the loss is the same.
+    #[test]
+    fn next_token_output_grad_is_the_scaled_loss_gradient() {
+        let values: Vec<f64> = (0..2 * 3 * 8)
+            .map(|i| ((i * 37 % 23) as f64 - 11.0) / 4.0)
+            .collect();
+        let logits =
+            Var::from_tensor(&Tensor::from_vec(values, (2, 3, 8), &Device::Cpu).unwrap()).unwrap();
+        let targets = Tensor::from_vec(vec![0u32, 5, 2, 6, 1, 3], (2, 3), &Device::Cpu).unwrap();
+        let objective = NextToken { vocab_size: 7 };
+        let scale = 1024.0 * 0.25;
+        let reference = objective.loss(logits.as_tensor(), &targets).unwrap().loss;
+        let expected = (&reference * scale)
+            .unwrap()
+            .backward()
+            .unwrap()
+            .get(logits.as_tensor())
+            .unwrap()
+            .clone();
+        let (output, grad) = objective
+            .loss_and_output_grad(logits.as_tensor(), &targets, scale)
+            .unwrap()
+            .expect("the fused kernels run on the CPU in f64");
+        assert_eq!(grad.dims(), [2, 3, 8]);
+        assert!(
+            max_diff(&grad, &expected) < 1e-15,
+            "{}",
+            max_diff(&grad, &expected)
+        );
+        let padded = grad.narrow(2, 7, 1).unwrap();
+        assert_eq!(max_diff(&padded, &padded.zeros_like().unwrap()), 0.0);
+        assert!(max_diff(&output.loss, &reference) < 1e-15);
+        assert_eq!(grad.dtype(), DType::F64);
     }
 }

@@ -20,6 +20,20 @@ pub trait Objective: Send + Sync {
     /// The batch's mean loss and summed metrics.
     fn loss(&self, output: &Tensor, targets: &Tensor) -> Result<LossOutput>;
 
+    /// The batch's loss (detached) with the gradient of `scale × loss` with respect to
+    /// `output` computed directly, when this objective can (no autograd graph over the output:
+    /// a language model's logits are its largest tensor); `None` to back-propagate
+    /// [`Objective::loss`] instead.
+    fn loss_and_output_grad(
+        &self,
+        output: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+    ) -> Result<Option<(LossOutput, Tensor)>> {
+        let _ = (output, targets, scale);
+        Ok(None)
+    }
+
     /// How many samples the mean loss averages over (rows of labels; tokens of a language
     /// model's targets): the weight of a micro-batch when losses are combined.
     fn samples(&self, targets: &Tensor) -> usize {

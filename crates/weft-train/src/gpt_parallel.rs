@@ -13,7 +13,8 @@ use anyhow::{bail, Result};
 use candle_core::Tensor;
 use weft_collectives::Communicator;
 use weft_models::gpt::{
-    Affine, AffineSplit, GptConfig, GptLayers, PartSum, Projection, ProjectionRole, TokenEmbedding,
+    Affine, AffineSplit, GptConfig, GptLayers, HeadProjection, PartSum, Projection, ProjectionRole,
+    TokenEmbedding,
 };
 use weft_parallel::mesh::{DeviceMesh, MeshShape};
 use weft_parallel::tensor::{
@@ -188,7 +189,7 @@ impl PartSum for GroupSum {
 
 struct Column(ColumnParallelLinear, GroupSum);
 struct Row(RowParallelLinear, GroupSum);
-struct VocabTable(VocabParallelEmbedding);
+struct VocabTable(VocabParallelEmbedding, GroupSum);
 
 impl Column {
     fn new(layer: ColumnParallelLinear) -> Self {
@@ -244,6 +245,13 @@ impl TokenEmbedding for VocabTable {
     fn table_id(&self) -> EntryId {
         self.0.table_id()
     }
+
+    fn head_projection(&self) -> Option<HeadProjection<'_>> {
+        Some(HeadProjection {
+            table: self.0.table(),
+            input_grad_sum: Some(&self.1),
+        })
+    }
 }
 
 impl GptLayers for TensorParallelLayers {
@@ -287,7 +295,8 @@ impl GptLayers for TensorParallelLayers {
         let embedding =
             VocabParallelEmbedding::from_full(scope, &table, &self.group).map_err(tensor_error)?;
         self.record(embedding.table_id(), &[Split::Rows]);
-        Ok(Arc::new(VocabTable(embedding)))
+        let sum = GroupSum(embedding.group().clone());
+        Ok(Arc::new(VocabTable(embedding, sum)))
     }
 
     /// This rank's heads are the `rank`-th of `size` equal slices (attention split by heads).

@@ -158,6 +158,10 @@ impl Block for Head {
         "head"
     }
 
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
+    }
+
     fn forward(&self, h: &Tensor, _mode: Mode) -> Result<Tensor> {
         self.wte.logits(&self.ln_f.forward(h)?)
     }

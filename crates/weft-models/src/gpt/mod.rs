@@ -10,6 +10,7 @@ mod attention;
 mod blocks;
 mod config;
 mod explicit;
+mod explicit_head;
 pub mod hf;
 mod parts;
 
@@ -22,8 +23,8 @@ pub use attention::causal_self_attention;
 pub use blocks::{Embeddings, Head, TransformerBlock};
 pub use config::{GptConfig, MODEL_NAMES};
 pub use parts::{
-    lookup, Affine, AffineSplit, Dense, Embedding, GptLayers, PartSum, Projection, ProjectionRole,
-    TokenEmbedding,
+    lookup, Affine, AffineSplit, Dense, Embedding, GptLayers, HeadProjection, PartSum, Projection,
+    ProjectionRole, TokenEmbedding,
 };
 
 use crate::error::{ModelError, Result};

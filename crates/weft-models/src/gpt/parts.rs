@@ -75,6 +75,21 @@ pub trait TokenEmbedding: Send + Sync {
     fn logits(&self, h: &Tensor) -> Result<Tensor>;
     /// The store entry of the table (shared by the head block).
     fn table_id(&self) -> EntryId;
+
+    /// [`TokenEmbedding::logits`] as a product with the table, so that the head can
+    /// differentiate itself; `None` when it cannot be written so.
+    fn head_projection(&self) -> Option<HeadProjection<'_>> {
+        None
+    }
+}
+
+/// The head as a product with the token table: `logits = x · tableᵀ`.
+#[derive(Clone, Copy)]
+pub struct HeadProjection<'a> {
+    /// The table, or this rank's rows of it: `[rows, width]`.
+    pub table: &'a Tensor,
+    /// With the table's rows split over ranks: the sum of the input's gradient over them.
+    pub input_grad_sum: Option<&'a dyn PartSum>,
 }
 
 /// Makes the parts from their full-size initial values.
@@ -144,6 +159,13 @@ impl TokenEmbedding for Embedding {
 
     fn table_id(&self) -> EntryId {
         self.id
+    }
+
+    fn head_projection(&self) -> Option<HeadProjection<'_>> {
+        Some(HeadProjection {
+            table: self.table.as_tensor(),
+            input_grad_sum: None,
+        })
     }
 }
 

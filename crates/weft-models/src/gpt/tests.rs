@@ -287,6 +287,14 @@ fn block_wise_backward_equals_the_whole_graph_with(dropout: f64) {
     let embedded = model.blocks()[0].forward(&ids, mode).unwrap();
     let own = layer.forward_saving(&embedded, mode).unwrap().is_some();
     assert_eq!(own, dropout == 0.0, "dropout {dropout}");
+    // The head (no dropout in it) always differentiates itself.
+    let head = model.blocks().last().unwrap();
+    let hidden = Tensor::zeros(embedded.dims(), DType::F64, &Device::Cpu).unwrap();
+    let saving = head
+        .explicit()
+        .expect("the head")
+        .forward_saving(&hidden, mode);
+    assert!(saving.unwrap().is_some(), "dropout {dropout}: the head");
     for checkpointing in [Checkpointing::None, Checkpointing::All] {
         let tape = tape::forward(&model, &ids, mode, &checkpointing).unwrap();
         let out = NextToken { vocab_size: 11 }

@@ -13,15 +13,15 @@ use super::execute::PipelineTrainer;
 use super::schedule::Plan;
 use super::Action;
 use crate::error::{ParallelError, Result};
-use crate::step::{BatchResult, StepTimings};
+use crate::step::{BackwardSeed, BatchResult, StepTimings};
 
 /// A micro-batch between its forward and its backward.
 struct InFlight {
     tape: Tape,
     /// What the tape keeps for backward.
     bytes: usize,
-    /// The loss to back-propagate (last stage only).
-    loss: Option<Tensor>,
+    /// Where backward starts (last stage only).
+    loss: Option<BackwardSeed>,
     output_shape: Shape,
 }
 
@@ -202,7 +202,7 @@ impl PipelineTrainer {
         let state = take(&mut st.in_flight, i, "forward", stage, action)?;
         let received = st.output_grads.remove(&i);
         let seed = match (&state.loss, &received) {
-            (Some(loss), _) => Seed::Loss(loss),
+            (Some(loss), _) => loss.as_seed(),
             (None, Some(grad)) => Seed::OutputGrad(grad),
             (None, None) => return Err(missing(stage, action, i, "output gradient")),
         };

@@ -33,6 +33,7 @@ use crate::error::{ParallelError, Result};
 use crate::single::SingleProcess;
 use crate::strategy::Strategy;
 pub(crate) use outcome::{outcome, BatchResult};
+pub(crate) use run::BackwardSeed;
 
 /// A model with its objective, flat gradients, optimizer (with a flat master copy of the
 /// parameters it steps where it needs one) and strategy.

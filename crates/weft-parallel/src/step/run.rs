@@ -130,11 +130,11 @@ impl Trainer {
         let start = Instant::now();
         self.strategy_before_forward()?;
         let tape = self.forward_tape(inputs, micro, false)?;
-        let (result, scaled) = self.weighted_loss(&tape, targets, weight)?;
+        let (result, seed) = self.weighted_loss(&tape, targets, weight)?;
         timings.forward += self.lap(start)?;
 
         let start = Instant::now();
-        self.backward_tape(tape, Seed::Loss(&scaled), micro > 0)?;
+        self.backward_tape(tape, seed.as_seed(), micro > 0)?;
         timings.backward += self.lap(start)?;
         Ok(result)
     }
@@ -167,27 +167,36 @@ impl Trainer {
     }
 
     /// The objective's loss of `tape`'s output on `targets` (unscaled, detached, with the
-    /// metrics) and the loss to back-propagate: scaled by `weight` (the micro-batch's share of
-    /// the step's samples) and the loss scale.
+    /// metrics) and where backward starts: the loss scaled by `weight` (the micro-batch's share
+    /// of the step's samples) and the loss scale, or that scaled loss's gradient with respect
+    /// to the output when the objective computes it directly.
     pub(crate) fn weighted_loss(
         &self,
         tape: &Tape,
         targets: &Tensor,
         weight: f64,
-    ) -> Result<(BatchResult, Tensor)> {
-        let output = self.objective.loss(tape.output(), targets)?;
+    ) -> Result<(BatchResult, BackwardSeed)> {
         let factor = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale());
-        let scaled = if factor != 1.0 {
-            output.loss.affine(factor, 0.0)?
-        } else {
-            output.loss.clone()
+        let direct = self
+            .objective
+            .loss_and_output_grad(tape.output(), targets, factor)?;
+        let (output, seed) = match direct {
+            Some((output, grad)) => (output, BackwardSeed::OutputGrad(grad)),
+            None => {
+                let output = self.objective.loss(tape.output(), targets)?;
+                let scaled = match factor != 1.0 {
+                    true => output.loss.affine(factor, 0.0)?,
+                    false => output.loss.clone(),
+                };
+                (output, BackwardSeed::Loss(scaled))
+            }
         };
         let result = BatchResult {
             loss: output.loss.detach(),
             metrics: output.metrics,
             samples: self.objective.samples(targets),
         };
-        Ok((result, scaled))
+        Ok((result, seed))
     }
 
     /// Backward of `tape` from `seed`, gradients written (or, when `accumulate`, added) into
@@ -276,5 +285,21 @@ impl GradientWriter<'_> {
         }
         let values: Vec<(&Slot, &Tensor)> = written.iter().map(|(s, g)| (*s, g)).collect();
         Ok(self.grads.write_many(&values)?)
+    }
+}
+
+/// Where a micro-batch's backward starts: its scaled loss (back-propagated through the loss's
+/// graph to the output), or the output's gradient itself.
+pub(crate) enum BackwardSeed {
+    Loss(Tensor),
+    OutputGrad(Tensor),
+}
+
+impl BackwardSeed {
+    pub(crate) fn as_seed(&self) -> Seed<'_> {
+        match self {
+            BackwardSeed::Loss(loss) => Seed::Loss(loss),
+            BackwardSeed::OutputGrad(grad) => Seed::OutputGrad(grad),
+        }
     }
 }

@@ -56,6 +56,15 @@ impl VocabParallelEmbedding {
         self.id
     }
 
+    /// This rank's rows of the table, `[rows / size, width]`.
+    pub fn table(&self) -> &Tensor {
+        self.table.as_tensor()
+    }
+
+    pub fn group(&self) -> &TensorParallelGroup {
+        &self.group
+    }
+
     /// `[B, T]` u32 ids to `[B, T, width]` vectors.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let table = self.table.as_tensor();

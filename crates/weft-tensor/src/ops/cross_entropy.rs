@@ -22,14 +22,7 @@ use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKe
 /// or float dtype holding class indices) over the first `classes` columns; differentiable
 /// with respect to `logits`.
 pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, classes: usize) -> Result<Tensor> {
-    let (n, c) = logits.dims2()?;
-    if targets.dims() != [n] || classes == 0 || classes > c {
-        bail!(
-            "cross_entropy_rows: logits {:?}, targets {:?} and {classes} classes do not fit",
-            logits.dims(),
-            targets.dims()
-        );
-    }
+    let n = check_shapes("cross_entropy_rows", logits, targets, classes)?;
     if matches!(logits.dtype(), DType::BF16 | DType::F16) {
         return cross_entropy_rows(&logits.to_dtype(DType::F32)?, targets, classes);
     }
@@ -48,6 +41,55 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, classes: usize) -> 
         },
     )?;
     packed.narrow(1, 0, 1)?.squeeze(1)
+}
+
+/// The per-row losses of [`cross_entropy_rows`] and, from the same pass's log-sum-exps, the
+/// gradient of `scale × Σ losses` with respect to `logits` — with no autograd graph: a
+/// language model's loss gradient written once instead of through Candle's backward, which
+/// adds a zero-filled accumulator of the logits' size per node. `None` where the fused kernels
+/// do not run (16-bit logits come back as an f32 gradient).
+pub fn cross_entropy_rows_and_grad(
+    logits: &Tensor,
+    targets: &Tensor,
+    classes: usize,
+    scale: f64,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let n = check_shapes("cross_entropy_rows_and_grad", logits, targets, classes)?;
+    if matches!(logits.dtype(), DType::BF16 | DType::F16) {
+        return cross_entropy_rows_and_grad(&logits.to_dtype(DType::F32)?, targets, classes, scale);
+    }
+    if !(uses_cpu_kernels(&[logits]) || uses_cuda_kernels(&[logits])) {
+        return Ok(None);
+    }
+    let logits = logits.detach().contiguous()?;
+    let targets = targets.to_dtype(logits.dtype())?.contiguous()?;
+    let unused = Tensor::zeros((n, 2), logits.dtype(), logits.device())?;
+    let forward = CrossEntropyOp {
+        pass: Pass::Forward,
+        classes,
+    };
+    let packed = logits.apply_op3_no_bwd(&targets, &unused, &forward)?;
+    let weights = Tensor::full(scale, (n, 1), logits.device())?.to_dtype(logits.dtype())?;
+    let stats = Tensor::cat(&[&weights, &packed.narrow(1, 1, 1)?], 1)?.contiguous()?;
+    let backward = CrossEntropyOp {
+        pass: Pass::Backward,
+        classes,
+    };
+    let grad = logits.apply_op3_no_bwd(&targets, &stats, &backward)?;
+    Ok(Some((packed.narrow(1, 0, 1)?.squeeze(1)?, grad)))
+}
+
+/// The rows of `logits` (`[N, C]`), after checking `targets` (`[N]`) and `classes` against it.
+fn check_shapes(op: &str, logits: &Tensor, targets: &Tensor, classes: usize) -> Result<usize> {
+    let (n, c) = logits.dims2()?;
+    if targets.dims() != [n] || classes == 0 || classes > c {
+        bail!(
+            "{op}: logits {:?}, targets {:?} and {classes} classes do not fit",
+            logits.dims(),
+            targets.dims()
+        );
+    }
+    Ok(n)
 }
 
 /// Candle's ops: log-softmax over the first `classes` columns and the target's entry.

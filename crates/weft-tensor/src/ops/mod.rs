@@ -110,7 +110,7 @@ pub use conv2d::{conv2d, conv2d_backward, conv2d_forward, set_conv_nhwc};
 pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;
-pub use cross_entropy::cross_entropy_rows;
+pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_and_grad};
 #[cfg(feature = "cudnn")]
 pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,

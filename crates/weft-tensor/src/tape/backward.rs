@@ -92,6 +92,8 @@ impl Tape {
             Seed::Loss(loss) => output_grad(loss, &output)?,
             Seed::OutputGrad(g) => check_output_grad(g, &output)?,
         };
+        // The output (a language model's logits: its largest tensor) is not needed past here.
+        drop(output);
         // Partial sums of tied parameters' gradients, until their earliest user has run.
         let mut partial: HashMap<EntryId, Tensor> = HashMap::new();
         for i in (0..records.len()).rev() {
