@@ -292,3 +292,35 @@ fn mixed_precision_runs_log_their_loss_scale_and_skipped_steps() {
         }
     }
 }
+
+/// The default run (shuffled, augmented: every draw seeded) repeated on a pool of four threads
+/// logs the same losses, bit for bit: no reduction's order depends on which thread ran what.
+#[test]
+fn a_run_repeated_on_four_threads_logs_the_same_losses() {
+    let out = tempfile::tempdir().unwrap();
+    let out_dir = out.path().to_str().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let losses = |name: &'static str| {
+        let flags = args(&[
+            "--steps",
+            "4",
+            "--image-size",
+            "16",
+            "--batch-size",
+            "32",
+            "--out",
+            out_dir,
+            "--name",
+            name,
+        ]);
+        pool.install(|| weft_train::resnet::run(&flags)).unwrap();
+        step_losses(&out.path().join(name))
+    };
+    let first = losses("first");
+    assert_eq!(first.len(), 4);
+    assert_eq!(first, losses("second"));
+    assert_eq!(first, losses("third"));
+}

@@ -215,7 +215,11 @@ pub(crate) fn conv_backward_data<T: Float>(dy: &[T], w: &[T], p: &ConvProblem) -
     dx
 }
 
-/// Weight gradient: `dW = sum_n dy[n] * cols(x[n])^T`, one accumulator per rayon task.
+/// Weight gradient: `dW = sum_n dy[n] * cols(x[n])^T`, one accumulator per group of units.
+/// The units are cut into a fixed, ordered partition (one group per rayon thread) and the
+/// groups' sums added in order, so the floating-point sums do not depend on which thread ran
+/// what: a run is reproducible for a given thread count (a rayon `fold` splits wherever work
+/// is stolen, and its sums differ from run to run).
 pub(crate) fn conv_backward_filter<T: Float>(x: &[T], dy: &[T], p: &ConvProblem) -> Vec<T> {
     if let Some(crop) = Crop::of(p) {
         return crop.full_weight_grad(&conv_backward_filter(x, dy, &crop.problem));
@@ -223,13 +227,15 @@ pub(crate) fn conv_backward_filter<T: Float>(x: &[T], dy: &[T], p: &ConvProblem)
     let (c_out, rows) = (p.c_out, p.geom.col_rows());
     let parallelism = p.gemm_parallelism();
     let max_width = p.max_tile_width();
-    (0..p.units())
+    let units = p.units();
+    let groups = units.min(rayon::current_num_threads()).max(1);
+    let partials: Vec<Vec<T>> = (0..groups)
         .into_par_iter()
-        .fold(
-            || vec![T::ZERO; c_out * rows],
-            |mut dw, unit| {
-                Scratch::with(|scratch| {
-                    let (cols, dy_buf) = scratch.buffers(rows * max_width, c_out * max_width);
+        .map(|g| {
+            let mut dw = vec![T::ZERO; c_out * rows];
+            Scratch::with(|scratch| {
+                let (cols, dy_buf) = scratch.buffers(rows * max_width, c_out * max_width);
+                for unit in g * units / groups..(g + 1) * units / groups {
                     for tile in p.tiles(unit) {
                         let width = tile.images * p.tile_pixels(&tile);
                         let x_cols = tile_columns(x, p, &tile, cols).transpose();
@@ -237,11 +243,14 @@ pub(crate) fn conv_backward_filter<T: Float>(x: &[T], dy: &[T], p: &ConvProblem)
                         let shape = (c_out, rows, width);
                         gemm(shape, &mut dw, rows, true, dy_tile, x_cols, parallelism);
                     }
-                });
-                dw
-            },
-        )
-        .reduce_with(|mut total, part| {
+                }
+            });
+            dw
+        })
+        .collect();
+    partials
+        .into_iter()
+        .reduce(|mut total, part| {
             total.iter_mut().zip(&part).for_each(|(t, v)| *t += *v);
             total
         })

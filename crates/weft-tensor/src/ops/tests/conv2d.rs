@@ -176,3 +176,27 @@ fn backward_add_refuses_a_tensor_of_another_shape_or_layout() -> Result<()> {
     assert!(conv2d_backward_add(&wrong_dtype, &x, &w, &dy, stride, padding).is_err());
     Ok(())
 }
+
+/// The weight gradient is the same to the bit however rayon's threads share the work: twenty
+/// runs on a 4-thread pool, the images spread over many units, give one result in f32 (the
+/// per-thread accumulators are summed in a fixed order).
+#[test]
+fn weight_gradient_is_reproducible_on_many_threads() -> Result<()> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let x = seeded(&[64, 8, 12, 12], 91).to_dtype(DType::F32)?;
+    let w = seeded(&[16, 8, 3, 3], 92).to_dtype(DType::F32)?;
+    let dy = seeded(&[64, 16, 12, 12], 93).to_dtype(DType::F32)?;
+    let run =
+        || pool.install(|| conv2d_backward(&x, &w, &dy, 1, 1, false).map(|(_, dw)| values(&dw)));
+    let first = run()?;
+    for attempt in 0..20 {
+        assert!(
+            run()? == first,
+            "attempt {attempt}: a different weight gradient"
+        );
+    }
+    Ok(())
+}
