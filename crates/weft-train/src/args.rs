@@ -152,6 +152,11 @@ pub struct TrainArgs {
     /// (torch.nn.utils.clip_grad_norm_; the norm over all ranks); logs `grad_norm` per step
     #[arg(long)]
     pub clip_grad_norm: Option<f64>,
+    /// Under fp16-mixed, end the run when more than this many steps in a row are skipped for
+    /// inf/NaN gradients (each halves the loss scale); without loss scaling a non-finite loss
+    /// ends the run at once
+    #[arg(long, default_value_t = 20)]
+    pub max_skipped_steps: usize,
     /// Split each rank's batch into M micro-batches whose gradients accumulate before one
     /// optimizer step (only the last one communicates); the step runs eagerly (no CUDA graph)
     #[arg(long, default_value_t = 1)]

@@ -24,6 +24,7 @@ use weft_tensor::sharded_init::ShardedInit;
 use weft_tensor::{Checkpointing, Objective, Timeline};
 
 use crate::distributed::RankContext;
+use crate::divergence::DivergenceGuard;
 use crate::gpt_args::GptArgs;
 use crate::gpt_data::open_data;
 use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
@@ -232,6 +233,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let local_batch = args.batch_size / mesh.dp_size;
     let tokens_per_step = (args.batch_size * seq_len) as f64;
     let (mut step, mut first_loss, mut last) = (0, f64::NAN, (f64::NAN, f64::NAN));
+    let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
     for epoch in 0..epochs {
         let epoch_start = Instant::now();
         let mut sampler = DistributedSampler::new(data.train.len(), mesh.dp_size, mesh.dp_rank)?
@@ -272,6 +274,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                     pipeline,
                 })?;
             }
+            guard.check(step, loss, outcome.skipped, outcome.loss_scale)?;
             memory_log.push(step, stepper.trainer_mut().take_memory_samples());
             if step == 0 && !args.quiet {
                 let settings = memory_report::gpt_plan_settings(args, policy, mesh.dp_size);

@@ -132,6 +132,11 @@ pub struct GptArgs {
     /// Clip the gradients to this global norm before each step; logs `grad_norm`
     #[arg(long)]
     pub clip_grad_norm: Option<f64>,
+    /// Under fp16-mixed, end the run when more than this many steps in a row are skipped for
+    /// inf/NaN gradients (each halves the loss scale); without loss scaling a non-finite loss
+    /// ends the run at once
+    #[arg(long, default_value_t = 20)]
+    pub max_skipped_steps: usize,
     /// Split each rank's batch into M micro-batches accumulated before one optimizer step
     /// (with --pp, the micro-batches in flight through the pipeline)
     #[arg(long, default_value_t = 1)]

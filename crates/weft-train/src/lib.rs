@@ -9,6 +9,7 @@ pub mod args;
 pub mod data;
 pub mod device;
 pub mod distributed;
+pub mod divergence;
 pub mod gpt;
 pub mod gpt_args;
 pub mod gpt_checkpoint;

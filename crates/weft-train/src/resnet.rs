@@ -22,6 +22,7 @@ use weft_tensor::{timeline, BlockModel, Checkpointing, Timeline};
 use crate::args::TrainArgs;
 use crate::data::{self, DataSets};
 use crate::distributed::RankContext;
+use crate::divergence::DivergenceGuard;
 use crate::memory_report;
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, ResNetParallelism};
@@ -150,6 +151,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     let progress = Progress::new(total_steps as u64, args.quiet || !ctx.is_main());
     let local_batch = args.batch_size / ctx.world_size;
     let mut step = 0;
+    let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
     let mut last = (0.0, 0.0, 0.0);
     for epoch in 0..epochs {
         let epoch_start = Instant::now();
@@ -201,6 +203,12 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
                     loss_scale: outcome.loss_scale,
                 })?;
             }
+            guard.check(
+                step,
+                global[0] / global[1],
+                outcome.skipped,
+                outcome.loss_scale,
+            )?;
             skipped += usize::from(outcome.skipped);
             accumulate(&mut totals, &outcome);
             memory_log.push(step, trainer.take_memory_samples());

@@ -324,3 +324,38 @@ fn a_run_repeated_on_four_threads_logs_the_same_losses() {
     assert_eq!(first, losses("second"));
     assert_eq!(first, losses("third"));
 }
+
+/// A diverging fp32 run (SGD at lr 1e30) ends with one line naming the step, and a diverging
+/// fp16-mixed run once more steps in a row are skipped than `--max-skipped-steps` allows.
+#[test]
+fn a_diverging_run_stops_naming_the_step() {
+    let out = tempfile::tempdir().unwrap();
+    let out_dir = out.path().to_str().unwrap();
+    let fp32 = args(&[
+        "--steps", "4", "--lr", "1e30", "--out", out_dir, "--name", "fp32",
+    ]);
+    let message = weft_train::resnet::run(&fp32).unwrap_err().to_string();
+    assert!(
+        message.starts_with("step 1: the loss is NaN: the run diverged"),
+        "{message}"
+    );
+    let fp16 = args(&[
+        "--steps",
+        "12",
+        "--lr",
+        "1e30",
+        "--precision",
+        "fp16-mixed",
+        "--max-skipped-steps",
+        "2",
+        "--out",
+        out_dir,
+        "--name",
+        "fp16",
+    ]);
+    let message = weft_train::resnet::run(&fp16).unwrap_err().to_string();
+    assert!(
+        message.contains("3 steps in a row skipped for inf/NaN gradients"),
+        "{message}"
+    );
+}
