@@ -130,4 +130,76 @@ mod tests {
             client.join().unwrap().unwrap().set("k", b"v").unwrap();
         });
     }
+
+    /// Unauthenticated connections cost little: one that sends nothing is closed at the
+    /// deadline; a first frame above the hello's limit is refused before its bytes are read;
+    /// past the limit of pending connections a new one is closed at once, and the store serves
+    /// clients with the token again once the silent ones are gone.
+    mod unauthenticated {
+        use std::io::{Read, Write};
+        use std::net::TcpStream;
+        use std::time::{Duration, Instant};
+
+        use super::super::protocol::{read_frame, Response};
+        use super::super::server::{Limits, HELLO_FRAME};
+        use super::*;
+
+        fn limited(deadline_ms: u64, pending: usize) -> (TcpStoreServer, String) {
+            let limits = Limits {
+                hello_deadline: Duration::from_millis(deadline_ms),
+                max_unauthenticated: pending,
+            };
+            let server = TcpStoreServer::bind_with_limits("127.0.0.1:0", TOKEN, limits).unwrap();
+            let addr = server.local_addr().to_string();
+            (server, addr)
+        }
+
+        /// Seconds until the server closes `stream` (reads return 0 or fail).
+        fn closed_after(stream: &mut TcpStream) -> f64 {
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let start = Instant::now();
+            let mut byte = [0u8; 1];
+            let _ = stream.read(&mut byte);
+            start.elapsed().as_secs_f64()
+        }
+
+        #[test]
+        fn a_silent_connection_is_closed_at_the_deadline() {
+            let (_server, addr) = limited(300, 8);
+            let mut silent = TcpStream::connect(&addr).unwrap();
+            let waited = closed_after(&mut silent);
+            assert!((0.25..3.0).contains(&waited), "closed after {waited} s");
+        }
+
+        #[test]
+        fn an_oversized_first_frame_is_refused_unread() {
+            let (_server, addr) = limited(5000, 8);
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            stream.write_all(&(16u32 << 20).to_be_bytes()).unwrap();
+            let reply = Response::decode(&read_frame(&mut stream).unwrap()).unwrap();
+            match reply {
+                Response::Error(reason) => {
+                    assert!(reason.contains("invalid first message"), "{reason}");
+                    assert!(reason.contains(&HELLO_FRAME.to_string()), "{reason}");
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+
+        #[test]
+        fn connections_past_the_pending_limit_are_closed_at_once() {
+            let (_server, addr) = limited(5000, 2);
+            let silent: Vec<TcpStream> =
+                (0..2).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+            std::thread::sleep(Duration::from_millis(200));
+            let mut third = TcpStream::connect(&addr).unwrap();
+            let waited = closed_after(&mut third);
+            assert!(waited < 2.0, "the third connection stayed open {waited} s");
+            drop(silent);
+            let client = TcpStore::connect(&addr, TOKEN, Duration::from_secs(5)).unwrap();
+            client.set("k", b"v").unwrap();
+        }
+    }
 }

@@ -1,29 +1,64 @@
 //! The store server: a thread that accepts connections and one thread per connection.
 //! A connection whose first message does not carry the job token is answered with an
-//! error and closed. Blocking requests (get, wait) wait on a condition variable with the
-//! client's timeout. Dropping the server stops and joins every thread.
+//! error and closed. Until a connection has shown the token it costs little: at most
+//! [`Limits::max_unauthenticated`] such connections at once (more are closed as they arrive,
+//! with no thread), a first frame of at most [`HELLO_FRAME`] bytes (read before anything is
+//! allocated for it), and [`Limits::hello_deadline`] to send it. Blocking requests (get, wait)
+//! wait on a condition variable with the client's timeout. Dropping the server stops and joins
+//! every thread.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use crate::error::{CommError, Result};
-use crate::store::protocol::{frame_len, write_frame, Request, Response};
+use crate::store::protocol::{frame_len, write_frame, Request, Response, MAX_FRAME};
 
 /// How often idle threads check whether the server is stopping.
 const POLL: Duration = Duration::from_millis(50);
 /// Longest wait a client may ask for.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// Largest first frame (the `Hello` with the token) a connection may send.
+pub(crate) const HELLO_FRAME: usize = 4096;
+
+/// What a connection may cost before it has shown the job token.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// Time from accepting a connection to its `Hello` having arrived.
+    pub hello_deadline: Duration,
+    /// Connections accepted and not yet authenticated, at most.
+    pub max_unauthenticated: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            hello_deadline: Duration::from_secs(10),
+            max_unauthenticated: 64,
+        }
+    }
+}
 
 struct Shared {
     token: String,
     values: Mutex<HashMap<String, Vec<u8>>>,
     changed: Condvar,
     stop: AtomicBool,
+    limits: Limits,
+    unauthenticated: AtomicUsize,
+}
+
+/// Counts a connection as unauthenticated until dropped.
+struct Pending<'a>(&'a AtomicUsize);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Shared {
@@ -44,6 +79,15 @@ impl TcpStoreServer {
     /// Listens on `addr` (such as `127.0.0.1:29500`; port 0 picks a free port) and accepts
     /// only clients that present `token`.
     pub fn bind(addr: &str, token: &str) -> Result<TcpStoreServer> {
+        Self::bind_with_limits(addr, token, Limits::default())
+    }
+
+    /// [`TcpStoreServer::bind`] with other limits on unauthenticated connections.
+    pub(crate) fn bind_with_limits(
+        addr: &str,
+        token: &str,
+        limits: Limits,
+    ) -> Result<TcpStoreServer> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| CommError::io(format!("store: binding {addr}"), e))?;
         let local_addr = listener
@@ -57,6 +101,8 @@ impl TcpStoreServer {
             values: Mutex::new(HashMap::new()),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
+            limits,
+            unauthenticated: AtomicUsize::new(0),
         });
         let accept_shared = Arc::clone(&shared);
         let accept_thread = thread::Builder::new()
@@ -92,13 +138,23 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     while !shared.stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((stream, _)) => {
-                let shared = Arc::clone(&shared);
+                // Past the limit a new connection is closed at once, costing no thread.
+                let pending = shared.unauthenticated.fetch_add(1, Ordering::AcqRel);
+                if pending >= shared.limits.max_unauthenticated {
+                    shared.unauthenticated.fetch_sub(1, Ordering::AcqRel);
+                    drop(stream);
+                    continue;
+                }
+                let connection = Arc::clone(&shared);
                 let spawned = thread::Builder::new()
                     .name("weft-store-conn".into())
-                    .spawn(move || serve(stream, &shared));
+                    .spawn(move || serve(stream, &connection));
                 // Without a thread the connection is dropped; the client retries or times out.
-                if let Ok(handle) = spawned {
-                    connections.push(handle);
+                match spawned {
+                    Ok(handle) => connections.push(handle),
+                    Err(_) => {
+                        shared.unauthenticated.fetch_sub(1, Ordering::AcqRel);
+                    }
                 }
                 connections.retain(|handle| !handle.is_finished());
             }
@@ -110,14 +166,27 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// Reads one frame, polling the stop flag while idle; `None` at end of stream or stop.
-fn read_frame_or_stop(stream: &mut TcpStream, stop: &AtomicBool) -> io::Result<Option<Vec<u8>>> {
+/// Reads one frame of at most `max` bytes, polling the stop flag while idle; `None` at end of
+/// stream, at stop, or once `deadline` has passed.
+fn read_frame_or_stop(
+    stream: &mut TcpStream,
+    stop: &AtomicBool,
+    max: usize,
+    deadline: Option<Instant>,
+) -> io::Result<Option<Vec<u8>>> {
     let mut prefix = [0u8; 4];
-    if !fill_or_stop(stream, &mut prefix, stop)? {
+    if !fill_or_stop(stream, &mut prefix, stop, deadline)? {
         return Ok(None);
     }
-    let mut payload = vec![0u8; frame_len(prefix)?];
-    if !fill_or_stop(stream, &mut payload, stop)? {
+    let len = frame_len(prefix)?;
+    if len > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes where at most {max} may come"),
+        ));
+    }
+    let mut payload = vec![0u8; len];
+    if !fill_or_stop(stream, &mut payload, stop, deadline)? {
         return Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
             "connection closed mid-frame",
@@ -126,7 +195,12 @@ fn read_frame_or_stop(stream: &mut TcpStream, stop: &AtomicBool) -> io::Result<O
     Ok(Some(payload))
 }
 
-fn fill_or_stop(stream: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> io::Result<bool> {
+fn fill_or_stop(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    stop: &AtomicBool,
+    deadline: Option<Instant>,
+) -> io::Result<bool> {
     let mut filled = 0;
     while filled < buf.len() {
         match stream.read(&mut buf[filled..]) {
@@ -138,7 +212,8 @@ fn fill_or_stop(stream: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> io
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                if stop.load(Ordering::Acquire) {
+                let late = deadline.is_some_and(|d| Instant::now() >= d);
+                if stop.load(Ordering::Acquire) || late {
                     return Ok(false);
                 }
             }
@@ -158,14 +233,22 @@ fn tokens_equal(a: &str, b: &str) -> bool {
 }
 
 fn serve(mut stream: TcpStream, shared: &Shared) {
+    let pending = Pending(&shared.unauthenticated);
+    let deadline = Instant::now() + shared.limits.hello_deadline;
     let configured = stream.set_nonblocking(false).is_ok()
         && stream.set_read_timeout(Some(POLL)).is_ok()
         && stream.set_nodelay(true).is_ok();
     if !configured {
         return;
     }
-    let Ok(Some(hello)) = read_frame_or_stop(&mut stream, &shared.stop) else {
-        return;
+    let hello = match read_frame_or_stop(&mut stream, &shared.stop, HELLO_FRAME, Some(deadline)) {
+        Ok(Some(hello)) => hello,
+        Ok(None) => return,
+        Err(e) => {
+            let reason = format!("invalid first message: {e}");
+            let _ = write_frame(&mut stream, &Response::Error(reason).encode());
+            return;
+        }
     };
     let authorised = matches!(Request::decode(&hello), Ok(Request::Hello { token }) if tokens_equal(&token, &shared.token));
     if !authorised {
@@ -175,10 +258,11 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
         );
         return;
     }
+    drop(pending);
     if write_frame(&mut stream, &Response::Ok.encode()).is_err() {
         return;
     }
-    while let Ok(Some(frame)) = read_frame_or_stop(&mut stream, &shared.stop) {
+    while let Ok(Some(frame)) = read_frame_or_stop(&mut stream, &shared.stop, MAX_FRAME, None) {
         // A client that never pauses would otherwise keep a stopping server alive.
         if shared.stop.load(Ordering::Acquire) {
             return;
