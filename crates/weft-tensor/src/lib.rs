@@ -27,6 +27,7 @@ pub mod flat;
 pub mod objective;
 pub mod ops;
 pub mod params;
+pub mod private_files;
 pub mod residency;
 pub mod sharded_init;
 pub mod state_dict;

@@ -5,7 +5,7 @@
 //! shape or a dtype mismatch is an error naming the file and the key.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::Tensor;
 
@@ -38,14 +38,7 @@ pub fn save_tensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()
     })
 }
 
-/// `dir/.name.tmp-<pid>`: a file in the same folder, so that the final rename is atomic.
-pub fn temporary_sibling(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
-}
+pub use crate::private_files::temporary_sibling;
 
 /// Loads `path` into `store`; every key must match an entry in name, shape and dtype.
 pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {

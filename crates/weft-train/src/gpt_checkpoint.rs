@@ -80,7 +80,7 @@ pub fn save_tensor_parallel(
     }
     let staging = partial(dir);
     if world.rank() == 0 {
-        std::fs::create_dir_all(&staging)
+        weft_tensor::private_files::create_private_dir_all(&staging)
             .with_context(|| format!("{}: cannot create", staging.display()))?;
     }
     world.barrier().wait()?;

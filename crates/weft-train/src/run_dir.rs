@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use weft_tensor::ParamStore;
+use weft_tensor::{private_files, ParamStore};
 
 use crate::distributed::RankContext;
 
@@ -53,17 +53,23 @@ pub struct EpochMetrics {
 }
 
 impl RunDir {
-    /// Creates `root/name` (which must not exist yet) and writes `config.json`.
+    /// Creates `root/name` owner-only (it must not exist yet: checked by the creation itself)
+    /// and writes `config.json`.
     pub fn create(root: &Path, name: &str, config: &impl Serialize) -> Result<Self> {
         let path = root.join(name);
-        if path.exists() {
-            anyhow::bail!(
+        private_files::create_private_dir_all(root)
+            .with_context(|| format!("{}: cannot create the runs folder", root.display()))?;
+        match private_files::create_private_dir(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => anyhow::bail!(
                 "{}: run folder exists already; choose another --name",
                 path.display()
-            );
+            ),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("{}: cannot create the run folder", path.display()))
+            }
         }
-        fs::create_dir_all(&path)
-            .with_context(|| format!("{}: cannot create the run folder", path.display()))?;
         write_atomically(
             &path.join("config.json"),
             &serde_json::to_vec_pretty(config)?,
@@ -156,7 +162,7 @@ impl RunFolder {
 
 /// Writes `bytes` to a temporary file next to `path`, then renames it into place.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = weft_tensor::state_dict::temporary_sibling(path);
+    let tmp = private_files::temporary_sibling(path);
     fs::write(&tmp, bytes).with_context(|| format!("{}: cannot write", tmp.display()))?;
     fs::rename(&tmp, path).with_context(|| format!("{}: cannot rename into place", path.display()))
 }
@@ -207,6 +213,15 @@ mod tests {
         let config: serde_json::Value =
             serde_json::from_slice(&fs::read(run.path().join("config.json")).unwrap()).unwrap();
         assert_eq!(config["model"], "resnet20");
-        assert!(RunDir::create(root.path(), "r", &config).is_err());
+        let again = RunDir::create(root.path(), "r", &config).err().unwrap();
+        assert!(again
+            .to_string()
+            .ends_with("run folder exists already; choose another --name"));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(run.path()).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "the run folder is owner-only");
+        }
     }
 }

@@ -65,7 +65,7 @@ pub fn save_sharded(
         return Err(fail(dir, "the checkpoint folder exists already"));
     }
     let staging = partial(dir);
-    std::fs::create_dir_all(&staging).map_err(|e| fail(&staging, e))?;
+    weft_tensor::private_files::create_private_dir_all(&staging).map_err(|e| fail(&staging, e))?;
     let range = shards.range(rank);
     let FlatState {
         optimizer,
