@@ -68,7 +68,8 @@ pub fn load_safetensors_entries(store: &ParamStore, path: &Path, ids: &[EntryId]
 /// Sets every entry of `store` from `loaded` (read from `path`) by name. `part(id, value)`
 /// turns a stored value into what entry `id` holds (a tensor-parallel slice, a dtype
 /// conversion). A key no entry has, an entry no key has, or a part whose shape or dtype is not
-/// the entry's is an error naming the file and the key.
+/// the entry's is an error naming the file and the key; every value is checked before any
+/// entry is written, so a refused file leaves the store as it was.
 pub fn load_tensors(
     store: &ParamStore,
     path: &Path,
@@ -98,6 +99,7 @@ fn load_into(
             key: (*key).clone(),
         });
     }
+    let mut checked = Vec::with_capacity(ids.len());
     for &id in ids {
         let entry = &store.entries()[id];
         let stored = loaded
@@ -123,7 +125,10 @@ fn load_into(
                 found: value.dtype(),
             });
         }
-        entry.var.set(&value)?;
+        checked.push((id, value));
+    }
+    for (id, value) in checked {
+        store.entries()[id].var.set(&value)?;
     }
     Ok(())
 }
@@ -213,6 +218,27 @@ mod tests {
             .unwrap();
         let err = load_safetensors(&f64_store, &path).unwrap_err().to_string();
         assert!(err.contains("key `w` has dtype F32"), "{err}");
+    }
+
+    /// A file whose first entry fits and whose second does not is refused without writing
+    /// the first: the store keeps its values.
+    #[test]
+    fn a_refused_file_leaves_every_entry_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let saved = store_with(&[("a", &[2]), ("z", &[3])]);
+        saved
+            .get("a")
+            .unwrap()
+            .var
+            .set(&Tensor::new(&[7f32, 8.], &Device::Cpu).unwrap())
+            .unwrap();
+        save_safetensors(&saved, &path).unwrap();
+        let target = store_with(&[("a", &[2]), ("z", &[4])]);
+        let err = load_safetensors(&target, &path).unwrap_err().to_string();
+        assert!(err.contains("key `z` has shape [3]"), "{err}");
+        let a: Vec<f32> = target.get("a").unwrap().tensor().to_vec1().unwrap();
+        assert_eq!(a, vec![0., 1.], "the first entry was overwritten");
     }
 
     #[test]

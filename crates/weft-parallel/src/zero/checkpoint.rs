@@ -200,17 +200,21 @@ pub fn load_sharded(
 ) -> Result<()> {
     let manifest = Manifest::read(dir)?;
     manifest.check_layout(trainer.grads().layout(), dir)?;
-    trainer.with_full_parameters(|model| load_model(dir, &manifest, model.store()))?;
+    // Every shard file is read (and its ranges checked) before anything is written.
     let range = shards.range(comm.rank());
-    if range.is_empty() {
-        return Ok(());
-    }
     let load_master = manifest.master_weights && trainer.master_weights()?.is_some();
     let mut names = manifest.buffers.clone();
     if load_master {
         names.push(MASTER.into());
     }
-    let mut values = read_ranges(dir, &manifest, &names, &range)?;
+    let mut values = match range.is_empty() {
+        true => Vec::new(),
+        false => read_ranges(dir, &manifest, &names, &range)?,
+    };
+    trainer.with_full_parameters(|model| load_model(dir, &manifest, model.store()))?;
+    if range.is_empty() {
+        return Ok(());
+    }
     let master = load_master.then(|| values.pop()).flatten();
     let buffers = names.into_iter().zip(values).collect();
     trainer.optimizer_mut()?.load_flat_state(
