@@ -33,6 +33,8 @@ use crate::memory_report;
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::progress::Progress;
+use crate::resume;
+use crate::run_checkpoints;
 use crate::run_dir::RunFolder;
 
 /// One line of `metrics.jsonl` per optimizer step.
@@ -68,6 +70,7 @@ pub struct GptRunSummary {
     pub run_dir: PathBuf,
     pub world_size: usize,
     pub steps: usize,
+    /// The first step's loss of this invocation (the resumed step's when resuming).
     pub first_loss: f64,
     pub final_train_loss: f64,
     pub final_val_loss: f64,
@@ -195,13 +198,50 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         )?),
         None => GptStepper::Whole(trainer),
     };
-    let mut run = RunFolder::open(
-        &args.out,
-        args.name.as_deref(),
-        || default_run_name(args),
-        args,
-        ctx,
-    )?;
+    let local_batch = args.batch_size / mesh.dp_size;
+    // Every epoch gives each replica the same number of batches (the sampler pads).
+    let sampler = DistributedSampler::new(data.train.len(), mesh.dp_size, mesh.dp_rank)?;
+    let batches_per_epoch = (sampler.num_samples() / local_batch).max(1);
+    let zero_shards = (args.zero > 0 && mesh.dp_size > 1)
+        .then(|| ShardLayout::new(stepper.trainer_mut().grads().layout().len(), mesh.dp_size));
+    let layout = match &split_layers {
+        Some(layers) => resume::Layout::TensorParallel {
+            mesh: &mesh,
+            splits: layers.splits(),
+            zero_shards,
+        },
+        None => resume::Layout::Replicated {
+            zero: zero_shards.and_then(|s| Some((mesh.replicas.clone()?, s))),
+            solo: mesh.solo.clone(),
+            first_replica: mesh.dp_rank == 0,
+        },
+    };
+    let (mut run, start) = match &args.resume {
+        Some(path) => {
+            let (dir, run_path) = run_checkpoints::resolve(path)?;
+            let progress = run_checkpoints::read_progress(&dir)?;
+            let start = progress.step;
+            if ctx.is_main() {
+                run_checkpoints::discard_after(&run_path, start)?;
+            }
+            let first_epoch = start / batches_per_epoch;
+            let earlier = |line: &serde_json::Value| {
+                let number = |key| line.get(key).and_then(serde_json::Value::as_u64);
+                match number("step") {
+                    Some(s) => (s as usize) < start,
+                    None => number("epoch").is_some_and(|e| (e as usize) < first_epoch),
+                }
+            };
+            let run = RunFolder::reopen(&run_path, earlier, ctx)?;
+            resume::load(stepper.trainer_mut(), &layout, &dir, &progress)?;
+            (run, start)
+        }
+        None => {
+            let open = || default_run_name(args);
+            let run = RunFolder::open(&args.out, args.name.as_deref(), open, args, ctx)?;
+            (run, 0)
+        }
+    };
     if ctx.is_main() {
         println!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val sequences of {seq_len} tokens, global batch {}, {} steps over {} epochs -> {}",
@@ -230,18 +270,20 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     }
     let progress =
         Progress::new(total_steps as u64, args.quiet || !ctx.is_main()).with_unit("tok/s");
-    let local_batch = args.batch_size / mesh.dp_size;
     let tokens_per_step = (args.batch_size * seq_len) as f64;
-    let (mut step, mut first_loss, mut last) = (0, f64::NAN, (f64::NAN, f64::NAN));
+    let (mut step, mut first_loss, mut last) = (start, f64::NAN, (f64::NAN, f64::NAN));
     let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
-    for epoch in 0..epochs {
+    for epoch in start / batches_per_epoch..epochs {
         let epoch_start = Instant::now();
-        let mut sampler = DistributedSampler::new(data.train.len(), mesh.dp_size, mesh.dp_rank)?
-            .with_seed(args.seed);
+        let mut sampler = sampler.clone().with_seed(args.seed);
         sampler.set_epoch(epoch as u64);
         let indices = sampler.indices();
         let mut totals = [0.0; 2]; // loss sum, tokens (this rank)
-        for chunk in indices.chunks_exact(local_batch) {
+        let done = match epoch == start / batches_per_epoch {
+            true => start % batches_per_epoch,
+            false => 0,
+        };
+        for chunk in indices.chunks_exact(local_batch).skip(done) {
             if step == total_steps {
                 break;
             }
@@ -259,7 +301,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             ];
             ctx.sum(&mut global)?;
             let loss = global[0] / global[1];
-            if step == 0 {
+            if step == start {
                 first_loss = loss;
             }
             if let Some(run) = run.writer.as_mut() {
@@ -287,6 +329,10 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             totals[0] += outcome.loss * outcome.samples as f64;
             totals[1] += outcome.samples as f64;
             step += 1;
+            if args.save_every.is_some_and(|n| step.is_multiple_of(n)) {
+                let trainer = stepper.trainer_mut();
+                resume::save(trainer, &layout, ctx, &run.path, step, args.keep_last)?;
+            }
             progress.step(epoch, loss, tokens_per_step / seconds, None);
         }
         ctx.sum(&mut totals)?;
@@ -345,7 +391,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             &summary,
         )?;
         println!(
-            "done in {:.1} s: loss {:.4} at step 0, val loss {:.4}; checkpoint {}",
+            "done in {:.1} s: loss {:.4} at step {start}, val loss {:.4}; checkpoint {}",
             summary.seconds,
             summary.first_loss,
             summary.final_val_loss,

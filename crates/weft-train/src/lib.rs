@@ -22,6 +22,8 @@ pub mod optim_setup;
 pub mod parallelize;
 pub mod progress;
 pub mod resnet;
+pub mod resume;
+pub mod run_checkpoints;
 pub mod run_dir;
 
 pub use args::TrainArgs;

@@ -83,6 +83,33 @@ impl RunDir {
         })
     }
 
+    /// Opens the existing run folder `path` to go on writing it (a resumed run): its
+    /// `metrics.jsonl` keeps the lines `keep` accepts (those before the resumed step), and new
+    /// lines are appended.
+    pub fn reopen(path: &Path, keep: impl Fn(&serde_json::Value) -> bool) -> Result<Self> {
+        let metrics_path = path.join("metrics.jsonl");
+        let text = fs::read_to_string(&metrics_path)
+            .with_context(|| format!("{}: cannot read", metrics_path.display()))?;
+        let mut kept = String::new();
+        for line in text.lines() {
+            let value: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("{}: a line is not JSON", metrics_path.display()))?;
+            if keep(&value) {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        write_atomically(&metrics_path, kept.as_bytes())?;
+        let file = fs::OpenOptions::new()
+            .append(true)
+            .open(&metrics_path)
+            .with_context(|| format!("{}: cannot open", metrics_path.display()))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            metrics: BufWriter::new(file),
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -155,6 +182,25 @@ impl RunFolder {
         ctx.barrier()?;
         Ok(Self {
             path: out.join(&name),
+            writer,
+        })
+    }
+}
+
+impl RunFolder {
+    /// Reopens run folder `path` on rank 0 ([`RunDir::reopen`]) for a resumed job.
+    pub fn reopen(
+        path: &Path,
+        keep: impl Fn(&serde_json::Value) -> bool,
+        ctx: &RankContext,
+    ) -> Result<Self> {
+        let writer = match ctx.is_main() {
+            true => Some(RunDir::reopen(path, keep)?),
+            false => None,
+        };
+        ctx.barrier()?;
+        Ok(Self {
+            path: path.to_path_buf(),
             writer,
         })
     }

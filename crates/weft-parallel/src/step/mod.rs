@@ -239,6 +239,22 @@ impl Trainer {
         self.scaler.as_ref()
     }
 
+    /// The loss scaler, to restore its state when resuming.
+    pub fn loss_scaler_mut(&mut self) -> Option<&mut DynamicLossScaler> {
+        self.scaler.as_mut()
+    }
+
+    /// Optimizer steps taken so far (what each step's dropout masks derive from).
+    pub fn steps_taken(&self) -> u64 {
+        self.steps_taken
+    }
+
+    /// Continues as if `steps` steps had been taken (a resumed run: the next step's dropout
+    /// masks are those of step `steps`).
+    pub fn resume_at_step(&mut self, steps: u64) {
+        self.steps_taken = steps;
+    }
+
     /// Derives every step's dropout masks from `seed` (default 0): micro-batch `i` of step `s`
     /// draws the same masks on every rank and stage that computes it.
     pub fn with_dropout_seed(mut self, seed: u64) -> Self {

@@ -1,0 +1,143 @@
+//! `train-gpt --save-every/--resume`: a run resumed from its step-3 checkpoint logs the losses
+//! of the uninterrupted run for the steps after it, bit for bit (dropout on, so the masks'
+//! step counter is restored too): one process, and two thread ranks under ZeRO-1, ZeRO-3 and
+//! TP 2. `--keep-last` keeps the newest checkpoints, and bad uses are one-line errors.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::Device;
+use clap::Parser;
+use weft_testing::on_thread_ranks;
+use weft_train::distributed::RankContext;
+use weft_train::GptArgs;
+
+#[derive(Parser)]
+#[command(args_override_self = true)]
+struct Cli {
+    #[command(flatten)]
+    args: GptArgs,
+}
+
+fn flags(out: &Path, extra: &[&str]) -> GptArgs {
+    let base = [
+        "train",
+        "--seq-len",
+        "16",
+        "--synthetic-tokens",
+        "4096",
+        "--val-tokens",
+        "256",
+        "--batch-size",
+        "4",
+        "--steps",
+        "6",
+        "--dropout",
+        "0.1",
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    Cli::parse_from(base.iter().chain(extra)).args
+}
+
+fn run(args: &GptArgs, ranks: usize) {
+    if ranks == 1 {
+        weft_train::gpt::run(args).unwrap();
+        return;
+    }
+    on_thread_ranks(ranks, |rank, comm| {
+        let ctx = RankContext {
+            rank,
+            world_size: ranks,
+            comm: Some(comm as Arc<_>),
+        };
+        weft_train::gpt::run_in(args, &ctx, &Device::Cpu).unwrap();
+    });
+}
+
+fn losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|l| l.get("step").is_some().then(|| l["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn resumed_runs_log_the_uninterrupted_losses() {
+    let out = tempfile::tempdir().unwrap();
+    for (case, ranks, layout) in [
+        ("one", 1, &[][..]),
+        ("zero1", 2, &["--nproc", "2", "--zero", "1"][..]),
+        ("zero3", 2, &["--nproc", "2", "--zero", "3"][..]),
+        ("tp2", 2, &["--nproc", "2", "--tp", "2"][..]),
+    ] {
+        let named = |name: String, more: &[&str]| {
+            let mut extra: Vec<&str> = layout.to_vec();
+            extra.extend(["--name", &name]);
+            extra.extend_from_slice(more);
+            flags(out.path(), &extra)
+        };
+        let (straight, saved) = (format!("{case}-straight"), format!("{case}-saved"));
+        run(&named(straight.clone(), &[]), ranks);
+        run(&named(saved.clone(), &["--save-every", "3"]), ranks);
+        let expected = losses(&out.path().join(&straight));
+        assert_eq!(losses(&out.path().join(&saved)), expected, "{case}: saving");
+        // Resume from the step-3 checkpoint: steps 3..5 again, from the checkpoint alone.
+        let checkpoint = out.path().join(&saved).join("checkpoints/step-00000003");
+        let resumed = named(saved.clone(), &["--resume", checkpoint.to_str().unwrap()]);
+        run(&resumed, ranks);
+        assert_eq!(
+            losses(&out.path().join(&saved)),
+            expected,
+            "{case}: resumed"
+        );
+        assert_eq!(expected.len(), 6);
+    }
+}
+
+#[test]
+fn keep_last_keeps_the_newest_and_bad_uses_are_one_line_errors() {
+    let out = tempfile::tempdir().unwrap();
+    let args = flags(
+        out.path(),
+        &["--name", "k", "--save-every", "2", "--keep-last", "2"],
+    );
+    weft_train::gpt::run(&args).unwrap();
+    let mut kept: Vec<String> = std::fs::read_dir(out.path().join("k/checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["step-00000004", "step-00000006"]);
+    // Resuming the finished run's folder takes its newest checkpoint and has nothing to do.
+    let again = flags(
+        out.path(),
+        &["--resume", out.path().join("k").to_str().unwrap()],
+    );
+    weft_train::gpt::run(&again).unwrap();
+    assert_eq!(losses(&out.path().join("k")).len(), 6);
+    for (extra, expected) in [
+        (&["--keep-last", "2"][..], "--keep-last needs --save-every"),
+        (
+            &["--save-every", "0"][..],
+            "--save-every and --keep-last must be at least 1",
+        ),
+        (
+            &["--resume", "/nonexistent/run"][..],
+            "--resume /nonexistent/run: neither a checkpoint",
+        ),
+        (
+            &["--pp", "2", "--nproc", "2", "--save-every", "2"][..],
+            "do not support --pp yet",
+        ),
+    ] {
+        let err = weft_train::gpt::run(&flags(out.path(), extra))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expected), "{extra:?}: {err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+}
