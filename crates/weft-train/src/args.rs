@@ -6,6 +6,8 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use crate::run_checkpoints::CheckpointFlags;
+
 /// Which optimizer to train with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -164,6 +166,9 @@ pub struct TrainArgs {
     /// Initialise from a safetensors file with torchvision parameter names
     #[arg(long)]
     pub init_from: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub checkpoints: CheckpointFlags,
     #[arg(long, value_enum, default_value_t = Augment::Default)]
     pub augment: Augment,
     /// Shuffle the training set each epoch
@@ -223,6 +228,11 @@ impl TrainArgs {
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
+        let delayed = self.delayed_update_from.is_some();
+        self.checkpoints.validate(
+            self.init_from.is_some(),
+            delayed.then_some("--delayed-update-from (its update in flight)"),
+        )?;
         if self.nproc == Some(0) {
             bail!("--nproc must be at least 1");
         }

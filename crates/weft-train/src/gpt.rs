@@ -34,7 +34,6 @@ use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::progress::Progress;
 use crate::resume;
-use crate::run_checkpoints;
 use crate::run_dir::RunFolder;
 
 /// One line of `metrics.jsonl` per optimizer step.
@@ -216,25 +215,10 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             first_replica: mesh.dp_rank == 0,
         },
     };
-    let (mut run, start) = match &args.resume {
+    let (mut run, start) = match &args.checkpoints.resume {
         Some(path) => {
-            let (dir, run_path) = run_checkpoints::resolve(path)?;
-            let progress = run_checkpoints::read_progress(&dir)?;
-            let start = progress.step;
-            if ctx.is_main() {
-                run_checkpoints::discard_after(&run_path, start)?;
-            }
-            let first_epoch = start / batches_per_epoch;
-            let earlier = |line: &serde_json::Value| {
-                let number = |key| line.get(key).and_then(serde_json::Value::as_u64);
-                match number("step") {
-                    Some(s) => (s as usize) < start,
-                    None => number("epoch").is_some_and(|e| (e as usize) < first_epoch),
-                }
-            };
-            let run = RunFolder::reopen(&run_path, earlier, ctx)?;
-            resume::load(stepper.trainer_mut(), &layout, &dir, &progress)?;
-            (run, start)
+            let trainer = stepper.trainer_mut();
+            resume::resume_run(path, trainer, &layout, batches_per_epoch, ctx)?
         }
         None => {
             let open = || default_run_name(args);
@@ -329,9 +313,9 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             totals[0] += outcome.loss * outcome.samples as f64;
             totals[1] += outcome.samples as f64;
             step += 1;
-            if args.save_every.is_some_and(|n| step.is_multiple_of(n)) {
-                let trainer = stepper.trainer_mut();
-                resume::save(trainer, &layout, ctx, &run.path, step, args.keep_last)?;
+            if args.checkpoints.saves_after(step) {
+                let (trainer, keep) = (stepper.trainer_mut(), args.checkpoints.keep_last);
+                resume::save(trainer, &layout, ctx, &run.path, step, keep)?;
             }
             progress.step(epoch, loss, tokens_per_step / seconds, None);
         }

@@ -10,6 +10,7 @@ use weft_parallel::pipeline::{partition, ScheduleKind};
 
 use crate::args::OptimizerKind;
 use crate::optim_setup::OptimizerFlags;
+use crate::run_checkpoints::CheckpointFlags;
 
 /// The order of a pipeline's forwards and backwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -153,18 +154,9 @@ pub struct GptArgs {
     /// Initialise from a Hugging Face GPT-2 safetensors file (e.g. the hub's model.safetensors)
     #[arg(long)]
     pub init_from: Option<PathBuf>,
-    /// Write a checkpoint to RUN/checkpoints/step-N every N optimizer steps (model, optimizer
-    /// state and master weights by shard, the steps done, the loss scaler; not with --pp yet)
-    #[arg(long)]
-    pub save_every: Option<usize>,
-    /// Keep only the newest K checkpoints of --save-every
-    #[arg(long)]
-    pub keep_last: Option<usize>,
-    /// Continue a run: PATH is its run folder (its newest complete checkpoint) or one checkpoint
-    /// folder in it; the run goes on in that folder, appending to its metrics.jsonl, up to
-    /// --steps/--epochs, with the data order, learning rate and dropout of the uninterrupted run
-    #[arg(long)]
-    pub resume: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub checkpoints: CheckpointFlags,
     /// Root of the run folders; the run is written to OUT/NAME
     #[arg(long, default_value = "runs")]
     pub out: PathBuf,
@@ -277,18 +269,11 @@ impl GptArgs {
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        if self.save_every == Some(0) || self.keep_last == Some(0) {
-            bail!("--save-every and --keep-last must be at least 1");
-        }
-        if self.keep_last.is_some() && self.save_every.is_none() {
-            bail!("--keep-last needs --save-every");
-        }
-        if self.pp > 1 && (self.save_every.is_some() || self.resume.is_some()) {
-            bail!("--save-every and --resume do not support --pp yet (each stage's checkpoint)");
-        }
-        if self.resume.is_some() && self.init_from.is_some() {
-            bail!("--resume and --init-from exclude each other: a resumed run has its weights");
-        }
+        let pipelined = self.pp > 1;
+        self.checkpoints.validate(
+            self.init_from.is_some(),
+            pipelined.then_some("--pp (each stage's checkpoint)"),
+        )?;
         if self.nproc == Some(0) {
             bail!("--nproc must be at least 1");
         }

@@ -27,6 +27,7 @@ use crate::memory_report;
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, ResNetParallelism};
 use crate::progress::Progress;
+use crate::resume;
 use crate::run_dir::{EpochMetrics, RunFolder, StepMetrics};
 
 /// What a finished run reached.
@@ -45,9 +46,16 @@ pub struct RunSummary {
 /// Trains as the flags say (on every rank of the job) and returns the final metrics.
 pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     args.validate()?;
-    let started = Instant::now();
     let device = crate::device::parse_device_for_rank(&args.device)?.open()?;
     let ctx = RankContext::from_env(&device)?;
+    run_in(args, &ctx, &device)
+}
+
+/// [`run`] as one rank of `ctx`'s job, the model on `device` (the flags validated first).
+pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<RunSummary> {
+    args.validate()?;
+    let started = Instant::now();
+    let device = device.clone();
     if !args.batch_size.is_multiple_of(ctx.world_size) {
         bail!(
             "--batch-size {} is not divisible by the {} ranks",
@@ -63,7 +71,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     config = config.with_channels_last(args.channels_last);
     // Validated by `args.validate`: a preset the trainer supports on this device.
     let policy = PrecisionPolicy::from_name(&args.precision)?;
-    let (model, zero3_shard) = build_model(&config, policy.param, &device, args, &ctx)?;
+    let (model, zero3_shard) = build_model(&config, policy.param, &device, args, ctx)?;
     let steps_per_epoch = data.train.len() / args.batch_size;
     if steps_per_epoch == 0 {
         bail!(
@@ -126,13 +134,24 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         trainer.reload_master_weights()?;
     }
     let mut memory_log = memory_report::MemoryLog::default();
-    let mut run = RunFolder::open(
-        &args.out,
-        args.name.as_deref(),
-        || default_run_name(args),
-        args,
-        &ctx,
-    )?;
+    let local_batch = args.batch_size / ctx.world_size;
+    // Every epoch gives each rank the same number of batches (the sampler pads, the loader
+    // drops the last partial batch).
+    let sampler = DistributedSampler::new(data.train.len(), ctx.world_size, ctx.rank)?
+        .with_shuffle(args.shuffle)
+        .with_seed(args.seed);
+    let batches_per_epoch = (sampler.num_samples() / local_batch).max(1);
+    let layout = checkpoint_layout(&mut trainer, args, ctx)?;
+    let (mut run, start) = match (&args.checkpoints.resume, &layout) {
+        (Some(path), Some(layout)) => {
+            resume::resume_run(path, &mut trainer, layout, batches_per_epoch, ctx)?
+        }
+        _ => {
+            let open = || default_run_name(args);
+            let run = RunFolder::open(&args.out, args.name.as_deref(), open, args, ctx)?;
+            (run, 0)
+        }
+    };
     if ctx.is_main() {
         println!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val samples, global batch {}, {} steps over {} epochs -> {}",
@@ -149,20 +168,23 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
         );
     }
     let progress = Progress::new(total_steps as u64, args.quiet || !ctx.is_main());
-    let local_batch = args.batch_size / ctx.world_size;
-    let mut step = 0;
+    let mut step = start;
     let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
     let mut last = (0.0, 0.0, 0.0);
-    for epoch in 0..epochs {
+    for epoch in start / batches_per_epoch..epochs {
         let epoch_start = Instant::now();
-        let mut sampler = DistributedSampler::new(data.train.len(), ctx.world_size, ctx.rank)?
-            .with_shuffle(args.shuffle)
-            .with_seed(args.seed);
+        let mut sampler = sampler.clone();
         sampler.set_epoch(epoch as u64);
+        // A resumed epoch starts after its batches done (each sample's augmentation derives
+        // from its index, not its place in the epoch).
+        let done = match epoch == start / batches_per_epoch {
+            true => start % batches_per_epoch * local_batch,
+            false => 0,
+        };
         let loader = loader(
             &data.train,
             &data.train_pipeline,
-            sampler.indices(),
+            sampler.indices().split_off(done),
             args,
             local_batch,
             epoch,
@@ -220,6 +242,10 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
                 }
             }
             step += 1;
+            if let (true, Some(layout)) = (args.checkpoints.saves_after(step), &layout) {
+                let keep = args.checkpoints.keep_last;
+                resume::save(&mut trainer, layout, ctx, &run.path, step, keep)?;
+            }
             progress.step(
                 epoch,
                 global[0] / global[1],
@@ -236,7 +262,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
             local_batch,
             &device,
             policy.compute,
-            &ctx,
+            ctx,
         )?;
         let metrics = EpochMetrics {
             epoch,
@@ -334,6 +360,33 @@ fn loader(
         indices,
         config,
     )?)
+}
+
+/// How the trainer's state is cut for `--save-every`/`--resume` checkpoints (`None` without
+/// them): ZeRO's shards over the job, or the whole state written by rank 0 through a group of
+/// its own (split from the job here, a collective).
+fn checkpoint_layout(
+    trainer: &mut Trainer,
+    args: &TrainArgs,
+    ctx: &RankContext,
+) -> Result<Option<resume::Layout<'static>>> {
+    if !args.checkpoints.in_use() {
+        return Ok(None);
+    }
+    let len = trainer.grads().layout().len();
+    let zero = match (&ctx.comm, args.zero > 0) {
+        (Some(world), true) => Some((world.clone(), ShardLayout::new(len, ctx.world_size))),
+        _ => None,
+    };
+    let solo = match &ctx.comm {
+        Some(world) => Some(Arc::from(world.split(ctx.rank as u32, ctx.rank as i64)?)),
+        None => None,
+    };
+    Ok(Some(resume::Layout::Replicated {
+        zero,
+        solo,
+        first_replica: ctx.is_main(),
+    }))
 }
 
 /// The model, built whole; or, under ZeRO-3 on several ranks, built as this rank's shard of

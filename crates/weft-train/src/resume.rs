@@ -18,6 +18,7 @@ use crate::distributed::RankContext;
 use crate::gpt_checkpoint::{load_tensor_parallel, save_tensor_parallel};
 use crate::gpt_parallel::{GptMesh, Split};
 use crate::run_checkpoints::{self, Progress};
+use crate::run_dir::RunFolder;
 
 /// How a trainer's state is cut over the job's ranks.
 pub enum Layout<'a> {
@@ -53,29 +54,56 @@ impl Group {
     }
 }
 
-/// For a replicated layout: the group, the shards, and whether this rank writes.
-fn sharded_role(
-    zero: &Option<(Arc<dyn Communicator>, ShardLayout)>,
-    solo: &Option<Arc<dyn Communicator>>,
-    first_replica: bool,
-    len: usize,
-) -> Result<(Group, ShardLayout, bool)> {
-    Ok(match (zero, solo) {
-        (Some((replicas, shards)), _) => (Group::Job(replicas.clone()), shards.clone(), true),
-        (None, Some(solo)) => (
-            Group::Job(solo.clone()),
-            ShardLayout::new(len, 1),
-            first_replica,
-        ),
-        (None, None) => {
-            let alone = ShmCommunicator::new_thread_group(1)?.remove(0);
-            (
-                Group::Alone(Box::new(alone)),
-                ShardLayout::new(len, 1),
-                true,
-            )
-        }
-    })
+/// What this rank does for a checkpoint.
+enum Role<'l> {
+    /// Writes (when `writes`) or reads the sharded format through `group`.
+    Sharded {
+        group: Group,
+        shards: ShardLayout,
+        writes: bool,
+    },
+    TensorParallel {
+        mesh: &'l GptMesh,
+        splits: &'l [(EntryId, Split)],
+        zero_shards: Option<&'l ShardLayout>,
+    },
+}
+
+impl Layout<'_> {
+    /// This rank's role for a trainer whose flat buffers hold `len` values.
+    fn role(&self, len: usize) -> Result<Role<'_>> {
+        Ok(match self {
+            Layout::TensorParallel {
+                mesh,
+                splits,
+                zero_shards,
+            } => Role::TensorParallel {
+                mesh,
+                splits,
+                zero_shards: zero_shards.as_ref(),
+            },
+            Layout::Replicated {
+                zero: Some((replicas, shards)),
+                ..
+            } => Role::Sharded {
+                group: Group::Job(replicas.clone()),
+                shards: shards.clone(),
+                writes: true,
+            },
+            Layout::Replicated {
+                zero: None,
+                solo,
+                first_replica,
+            } => Role::Sharded {
+                group: match solo {
+                    Some(solo) => Group::Job(solo.clone()),
+                    None => Group::Alone(Box::new(ShmCommunicator::new_thread_group(1)?.remove(0))),
+                },
+                shards: ShardLayout::new(len, 1),
+                writes: *first_replica,
+            },
+        })
+    }
 }
 
 /// Writes step `step`'s checkpoint of `trainer` into run folder `run` (a collective over the
@@ -89,24 +117,22 @@ pub fn save(
     keep_last: Option<usize>,
 ) -> Result<PathBuf> {
     let dir = run_checkpoints::step_dir(run, step);
-    match layout {
-        Layout::TensorParallel {
-            mesh,
-            splits,
-            zero_shards,
-        } => save_tensor_parallel(trainer, mesh, splits, zero_shards.as_ref(), &dir)?,
-        Layout::Replicated {
-            zero,
-            solo,
-            first_replica,
+    match layout.role(trainer.grads().layout().len())? {
+        Role::Sharded {
+            group,
+            shards,
+            writes,
         } => {
-            let len = trainer.grads().layout().len();
-            let (group, shards, writes) = sharded_role(zero, solo, *first_replica, len)?;
             if writes {
                 save_sharded(trainer, group.comm(), &shards, &dir)?;
             }
             ctx.barrier()?;
         }
+        Role::TensorParallel {
+            mesh,
+            splits,
+            zero_shards,
+        } => save_tensor_parallel(trainer, mesh, splits, zero_shards, &dir)?,
     }
     if ctx.is_main() {
         let progress = Progress {
@@ -129,23 +155,45 @@ pub fn load(
     dir: &Path,
     progress: &Progress,
 ) -> Result<()> {
-    match layout {
-        Layout::TensorParallel {
+    match layout.role(trainer.grads().layout().len())? {
+        Role::Sharded { group, shards, .. } => load_sharded(trainer, group.comm(), &shards, dir)?,
+        Role::TensorParallel {
             mesh, zero_shards, ..
-        } => load_tensor_parallel(trainer, mesh, zero_shards.as_ref(), dir)?,
-        Layout::Replicated {
-            zero,
-            solo,
-            first_replica,
-        } => {
-            let len = trainer.grads().layout().len();
-            let (group, shards, _) = sharded_role(zero, solo, *first_replica, len)?;
-            load_sharded(trainer, group.comm(), &shards, dir)?;
-        }
+        } => load_tensor_parallel(trainer, mesh, zero_shards, dir)?,
     }
     if let (Some(state), Some(scaler)) = (&progress.loss_scaler, trainer.loss_scaler_mut()) {
         scaler.load_state(state.clone())?;
     }
     trainer.resume_at_step(progress.step as u64);
     Ok(())
+}
+
+/// `--resume PATH`: loads the checkpoint PATH names into `trainer` and reopens its run folder
+/// (checkpoints past it discarded, `metrics.jsonl` cut back to the steps and whole epochs
+/// before it; every epoch holds `batches_per_epoch` steps); returns the folder and the step to
+/// go on from.
+pub fn resume_run(
+    path: &Path,
+    trainer: &mut Trainer,
+    layout: &Layout<'_>,
+    batches_per_epoch: usize,
+    ctx: &RankContext,
+) -> Result<(RunFolder, usize)> {
+    let (dir, run_path) = run_checkpoints::resolve(path)?;
+    let progress = run_checkpoints::read_progress(&dir)?;
+    let start = progress.step;
+    if ctx.is_main() {
+        run_checkpoints::discard_after(&run_path, start)?;
+    }
+    let first_epoch = start / batches_per_epoch.max(1);
+    let earlier = |line: &serde_json::Value| {
+        let number = |key| line.get(key).and_then(serde_json::Value::as_u64);
+        match number("step") {
+            Some(s) => (s as usize) < start,
+            None => number("epoch").is_some_and(|e| (e as usize) < first_epoch),
+        }
+    };
+    let run = RunFolder::reopen(&run_path, earlier, ctx)?;
+    load(trainer, layout, &dir, &progress)?;
+    Ok((run, start))
 }

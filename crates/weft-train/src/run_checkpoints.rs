@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use clap::Args;
 use serde::{Deserialize, Serialize};
 use weft_precision::LossScalerState;
 
@@ -18,6 +19,55 @@ use crate::run_dir::write_atomically;
 
 const PROGRESS: &str = "progress.json";
 const FOLDER: &str = "checkpoints";
+
+/// The checkpoint flags every trainer takes.
+#[derive(Debug, Clone, Default, Args, Serialize)]
+pub struct CheckpointFlags {
+    /// Write a checkpoint to RUN/checkpoints/step-N every N optimizer steps (the model and its
+    /// buffers, the optimizer state and master weights by shard, the steps done, the loss
+    /// scaler)
+    #[arg(long)]
+    pub save_every: Option<usize>,
+    /// Keep only the newest K checkpoints of --save-every
+    #[arg(long)]
+    pub keep_last: Option<usize>,
+    /// Continue a run: PATH is its run folder (its newest complete checkpoint) or one checkpoint
+    /// folder in it; the run goes on in that folder, appending to its metrics.jsonl, up to
+    /// --steps/--epochs, with the data order, augmentation, learning rate and dropout of the
+    /// uninterrupted run
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+}
+
+impl CheckpointFlags {
+    /// Refuses bad values and combinations, one line each; `unsupported` names a flag of the
+    /// trainer that checkpoints cannot carry yet, when it is set.
+    pub fn validate(&self, init_from: bool, unsupported: Option<&str>) -> Result<()> {
+        if self.save_every == Some(0) || self.keep_last == Some(0) {
+            bail!("--save-every and --keep-last must be at least 1");
+        }
+        if self.keep_last.is_some() && self.save_every.is_none() {
+            bail!("--keep-last needs --save-every");
+        }
+        if let (Some(flag), true) = (unsupported, self.in_use()) {
+            bail!("--save-every and --resume do not support {flag} yet");
+        }
+        if self.resume.is_some() && init_from {
+            bail!("--resume and --init-from exclude each other: a resumed run has its weights");
+        }
+        Ok(())
+    }
+
+    /// Whether the run saves or resumes checkpoints.
+    pub fn in_use(&self) -> bool {
+        self.save_every.is_some() || self.resume.is_some()
+    }
+
+    /// Whether step `step` (steps done) ends with a checkpoint.
+    pub fn saves_after(&self, step: usize) -> bool {
+        self.save_every.is_some_and(|n| step.is_multiple_of(n))
+    }
+}
 
 /// Where a run stood when its checkpoint was written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

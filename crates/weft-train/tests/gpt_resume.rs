@@ -131,7 +131,7 @@ fn keep_last_keeps_the_newest_and_bad_uses_are_one_line_errors() {
         ),
         (
             &["--pp", "2", "--nproc", "2", "--save-every", "2"][..],
-            "do not support --pp yet",
+            "do not support --pp",
         ),
     ] {
         let err = weft_train::gpt::run(&flags(out.path(), extra))

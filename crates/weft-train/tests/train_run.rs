@@ -359,3 +359,67 @@ fn a_diverging_run_stops_naming_the_step() {
         "{message}"
     );
 }
+
+fn run_on_ranks(args: &TrainArgs, ranks: usize) {
+    if ranks == 1 {
+        weft_train::resnet::run(args).unwrap();
+        return;
+    }
+    weft_testing::on_thread_ranks(ranks, |rank, comm| {
+        let ctx = weft_train::distributed::RankContext {
+            rank,
+            world_size: ranks,
+            comm: Some(comm as std::sync::Arc<_>),
+        };
+        weft_train::resnet::run_in(args, &ctx, &Device::Cpu).unwrap();
+    });
+}
+
+/// A run resumed from its step-4 checkpoint (an epoch boundary: 4 batches per epoch), then from
+/// its step-2 one (inside an epoch), logs the
+/// uninterrupted run's losses, bit for bit, shuffled and augmented, in one process and on two
+/// thread ranks under DDP and each ZeRO stage; its epoch lines are the uninterrupted run's too.
+#[test]
+fn resumed_runs_log_the_uninterrupted_losses() {
+    let out = tempfile::tempdir().unwrap();
+    let out_dir = out.path().to_str().unwrap();
+    for (case, ranks, zero) in [
+        ("one", 1, "0"),
+        ("ddp", 2, "0"),
+        ("zero1", 2, "1"),
+        ("zero2", 2, "2"),
+        ("zero3", 2, "3"),
+    ] {
+        let nproc = ranks.to_string();
+        let flags = |name: &str, more: &[&str]| {
+            let mut extra = vec!["--steps", "6", "--out", out_dir, "--name", name];
+            extra.extend(["--nproc", &nproc, "--zero", zero]);
+            extra.extend_from_slice(more);
+            args(&extra)
+        };
+        let (straight, saved) = (format!("{case}-straight"), format!("{case}-saved"));
+        run_on_ranks(&flags(&straight, &[]), ranks);
+        run_on_ranks(&flags(&saved, &["--save-every", "2"]), ranks);
+        let lines = |name: &str| -> Vec<serde_json::Value> {
+            std::fs::read_to_string(out.path().join(name).join("metrics.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        };
+        let pick = |lines: &[serde_json::Value], key: &str| -> Vec<f64> {
+            lines.iter().filter_map(|l| l.get(key)?.as_f64()).collect()
+        };
+        // Step 4 ends an epoch; step 2 is inside one (the second resume discards step 4's).
+        for from in ["step-00000004", "step-00000002"] {
+            let checkpoint = out.path().join(&saved).join("checkpoints").join(from);
+            let resume = ["--resume", checkpoint.to_str().unwrap()];
+            run_on_ranks(&flags(&saved, &resume), ranks);
+            let (a, b) = (lines(&straight), lines(&saved));
+            assert_eq!(pick(&a, "loss").len(), 6, "{case}");
+            for key in ["loss", "val_loss", "val_acc"] {
+                assert_eq!(pick(&a, key), pick(&b, key), "{case} from {from}: {key}");
+            }
+        }
+    }
+}
