@@ -54,6 +54,63 @@ pub fn vocab_parallel_cross_entropy(
     Ok((sum_exp.log()? - target)?.mean_all()?)
 }
 
+/// [`vocab_parallel_cross_entropy`]'s mean loss and, with no autograd graph, the gradient of
+/// `scale × loss` with respect to this rank's block of the logits: `(softmax − one-hot) ·
+/// scale / tokens` on the columns it holds (zero in the padding), in the logits' dtype.
+pub fn vocab_parallel_cross_entropy_and_grad(
+    logits: &Tensor,
+    targets: &Tensor,
+    start: usize,
+    vocab_size: usize,
+    group: &TensorParallelGroup,
+    scale: f64,
+) -> Result<(Tensor, Tensor)> {
+    let rows = logits.dim(D::Minus1)?;
+    let mut z = logits.detach().reshape(((), rows))?;
+    if matches!(z.dtype(), DType::BF16 | DType::F16) {
+        z = z.to_dtype(DType::F32)?;
+    }
+    let valid = vocab_size.saturating_sub(start).min(rows);
+    if valid < rows {
+        let mask: Vec<f32> = (0..rows)
+            .map(|j| if j < valid { 0.0 } else { f32::NEG_INFINITY })
+            .collect();
+        let mask = Tensor::from_vec(mask, (1, rows), z.device())?.to_dtype(z.dtype())?;
+        z = z.broadcast_add(&mask)?;
+    }
+    let tokens = z.dim(0)?;
+    let shifted = z.broadcast_sub(&group.all_reduce_max(&z.max_keepdim(1)?)?)?;
+    drop(z);
+    let exp = shifted.exp()?;
+    let sum_exp = group.all_reduce(&exp.sum_keepdim(1)?)?;
+    // Each token's target as a column of this block (outside 0..rows where another rank holds it).
+    let local = targets
+        .flatten_all()?
+        .to_dtype(DType::I64)?
+        .broadcast_sub(&Tensor::new(start as i64, shifted.device())?)?
+        .unsqueeze(1)?;
+    let columns = Tensor::arange(0i64, rows as i64, shifted.device())?.unsqueeze(0)?;
+    let one_hot = columns.broadcast_eq(&local)?.to_dtype(shifted.dtype())?;
+    // The target's shifted logit where this rank holds it, by selection (the padding's -inf
+    // times a zero would be NaN).
+    let held = local.ge(0i64)?.mul(&local.lt(rows as i64)?)?;
+    let index = held
+        .where_cond(&local, &local.zeros_like()?)?
+        .to_dtype(DType::U32)?;
+    let picked = shifted.gather(&index, 1)?;
+    let picked = held.where_cond(&picked, &picked.zeros_like()?)?;
+    let target = group.all_reduce(&picked)?;
+    drop(shifted);
+    let loss = (sum_exp.log()? - target)?.mean_all()?;
+    let softmax = exp.broadcast_div(&sum_exp)?;
+    drop(exp);
+    let grad = ((softmax - one_hot)? * (scale / tokens as f64))?;
+    Ok((
+        loss,
+        grad.to_dtype(logits.dtype())?.reshape(logits.shape())?,
+    ))
+}
+
 /// Language modelling over vocabulary-parallel logits: [`vocab_parallel_cross_entropy`] as a
 /// training step's objective (every rank of the group reports the same loss).
 #[derive(Clone)]
@@ -76,5 +133,25 @@ impl Objective for VocabParallelNextToken {
             loss,
             metrics: Vec::new(),
         })
+    }
+
+    fn loss_and_output_grad(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+    ) -> weft_tensor::Result<Option<(LossOutput, Tensor)>> {
+        let (start, vocab, group) = (self.start, self.vocab_size, &self.group);
+        let (loss, grad) =
+            vocab_parallel_cross_entropy_and_grad(logits, targets, start, vocab, group, scale)
+                .map_err(|e| weft_tensor::TensorError::Block {
+                    block: "loss".into(),
+                    message: e.to_string(),
+                })?;
+        let output = LossOutput {
+            loss,
+            metrics: Vec::new(),
+        };
+        Ok(Some((output, grad)))
     }
 }

@@ -20,7 +20,9 @@ mod layers;
 pub mod mappings;
 mod strategy;
 
-pub use cross_entropy::{vocab_parallel_cross_entropy, VocabParallelNextToken};
+pub use cross_entropy::{
+    vocab_parallel_cross_entropy, vocab_parallel_cross_entropy_and_grad, VocabParallelNextToken,
+};
 pub use embedding::VocabParallelEmbedding;
 pub use layers::{column_slice, row_slice, ColumnParallelLinear, RowParallelLinear};
 pub use mappings::{

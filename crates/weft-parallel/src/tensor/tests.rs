@@ -256,6 +256,34 @@ fn vocabulary_parallel_embedding_and_loss_equal_the_whole_table() {
             max_diff(got, &expected) < 1e-12,
             "rank {rank}: table gradient"
         );
+        // The direct gradient (no graph) is autograd's of 3 × loss, padding columns zero.
+        let (direct_loss, direct) = vocab_parallel_cross_entropy_and_grad(
+            &local_logits,
+            &targets,
+            wte.start(),
+            vocab,
+            &group,
+            3.0,
+        )
+        .unwrap();
+        assert!(
+            max_diff(&direct_loss, &loss) < 1e-12,
+            "rank {rank}: direct loss"
+        );
+        let leaf = Var::from_tensor(&local_logits.detach()).unwrap();
+        let again =
+            vocab_parallel_cross_entropy(leaf.as_tensor(), &targets, wte.start(), vocab, &group)
+                .unwrap();
+        let autograd = (&again * 3.0).unwrap().backward().unwrap();
+        let expected = autograd.get(leaf.as_tensor()).unwrap();
+        assert!(
+            max_diff(&direct, expected) < 1e-12,
+            "rank {rank}: direct gradient"
+        );
+        if rank == 1 {
+            let padding = direct.narrow(2, 2, 2).unwrap();
+            assert_eq!(max_diff(&padding, &padding.zeros_like().unwrap()), 0.0);
+        }
     });
 }
 
