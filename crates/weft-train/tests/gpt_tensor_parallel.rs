@@ -38,6 +38,30 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
         .unwrap()
 }
 
+/// The whole model in f64, its logits and loss on `ids`/`targets`, and the loss's gradients.
+struct Whole {
+    model: weft_tensor::BlockModel,
+    logits: Tensor,
+    loss: Tensor,
+    grads: candle_core::backprop::GradStore,
+}
+
+fn whole_model(config: &GptConfig, ids: &Tensor, targets: &Tensor) -> Whole {
+    let model = gpt(config, DType::F64, &Device::Cpu).unwrap();
+    let logits = model.forward(ids, Mode::TRAIN).unwrap();
+    let loss = NextToken { vocab_size: 13 }
+        .loss(&logits, targets)
+        .unwrap()
+        .loss;
+    let grads = loss.backward().unwrap();
+    Whole {
+        model,
+        logits,
+        loss,
+        grads,
+    }
+}
+
 /// Logits (gathered by vocabulary block), the loss, and every parameter's gradient (gathered
 /// into the whole model's layout) equal the whole model's at TP 2 and 4, in f64 within 1e-12:
 /// the split model computes the same sums in a different order, nothing else.
@@ -45,13 +69,12 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 fn split_gpt_equals_the_whole_model_in_f64() {
     let config = config();
     let (ids, targets) = (tokens(0), tokens(1));
-    let whole = gpt(&config, DType::F64, &Device::Cpu).unwrap();
-    let logits = whole.forward(&ids, Mode::TRAIN).unwrap();
-    let loss = NextToken { vocab_size: 13 }
-        .loss(&logits, &targets)
-        .unwrap()
-        .loss;
-    let grads = loss.backward().unwrap();
+    let Whole {
+        model: whole,
+        logits,
+        loss,
+        grads,
+    } = whole_model(&config, &ids, &targets);
     for tp in [2, 4] {
         on_thread_ranks(tp, |rank, comm| {
             let group = TensorParallelGroup::new(comm);
@@ -100,13 +123,11 @@ fn split_gpt_equals_the_whole_model_in_f64() {
 fn split_layers_differentiate_themselves_as_the_whole_model() {
     let config = config();
     let (ids, targets) = (tokens(0), tokens(1));
-    let whole = gpt(&config, DType::F64, &Device::Cpu).unwrap();
-    let logits = whole.forward(&ids, Mode::TRAIN).unwrap();
-    let loss = NextToken { vocab_size: 13 }
-        .loss(&logits, &targets)
-        .unwrap()
-        .loss;
-    let grads = loss.backward().unwrap();
+    let Whole {
+        model: whole,
+        grads,
+        ..
+    } = whole_model(&config, &ids, &targets);
     let whole_tape = tape::forward(&whole, &ids, Mode::TRAIN, &Checkpointing::None).unwrap();
     let whole_bytes = whole_tape.saved_activation_bytes();
     on_thread_ranks(2, |rank, comm| {

@@ -12,16 +12,9 @@ use super::mappings::reduce_from_region;
 use super::TensorParallelGroup;
 use crate::error::Result;
 
-/// Mean next-token loss of `logits` (`[.., rows]`, this rank's vocabulary block, its first row
-/// being token `start`) against the u32 `targets`; columns at or past `vocab_size` (the padding
-/// of the table) take no part. 16-bit logits are computed in f32.
-pub fn vocab_parallel_cross_entropy(
-    logits: &Tensor,
-    targets: &Tensor,
-    start: usize,
-    vocab_size: usize,
-    group: &TensorParallelGroup,
-) -> Result<Tensor> {
+/// `logits` as rows (`[tokens, rows]`, in f32 for 16-bit logits), the columns at or past
+/// `vocab_size` (the table's padding) set to -inf.
+fn masked_rows(logits: &Tensor, start: usize, vocab_size: usize) -> Result<Tensor> {
     let rows = logits.dim(D::Minus1)?;
     let mut z = logits.reshape(((), rows))?;
     if matches!(z.dtype(), DType::BF16 | DType::F16) {
@@ -35,6 +28,21 @@ pub fn vocab_parallel_cross_entropy(
         let mask = Tensor::from_vec(mask, (1, rows), z.device())?.to_dtype(z.dtype())?;
         z = z.broadcast_add(&mask)?;
     }
+    Ok(z)
+}
+
+/// Mean next-token loss of `logits` (`[.., rows]`, this rank's vocabulary block, its first row
+/// being token `start`) against the u32 `targets`; columns at or past `vocab_size` (the padding
+/// of the table) take no part. 16-bit logits are computed in f32.
+pub fn vocab_parallel_cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    start: usize,
+    vocab_size: usize,
+    group: &TensorParallelGroup,
+) -> Result<Tensor> {
+    let rows = logits.dim(D::Minus1)?;
+    let z = masked_rows(logits, start, vocab_size)?;
     let max = group.all_reduce_max(&z.detach().max_keepdim(1)?)?;
     let shifted = z.broadcast_sub(&max)?;
     let sum_exp = reduce_from_region(&shifted.exp()?.sum_keepdim(1)?, group)?;
@@ -66,18 +74,7 @@ pub fn vocab_parallel_cross_entropy_and_grad(
     scale: f64,
 ) -> Result<(Tensor, Tensor)> {
     let rows = logits.dim(D::Minus1)?;
-    let mut z = logits.detach().reshape(((), rows))?;
-    if matches!(z.dtype(), DType::BF16 | DType::F16) {
-        z = z.to_dtype(DType::F32)?;
-    }
-    let valid = vocab_size.saturating_sub(start).min(rows);
-    if valid < rows {
-        let mask: Vec<f32> = (0..rows)
-            .map(|j| if j < valid { 0.0 } else { f32::NEG_INFINITY })
-            .collect();
-        let mask = Tensor::from_vec(mask, (1, rows), z.device())?.to_dtype(z.dtype())?;
-        z = z.broadcast_add(&mask)?;
-    }
+    let z = masked_rows(&logits.detach(), start, vocab_size)?;
     let tokens = z.dim(0)?;
     let shifted = z.broadcast_sub(&group.all_reduce_max(&z.max_keepdim(1)?)?)?;
     drop(z);
