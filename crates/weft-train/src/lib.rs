@@ -22,6 +22,7 @@ pub mod optim_setup;
 pub mod parallelize;
 pub mod progress;
 pub mod resnet;
+mod resnet_parts;
 pub mod resume;
 pub mod run_checkpoints;
 pub mod run_dir;

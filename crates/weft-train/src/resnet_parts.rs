@@ -1,0 +1,146 @@
+//! The ResNet trainer's pieces around its loop: the model built whole or as this rank's
+//! ZeRO-3 shard, an epoch's data loader, the layout of its checkpoints, the per-step metric
+//! sums and the share of communication hidden under backward, and validation.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use weft_data::{DataLoader, Dataset, LoaderConfig, Pipeline};
+use weft_models::{resnet, ResNetConfig};
+use weft_parallel::zero::ShardLayout;
+use weft_parallel::{StepOutcome, Trainer};
+use weft_tensor::sharded_init::ShardedInit;
+use weft_tensor::{timeline, BlockModel};
+
+use crate::args::TrainArgs;
+use crate::data::DataSets;
+use crate::distributed::RankContext;
+use crate::resume;
+
+/// Adds a step's loss sum, correct predictions and samples (this rank's) to the epoch's totals.
+pub(crate) fn accumulate(totals: &mut [f64; 3], outcome: &StepOutcome) {
+    totals[0] += outcome.loss * outcome.samples as f64;
+    totals[1] += outcome.metric("correct");
+    totals[2] += outcome.samples as f64;
+}
+
+/// Share of this step's all-reduce time spent while backward was still running; `None` when
+/// the host saw no all-reduce end (operations ordered on the device, or a replayed graph).
+pub(crate) fn comm_hidden(spans: &[timeline::Span]) -> Option<f64> {
+    let (comm, compute): (Vec<_>, Vec<_>) = spans
+        .iter()
+        .filter(|s| s.category == "allreduce" || s.category == "backward")
+        .cloned()
+        .partition(|s| s.category == "allreduce");
+    (!comm.is_empty()).then(|| timeline::hidden_fraction(&comm, &compute))
+}
+
+pub(crate) fn loader(
+    dataset: &Arc<dyn Dataset>,
+    pipeline: &Arc<Pipeline>,
+    indices: Vec<usize>,
+    args: &TrainArgs,
+    batch_size: usize,
+    epoch: usize,
+    drop_last: bool,
+) -> Result<DataLoader> {
+    let config = LoaderConfig {
+        batch_size,
+        drop_last,
+        num_workers: args.workers,
+        seed: args.seed,
+        epoch: epoch as u64,
+        ..LoaderConfig::default()
+    };
+    Ok(DataLoader::new(
+        dataset.clone(),
+        pipeline.clone(),
+        indices,
+        config,
+    )?)
+}
+
+/// How the trainer's state is cut for `--save-every`/`--resume` checkpoints (`None` without
+/// them): ZeRO's shards over the job, or the whole state written by rank 0 through a group of
+/// its own (split from the job here, a collective).
+pub(crate) fn checkpoint_layout(
+    trainer: &mut Trainer,
+    args: &TrainArgs,
+    ctx: &RankContext,
+) -> Result<Option<resume::Layout<'static>>> {
+    if !args.checkpoints.in_use() {
+        return Ok(None);
+    }
+    let len = trainer.grads().layout().len();
+    let zero = match (&ctx.comm, args.zero > 0) {
+        (Some(world), true) => Some((world.clone(), ShardLayout::new(len, ctx.world_size))),
+        _ => None,
+    };
+    let solo = match &ctx.comm {
+        Some(world) => Some(Arc::from(world.split(ctx.rank as u32, ctx.rank as i64)?)),
+        None => None,
+    };
+    Ok(Some(resume::Layout::Replicated {
+        zero,
+        solo,
+        first_replica: ctx.is_main(),
+    }))
+}
+
+/// The model, built whole; or, under ZeRO-3 on several ranks, built as this rank's shard of
+/// its parameters (built once to count them, then again keeping the shard: no parameter is
+/// ever whole on a rank), returned beside it.
+pub(crate) fn build_model(
+    config: &ResNetConfig,
+    dtype: DType,
+    device: &Device,
+    args: &TrainArgs,
+    ctx: &RankContext,
+) -> Result<(BlockModel, Option<Tensor>)> {
+    let build = || resnet(config, dtype, device);
+    if args.zero < 3 || ctx.world_size < 2 {
+        return Ok((build()?, None));
+    }
+    let (_, len) = ShardedInit::count(build)?;
+    let window = ShardLayout::new(len, ctx.world_size).range(ctx.rank);
+    Ok(ShardedInit::capture(window, build)?)
+}
+
+/// Mean loss and accuracy over the whole validation set in evaluation mode (images in the
+/// compute dtype `dtype`); each rank
+/// evaluates samples `rank, rank + world, …` and the sums are reduced.
+pub(crate) fn validate(
+    trainer: &mut Trainer,
+    data: &DataSets,
+    args: &TrainArgs,
+    batch: usize,
+    device: &Device,
+    dtype: DType,
+    ctx: &RankContext,
+) -> Result<(f64, f64)> {
+    let indices: Vec<usize> = (ctx.rank..data.val.len()).step_by(ctx.world_size).collect();
+    let mut sums = [0.0; 3];
+    for batch in loader(
+        &data.val,
+        &data.val_pipeline,
+        indices,
+        args,
+        batch,
+        0,
+        false,
+    )? {
+        let (images, labels) = batch?.to_tensors(device)?;
+        let images = images.to_dtype(dtype)?;
+        let eval = trainer.evaluate(&images, &labels)?;
+        sums[0] += eval.loss_sum;
+        sums[1] += eval
+            .metrics
+            .iter()
+            .find(|(n, _)| *n == "correct")
+            .map_or(0.0, |m| m.1);
+        sums[2] += eval.samples as f64;
+    }
+    ctx.sum(&mut sums)?;
+    Ok((sums[0] / sums[2].max(1.0), sums[1] / sums[2].max(1.0)))
+}
