@@ -2,11 +2,12 @@
 //! the same global batch: the logged per-step losses agree, and the validation runs on both;
 //! and ZeRO stages 1 to 3 on the 2 processes against DDP.
 
-use std::io::Read;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use weft_tests::rank_job::{read_stderr, step_losses};
 
 const TRAINER: &str = env!("CARGO_BIN_EXE_weft-train-rank");
 
@@ -64,24 +65,6 @@ fn wait_all(mut children: Vec<Child>, deadline: Duration) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(20));
     }
     children.iter_mut().map(read_stderr).collect()
-}
-
-fn read_stderr(child: &mut Child) -> String {
-    let mut text = String::new();
-    if let Some(mut err) = child.stderr.take() {
-        let _ = err.read_to_string(&mut text);
-    }
-    text
-}
-
-fn step_losses(run: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .expect("the run wrote metrics")
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
-        .filter(|l| l.get("step").is_some())
-        .map(|l| l["loss"].as_f64().expect("a loss"))
-        .collect()
 }
 
 #[test]
