@@ -12,6 +12,7 @@ mod gpu_check;
 mod launch;
 mod memory_plan;
 mod python;
+mod report;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -46,6 +47,9 @@ enum Command {
     /// Predict a training run's memory per rank, by category with formulas, before any GPU
     /// is touched
     MemoryPlan(memory_plan::MemoryPlanArgs),
+    /// Draw a run folder: loss, accuracy, throughput, one step's timeline per rank, memory by
+    /// category (SVG and PNG), and a summary table
+    Report(report::ReportArgs),
     /// The CUDA path against the CPU reference, as a pass/fail table (needs a GPU)
     GpuCheck,
     /// Build the CUDA binaries and write a folder that runs on a GPU machine without Rust
@@ -106,6 +110,7 @@ fn main() {
         Command::GpuBundle(args) => gpu_bundle::run(&args),
         Command::GpuCheckDdp => gpu_check::ddp::run_rank(),
         Command::MemoryPlan(args) => memory_plan::run(&args),
+        Command::Report(args) => report::run(&args).map(|_| ()),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

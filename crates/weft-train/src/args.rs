@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use crate::logging::LogFlags;
 use crate::run_checkpoints::CheckpointFlags;
 
 /// Which optimizer to train with.
@@ -169,6 +170,9 @@ pub struct TrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub checkpoints: CheckpointFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub log: LogFlags,
     #[arg(long, value_enum, default_value_t = Augment::Default)]
     pub augment: Augment,
     /// Shuffle the training set each epoch

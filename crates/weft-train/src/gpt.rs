@@ -29,12 +29,14 @@ use crate::gpt_args::GptArgs;
 use crate::gpt_data::open_data;
 use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
 use crate::gpt_pipeline::{gather_stages, stage_blocks, GptStepper, PipelineReport};
+use crate::logging;
 use crate::memory_report;
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::progress::Progress;
 use crate::resume;
 use crate::run_dir::RunFolder;
+use crate::traces;
 
 /// One line of `metrics.jsonl` per optimizer step.
 #[derive(Debug, Serialize)]
@@ -88,6 +90,7 @@ pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
 /// [`run`] as one rank of `ctx`'s job, the model on `device` (the flags validated first).
 pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptRunSummary> {
     args.validate()?;
+    logging::init(args.log.log_level, ctx.rank);
     let started = Instant::now();
     let device = device.clone();
     let mesh = GptMesh::with_pipeline(ctx.comm.as_ref(), args.tp, args.pp)?;
@@ -226,8 +229,9 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             (run, 0)
         }
     };
+    traces::stream(&timeline, &run.path)?;
     if ctx.is_main() {
-        println!(
+        tracing::info!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val sequences of {seq_len} tokens, global batch {}, {} steps over {} epochs -> {}",
             args.model,
             stepper.model().store().num_parameters(),
@@ -241,7 +245,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             run.path.display()
         );
         if args.pp > 1 {
-            println!(
+            tracing::info!(
                 "pipeline: {} stages of blocks {stages:?} (0 = embeddings, {} = head), {:?} over {} micro-batches; dp {} x tp {}",
                 args.pp,
                 config.num_blocks() - 1,
@@ -252,8 +256,8 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             );
         }
     }
-    let progress =
-        Progress::new(total_steps as u64, args.quiet || !ctx.is_main()).with_unit("tok/s");
+    let mut progress =
+        Progress::new(total_steps as u64, args.quiet, ctx.is_main()).with_unit("tok/s");
     let tokens_per_step = (args.batch_size * seq_len) as f64;
     let (mut step, mut first_loss, mut last) = (start, f64::NAN, (f64::NAN, f64::NAN));
     let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
@@ -271,6 +275,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             if step == total_steps {
                 break;
             }
+            let step_start = Instant::now();
             let batch = match stepper.reads_batches() {
                 true => Some(data.train.batch(chunk, &device)?),
                 false => None,
@@ -305,19 +310,29 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             if step == 0 && !args.quiet {
                 let settings = memory_report::gpt_plan_settings(args, policy, mesh.dp_size);
                 let trainer = stepper.trainer_mut();
-                print!("{}", memory_report::model_state_table(trainer, &settings)?);
+                for line in memory_report::model_state_table(trainer, &settings)?.lines() {
+                    tracing::info!("{line}");
+                }
                 if let Some(peak) = trainer.memory_peak() {
-                    println!("{}", memory_report::peak_line(peak));
+                    tracing::info!("{}", memory_report::peak_line(peak));
                 }
             }
             totals[0] += outcome.loss * outcome.samples as f64;
             totals[1] += outcome.samples as f64;
+            timeline.record(
+                format!("step {step}"),
+                "step",
+                "steps",
+                step_start,
+                Instant::now(),
+            );
             step += 1;
             if args.checkpoints.saves_after(step) {
                 let (trainer, keep) = (stepper.trainer_mut(), args.checkpoints.keep_last);
                 resume::save(trainer, &layout, ctx, &run.path, step, keep)?;
             }
             progress.step(epoch, loss, tokens_per_step / seconds, None);
+            timeline.flush()?;
         }
         ctx.sum(&mut totals)?;
         let val_loss = validate(&mut stepper, &data.val, local_batch, args, ctx, &mesh)?;
@@ -339,10 +354,11 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         if let Some(run) = run.writer.as_mut() {
             run.log(&metrics)?;
         }
+        timeline.flush()?;
         last = (metrics.train_loss, val_loss);
     }
     progress.finish();
-    timeline.write_chrome_trace(&run.path.join(format!("trace-rank{}.json", ctx.rank)))?;
+    traces::finish(&timeline, &run.path, ctx)?;
     let summary = GptRunSummary {
         run_dir: run.path.clone(),
         world_size: ctx.world_size,
@@ -374,7 +390,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             |path| Ok(hf::save_hf_safetensors(store, &config, path)?),
             &summary,
         )?;
-        println!(
+        tracing::info!(
             "done in {:.1} s: loss {:.4} at step {start}, val loss {:.4}; checkpoint {}",
             summary.seconds,
             summary.first_loss,

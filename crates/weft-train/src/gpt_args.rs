@@ -9,6 +9,7 @@ use serde::Serialize;
 use weft_parallel::pipeline::{partition, ScheduleKind};
 
 use crate::args::OptimizerKind;
+use crate::logging::LogFlags;
 use crate::optim_setup::OptimizerFlags;
 use crate::run_checkpoints::CheckpointFlags;
 
@@ -157,6 +158,9 @@ pub struct GptArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub checkpoints: CheckpointFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub log: LogFlags,
     /// Root of the run folders; the run is written to OUT/NAME
     #[arg(long, default_value = "runs")]
     pub out: PathBuf,

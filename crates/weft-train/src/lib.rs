@@ -16,6 +16,7 @@ pub mod gpt_checkpoint;
 pub mod gpt_data;
 pub mod gpt_parallel;
 pub mod gpt_pipeline;
+pub mod logging;
 pub mod memory_plan;
 pub mod memory_report;
 pub mod optim_setup;
@@ -26,6 +27,7 @@ mod resnet_parts;
 pub mod resume;
 pub mod run_checkpoints;
 pub mod run_dir;
+pub mod traces;
 
 pub use args::TrainArgs;
 pub use gpt_args::GptArgs;

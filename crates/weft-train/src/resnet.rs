@@ -21,6 +21,7 @@ use crate::args::TrainArgs;
 use crate::data;
 use crate::distributed::RankContext;
 use crate::divergence::DivergenceGuard;
+use crate::logging;
 use crate::memory_report;
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, ResNetParallelism};
@@ -30,6 +31,7 @@ use crate::resnet_parts::{
 };
 use crate::resume;
 use crate::run_dir::{EpochMetrics, RunFolder, StepMetrics};
+use crate::traces;
 
 /// What a finished run reached.
 #[derive(Debug, Clone, Serialize)]
@@ -55,6 +57,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
 /// [`run`] as one rank of `ctx`'s job, the model on `device` (the flags validated first).
 pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<RunSummary> {
     args.validate()?;
+    logging::init(args.log.log_level, ctx.rank);
     let started = Instant::now();
     let device = device.clone();
     if !args.batch_size.is_multiple_of(ctx.world_size) {
@@ -153,8 +156,9 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             (run, 0)
         }
     };
+    traces::stream(&timeline, &run.path)?;
     if ctx.is_main() {
-        println!(
+        tracing::info!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val samples, global batch {}, {} steps over {} epochs -> {}",
             args.model,
             trainer.model().store().num_parameters(),
@@ -168,7 +172,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             run.path.display()
         );
     }
-    let progress = Progress::new(total_steps as u64, args.quiet || !ctx.is_main());
+    let mut progress = Progress::new(total_steps as u64, args.quiet, ctx.is_main());
     let mut step = start;
     let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
     let mut last = (0.0, 0.0, 0.0);
@@ -237,11 +241,20 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             memory_log.push(step, trainer.take_memory_samples());
             if step == 0 && !args.quiet {
                 let settings = memory_report::plan_settings(args, policy, ctx.world_size);
-                print!("{}", memory_report::model_state_table(&trainer, &settings)?);
+                for line in memory_report::model_state_table(&trainer, &settings)?.lines() {
+                    tracing::info!("{line}");
+                }
                 if let Some(peak) = trainer.memory_peak() {
-                    println!("{}", memory_report::peak_line(peak));
+                    tracing::info!("{}", memory_report::peak_line(peak));
                 }
             }
+            timeline.record(
+                format!("step {step}"),
+                "step",
+                "steps",
+                data_wait,
+                Instant::now(),
+            );
             step += 1;
             if let (true, Some(layout)) = (args.checkpoints.saves_after(step), &layout) {
                 let keep = args.checkpoints.keep_last;
@@ -253,6 +266,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                 args.batch_size as f64 / seconds,
                 hidden,
             );
+            timeline.flush()?;
             data_wait = Instant::now();
         }
         ctx.sum(&mut totals)?;
@@ -285,10 +299,11 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         if let Some(run) = run.writer.as_mut() {
             run.log(&metrics)?;
         }
+        timeline.flush()?;
         last = (metrics.train_loss, val_loss, val_acc);
     }
     progress.finish();
-    timeline.write_chrome_trace(&run.path.join(format!("trace-rank{}.json", ctx.rank)))?;
+    traces::finish(&timeline, &run.path, ctx)?;
     memory_log.write(&run.path.join(format!("memory-rank{}.jsonl", ctx.rank)))?;
     let summary = RunSummary {
         run_dir: run.path.clone(),
@@ -310,7 +325,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             .map(|run| run.save_checkpoint(model.store(), &summary)))
     })?;
     if let Some(weights) = saved.transpose()? {
-        println!(
+        tracing::info!(
             "done in {:.1} s: val acc {:.2}%, checkpoint {}",
             summary.seconds,
             100.0 * summary.final_val_acc,

@@ -423,3 +423,33 @@ fn resumed_runs_log_the_uninterrupted_losses() {
         }
     }
 }
+
+/// Two ranks stream their timelines and rank 0 merges them: `trace.json` holds one process per
+/// rank with every step's forward, backward, bucket all-reduces and update.
+#[test]
+fn two_ranks_write_one_merged_trace() {
+    let out = tempfile::tempdir().unwrap();
+    let out_dir = out.path().to_str().unwrap();
+    let extra = ["--steps", "3", "--out", out_dir, "--name", "traced"];
+    run_on_ranks(&args(&[&extra[..], &["--nproc", "2"]].concat()), 2);
+    let run = out.path().join("traced");
+    let merged = weft_tensor::timeline::chrome::read_events(&run.join("trace.json")).unwrap();
+    for rank in 0..2 {
+        let own: Vec<_> = merged
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == rank)
+            .collect();
+        let count = |cat: &str| own.iter().filter(|e| e["cat"] == cat).count();
+        assert_eq!(count("optimizer"), 3, "rank {rank}: one update per step");
+        assert!(
+            count("forward") >= 3 && count("backward") >= 3,
+            "rank {rank}"
+        );
+        assert!(count("allreduce") >= 3, "rank {rank}: bucket all-reduces");
+        // Each rank's own file is complete JSON and holds the same spans.
+        let text = std::fs::read_to_string(run.join(format!("trace-rank{rank}.json"))).unwrap();
+        let whole: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let spans = whole.as_array().unwrap().iter().filter(|e| e["ph"] == "X");
+        assert_eq!(spans.count(), own.len(), "rank {rank}");
+    }
+}

@@ -132,7 +132,7 @@ impl StepGraph {
                         read(buffers, trainer, targets)
                     }
                     Err(reason) => {
-                        eprintln!("weft: the training step runs without a CUDA graph ({reason})");
+                        tracing::warn!("the training step runs without a CUDA graph ({reason})");
                         self.state = State::Off;
                         let (results, timings) = trainer.run(&batch)?;
                         trainer.wait_for_device()?;

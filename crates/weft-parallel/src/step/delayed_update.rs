@@ -11,7 +11,6 @@
 
 use std::ops::Range;
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use candle_core::Tensor;
 use weft_optim::{ModelOptimizer, OptimError, Shard};
@@ -121,10 +120,12 @@ impl Trainer {
         let job = std::thread::Builder::new()
             .name("weft-delayed-update".into())
             .spawn(move || {
-                let start = Instant::now();
+                let span = timeline
+                    .as_ref()
+                    .map(|t| t.open("delayed update", "optimizer", "host"));
                 let stepped = optimizer.step_master(&master, shard);
-                if let Some(t) = &timeline {
-                    t.record("delayed update", "optimizer", "host", start, Instant::now());
+                if let Some(span) = span {
+                    span.close();
                 }
                 (optimizer, stepped)
             })

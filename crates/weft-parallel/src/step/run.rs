@@ -73,6 +73,11 @@ impl Trainer {
         timings.sync = start.elapsed();
 
         let start = Instant::now();
+        let span = self
+            .options
+            .timeline
+            .as_ref()
+            .map(|t| t.open("optimizer", "optimizer", "compute"));
         let range = self.strategy.optimizer_range(self.grads.layout().len());
         self.skipped_last = false;
         if let Some(scaler) = self.scaler.as_mut() {
@@ -110,8 +115,8 @@ impl Trainer {
         }
         self.record_memory("optimizer", 0)?;
         timings.optimizer = self.lap(start)?;
-        if let Some(t) = &self.options.timeline {
-            t.record("optimizer", "optimizer", "compute", start, Instant::now());
+        if let Some(span) = span {
+            span.close();
         }
         Ok(norm)
     }

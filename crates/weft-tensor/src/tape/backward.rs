@@ -4,7 +4,6 @@
 //! the earliest block that uses it.
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use candle_core::{Tensor, Var};
 
@@ -12,7 +11,6 @@ use super::{cut, forward_explicit, BlockGrads, Record, Tape};
 use crate::block::{BlockModel, ExplicitGrads, Mode};
 use crate::error::{Result, TensorError};
 use crate::params::EntryId;
-use crate::timeline::Timeline;
 use crate::vjp::backward_from;
 
 /// Where backward starts.
@@ -99,11 +97,13 @@ impl Tape {
         for i in (0..records.len()).rev() {
             let record = records.pop().expect("one record per block");
             hooks.before_block(i)?;
-            let start = Instant::now();
+            let span = timeline
+                .as_ref()
+                .map(|t| t.open(model.blocks()[i].name(), "backward", "compute"));
             let wants_input = i > 0 || input_grad;
             let result = backward_block(model, i, record, &grad, mode, wants_input)?;
-            if let Some(t) = &timeline {
-                record_span(t, model, i, start);
+            if let Some(span) = span {
+                span.close();
             }
             for (id, g) in result.params {
                 if let Some(g) = g {
@@ -132,11 +132,6 @@ impl Tape {
         }
         Ok(input_grad.then_some(grad))
     }
-}
-
-fn record_span(timeline: &Timeline, model: &BlockModel, i: usize, start: Instant) {
-    let name = model.blocks()[i].name();
-    timeline.record(name, "backward", "compute", start, Instant::now());
 }
 
 /// The gradient of `loss` with respect to the model output.

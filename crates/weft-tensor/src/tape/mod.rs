@@ -20,7 +20,6 @@ mod backward;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
 
 use candle_core::{Tensor, Var};
 
@@ -143,7 +142,10 @@ pub fn forward_with<E: From<TensorError>>(
     let mut h = x.detach();
     for (i, block) in model.blocks().iter().enumerate() {
         before_block(i)?;
-        let start = Instant::now();
+        let span = options
+            .timeline
+            .as_ref()
+            .map(|t| t.open(block.name(), "forward", "compute"));
         if options.checkpointing.applies_to(i) {
             let output = match forward_explicit(block.as_ref(), &h, mode)? {
                 // What the block would keep is dropped: backward recomputes it.
@@ -165,8 +167,8 @@ pub fn forward_with<E: From<TensorError>>(
             h = output.clone();
             records.push(Record::Kept { input, output });
         }
-        if let Some(t) = &options.timeline {
-            t.record(block.name(), "forward", "compute", start, Instant::now());
+        if let Some(span) = span {
+            span.close();
         }
     }
     Ok(Tape {

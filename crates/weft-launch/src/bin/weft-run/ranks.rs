@@ -118,10 +118,32 @@ fn relay(rank: usize, stream: impl Read + Send + 'static, to_stderr: bool) -> Jo
     })
 }
 
+/// Writes `line` after `prefix`, unless the line starts with the prefix already (the trainers'
+/// log lines carry their rank).
 fn write_line(out: &mut impl Write, prefix: &str, line: &[u8]) -> std::io::Result<()> {
     let mut framed = Vec::with_capacity(prefix.len() + line.len());
-    framed.extend_from_slice(prefix.as_bytes());
+    if !line.starts_with(prefix.as_bytes()) {
+        framed.extend_from_slice(prefix.as_bytes());
+    }
     framed.extend_from_slice(line);
     out.write_all(&framed)?;
     out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_line;
+
+    #[test]
+    fn a_line_gets_the_rank_prefix_once() {
+        let mut out = Vec::new();
+        write_line(&mut out, "[rank 1] ", b"hello\n").unwrap();
+        write_line(&mut out, "[rank 1] ", b"[rank 1] epoch 0\n").unwrap();
+        write_line(&mut out, "[rank 1] ", b"[rank 0] not mine\n").unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "[rank 1] hello\n[rank 1] epoch 0\n[rank 1] [rank 0] not mine\n"
+        );
+    }
 }

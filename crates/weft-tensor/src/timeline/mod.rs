@@ -3,12 +3,22 @@
 //! category — written as Chrome trace JSON (open it in Perfetto or `chrome://tracing`).
 //!
 //! Spans sit on named tracks (`compute`, `comm`, …), one Chrome-trace thread per track, so
-//! communication that overlaps backward shows as two bars side by side.
+//! communication that overlaps backward shows as two bars side by side. A trainer's timeline
+//! streams to disk ([`Timeline::stream_to`], flushed every step), so a long run keeps one
+//! step's spans in memory; [`chrome::merge_traces`] joins the ranks' files into one trace.
+//! Spans opened with [`Timeline::open`] are also NVTX ranges under the `cuda` feature, for
+//! Nsight Systems.
 
+pub mod chrome;
+mod nvtx_range;
+
+use std::io;
 use std::path::Path;
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use chrome::TraceSink;
+use nvtx_range::NvtxRange;
 /// One recorded span.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Span {
@@ -42,18 +52,40 @@ pub struct Counter {
 pub struct Timeline {
     rank: usize,
     origin: Instant,
+    /// The origin as microseconds since the Unix epoch: every rank's trace shares this clock,
+    /// so the ranks' files merge into one timeline.
+    origin_unix_us: f64,
     spans: Mutex<Vec<Span>>,
     counters: Mutex<Vec<Counter>>,
+    sink: Mutex<Option<TraceSink>>,
 }
 
 impl Timeline {
+    /// A timeline kept in memory until written with [`Self::write_chrome_trace`].
     pub fn new(rank: usize) -> Self {
+        let origin_unix_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e6);
         Self {
             rank,
             origin: Instant::now(),
+            origin_unix_us,
             spans: Mutex::new(Vec::new()),
             counters: Mutex::new(Vec::new()),
+            sink: Mutex::new(None),
         }
+    }
+
+    /// Streams the timeline to the Chrome trace `path` (created or truncated) from now on:
+    /// each [`Self::flush`] appends what was recorded since the last one and forgets it.
+    pub fn stream_to(&self, path: &Path) -> io::Result<()> {
+        let sink = TraceSink::create(path, self.rank)?;
+        *self.sink.lock().expect("timeline lock") = Some(sink);
+        Ok(())
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
     }
 
     fn micros(&self, t: Instant) -> f64 {
@@ -79,6 +111,25 @@ impl Timeline {
         self.spans.lock().expect("timeline lock").push(span);
     }
 
+    /// Starts a span now (and an NVTX range under the `cuda` feature); [`OpenSpan::close`]
+    /// records it.
+    pub fn open(
+        self: &Arc<Self>,
+        name: impl Into<String>,
+        category: &'static str,
+        track: &'static str,
+    ) -> OpenSpan {
+        let name = name.into();
+        OpenSpan {
+            nvtx: NvtxRange::start(&name),
+            timeline: self.clone(),
+            name,
+            category,
+            track,
+            start: Instant::now(),
+        }
+    }
+
     /// Records the values of counter `name` (e.g. memory by category) at `at`.
     pub fn record_counter(
         &self,
@@ -94,12 +145,12 @@ impl Timeline {
         self.counters.lock().expect("timeline lock").push(counter);
     }
 
-    /// All spans recorded so far, in recording order.
+    /// The spans held in memory (since the last flush), in recording order.
     pub fn spans(&self) -> Vec<Span> {
         self.spans.lock().expect("timeline lock").clone()
     }
 
-    /// Number of spans recorded so far.
+    /// Number of spans held in memory.
     pub fn len(&self) -> usize {
         self.spans.lock().expect("timeline lock").len()
     }
@@ -108,55 +159,83 @@ impl Timeline {
         self.len() == 0
     }
 
-    /// The spans recorded after the first `start` ones (e.g. those of the current step).
+    /// The spans recorded after the first `start` ones held (e.g. those of the current step).
     pub fn spans_since(&self, start: usize) -> Vec<Span> {
         let spans = self.spans.lock().expect("timeline lock");
         spans.get(start..).map(<[Span]>::to_vec).unwrap_or_default()
     }
 
-    /// Forgets every span and counter (e.g. after writing a step out).
+    /// Forgets every span and counter held in memory.
     pub fn clear(&self) {
         self.spans.lock().expect("timeline lock").clear();
         self.counters.lock().expect("timeline lock").clear();
     }
 
-    /// The spans as a Chrome trace (`traceEvents` of complete `X` events, counters as `C`
-    /// events; process = rank).
+    /// Appends what was recorded since the last flush to the streamed trace and forgets it;
+    /// nothing to do for a timeline kept in memory.
+    pub fn flush(&self) -> io::Result<()> {
+        let mut sink = self.sink.lock().expect("timeline lock");
+        let Some(sink) = sink.as_mut() else {
+            return Ok(());
+        };
+        let spans = std::mem::take(&mut *self.spans.lock().expect("timeline lock"));
+        let counters = std::mem::take(&mut *self.counters.lock().expect("timeline lock"));
+        sink.append(&spans, &counters, self.origin_unix_us)
+    }
+
+    /// Flushes and closes the streamed trace, leaving it a complete JSON document.
+    pub fn finish(&self) -> io::Result<()> {
+        self.flush()?;
+        match self.sink.lock().expect("timeline lock").take() {
+            Some(sink) => sink.finish(),
+            None => Ok(()),
+        }
+    }
+
+    /// The spans held in memory as a Chrome trace (`traceEvents` of complete `X` events,
+    /// counters as `C` events; process = rank; timestamps in microseconds since the epoch).
     pub fn to_chrome_trace(&self) -> serde_json::Value {
         let spans = self.spans();
-        let mut tracks: Vec<&'static str> = Vec::new();
-        for s in &spans {
-            if !tracks.contains(&s.track) {
-                tracks.push(s.track);
-            }
-        }
-        let tid = |track: &str| tracks.iter().position(|t| *t == track).unwrap_or(0);
-        let mut events: Vec<serde_json::Value> = tracks
-            .iter()
-            .enumerate()
-            .map(|(i, t)| serde_json::json!({"ph": "M", "name": "thread_name", "pid": self.rank, "tid": i, "args": {"name": t}}))
-            .collect();
-        events.push(serde_json::json!({"ph": "M", "name": "process_name", "pid": self.rank, "args": {"name": format!("rank {}", self.rank)}}));
-        events.extend(spans.iter().map(|s| {
-            serde_json::json!({
-                "ph": "X", "name": s.name, "cat": s.category, "pid": self.rank, "tid": tid(s.track),
-                "ts": s.start_us, "dur": s.duration_us,
-            })
-        }));
         let counters = self.counters.lock().expect("timeline lock").clone();
-        events.extend(counters.iter().map(|c| {
-            let args: serde_json::Map<String, serde_json::Value> =
-                c.values.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
-            serde_json::json!({"ph": "C", "name": c.name, "pid": self.rank, "ts": c.at_us, "args": args})
-        }));
+        let mut tracks = Vec::new();
+        let mut events = vec![chrome::process_name(self.rank)];
+        events.extend(chrome::events(
+            self.rank,
+            self.origin_unix_us,
+            &spans,
+            &counters,
+            &mut tracks,
+        ));
         serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
     }
 
-    /// Writes the Chrome trace to `path` (atomically).
-    pub fn write_chrome_trace(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = crate::state_dict::temporary_sibling(path);
+    /// Writes the Chrome trace of the spans held in memory to `path` (atomically).
+    pub fn write_chrome_trace(&self, path: &Path) -> io::Result<()> {
+        let tmp = crate::private_files::temporary_sibling(path);
         std::fs::write(&tmp, serde_json::to_vec(&self.to_chrome_trace())?)?;
         std::fs::rename(tmp, path)
+    }
+}
+
+/// A span started by [`Timeline::open`]; [`Self::close`] records it. Dropped unclosed (an
+/// error on the way), it records nothing and only ends its NVTX range.
+#[derive(Debug)]
+pub struct OpenSpan {
+    timeline: Arc<Timeline>,
+    name: String,
+    category: &'static str,
+    track: &'static str,
+    start: Instant,
+    nvtx: NvtxRange,
+}
+
+impl OpenSpan {
+    /// Records the span from its start to now.
+    pub fn close(self) {
+        let end = Instant::now();
+        self.nvtx.end();
+        self.timeline
+            .record(self.name, self.category, self.track, self.start, end);
     }
 }
 

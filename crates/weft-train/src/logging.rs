@@ -1,0 +1,192 @@
+//! The trainers' log through `tracing`: every line reads `[rank R] LEVEL message` (the same
+//! prefix `weft-run` gives a child's other output, so it adds none), `--log-level` sets the
+//! most verbose level shown, and while a progress bar is drawn on a terminal, lines are
+//! printed above it instead of through it.
+
+use std::fmt;
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use clap::{Args, ValueEnum};
+use indicatif::ProgressBar;
+use serde::Serialize;
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The most verbose level logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    /// Run setup, epoch lines, and a step line every 5 % of the run when no progress bar is
+    /// drawn (output to a file or a pipe).
+    #[default]
+    Info,
+    /// Also a line for every step.
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    fn level(self) -> Level {
+        match self {
+            LogLevel::Error => Level::ERROR,
+            LogLevel::Warn => Level::WARN,
+            LogLevel::Info => Level::INFO,
+            LogLevel::Debug => Level::DEBUG,
+            LogLevel::Trace => Level::TRACE,
+        }
+    }
+}
+
+/// `--log-level`, shared by the trainers.
+#[derive(Args, Debug, Clone, Serialize)]
+pub struct LogFlags {
+    /// The most verbose log level shown: error, warn, info (setup, epochs, a step line every
+    /// 5 % of the run when output is not a terminal) or debug (every step)
+    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+}
+
+/// The rank of this process (or of this thread, for thread ranks), for the line prefix.
+static PROCESS_RANK: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static THREAD_RANK: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// The progress bar on screen, if any: log lines are printed above it.
+static ACTIVE_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// Installs the log (once per process; later calls only set the calling thread's rank) at
+/// `level`, lines prefixed with `rank`.
+pub fn init(level: LogLevel, rank: usize) {
+    PROCESS_RANK.store(rank, Ordering::Relaxed);
+    THREAD_RANK.with(|r| r.set(Some(rank)));
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level.level())
+        .event_format(RankFormat)
+        .with_writer(AboveTheBar)
+        .try_init();
+}
+
+/// Shows `bar` (or, with `None`, none) as the bar log lines are printed above.
+pub(crate) fn set_active_bar(bar: Option<ProgressBar>) {
+    *ACTIVE_BAR.lock().unwrap_or_else(|e| e.into_inner()) = bar;
+}
+
+fn current_rank() -> usize {
+    THREAD_RANK
+        .with(|r| r.get())
+        .unwrap_or_else(|| PROCESS_RANK.load(Ordering::Relaxed))
+}
+
+/// `[rank R] LEVEL message key=value …`.
+struct RankFormat;
+
+impl<S, N> FormatEvent<S, N> for RankFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let level = *event.metadata().level();
+        write!(writer, "[rank {}] ", current_rank())?;
+        if level != Level::INFO {
+            write!(writer, "{level} ")?;
+        }
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
+/// Standard output, or above the progress bar while one is drawn.
+struct AboveTheBar;
+
+/// One event's text, written out in one piece when dropped.
+struct LineBuffer(Vec<u8>);
+
+impl<'a> MakeWriter<'a> for AboveTheBar {
+    type Writer = LineBuffer;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        LineBuffer(Vec::new())
+    }
+}
+
+impl Write for LineBuffer {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LineBuffer {
+    fn drop(&mut self) {
+        let write = || {
+            let _ = io::stdout().lock().write_all(&self.0);
+        };
+        match ACTIVE_BAR
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            Some(bar) => bar.suspend(write),
+            None => write(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_carry_the_rank_and_the_level_filters_them() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(LogLevel::Info.level())
+            .event_format(RankFormat)
+            .with_writer(move || writer.clone())
+            .finish();
+        THREAD_RANK.with(|r| r.set(Some(3)));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("epoch 0: train loss {:.1}", 2.5);
+            tracing::debug!("step 1/10");
+            tracing::warn!("the loss scale fell");
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            text,
+            "[rank 3] epoch 0: train loss 2.5\n[rank 3] WARN the loss scale fell\n"
+        );
+    }
+}
