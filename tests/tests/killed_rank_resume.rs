@@ -4,8 +4,10 @@
 //! segment of the job is left. `--resume` on the run folder then goes on from the newest
 //! complete checkpoint to step 12 and logs the losses of an uninterrupted 12-step run, bit for
 //! bit (a constant learning rate, so the killed run's open-ended `--steps` changes nothing).
+//! The same holds when rank 1 is killed while it writes a checkpoint: the checkpoint being
+//! written is never taken for a complete one, and the ones before it stay loadable.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use weft_tests::rank_job::{step_losses, RankJob};
@@ -77,4 +79,59 @@ fn a_killed_job_resumes_to_the_uninterrupted_losses() {
     let expected = step_losses(&out.path().join("straight"));
     assert_eq!(expected.len(), 12);
     assert_eq!(step_losses(&run), expected);
+}
+
+/// The checkpoint folder being written (`step-N.partial`) under `run`, if any.
+fn being_written(run: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(run.join("checkpoints"))
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "partial"))
+}
+
+#[test]
+fn a_writer_killed_mid_save_leaves_the_earlier_checkpoints_to_resume_from() {
+    let out = tempfile::tempdir().unwrap();
+    let (pid, limit) = (std::process::id(), Duration::from_secs(120));
+    let straight = ["--steps", "10", "--name", "straight"];
+    start(out.path(), &format!("wstraight{pid}"), &straight).finish(limit);
+
+    // A checkpoint after every step; rank 1 dies as soon as one is seen half-written (past the
+    // first, so that an earlier complete one exists).
+    let endless = [
+        "--steps",
+        "1000000",
+        "--save-every",
+        "1",
+        "--name",
+        "killed",
+    ];
+    let mut job = start(out.path(), &format!("wkilled{pid}"), &endless);
+    let run = out.path().join("killed");
+    let first = run.join("checkpoints/step-00000001/progress.json");
+    let deadline = Instant::now() + limit;
+    let partial = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no half-written checkpoint seen within {limit:?}"
+        );
+        for child in &mut job.ranks {
+            assert!(child.try_wait().unwrap().is_none(), "a rank exited early");
+        }
+        if let Some(partial) = being_written(&run).filter(|_| first.exists()) {
+            break partial;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    job.kill_and_check(1);
+    drop(job);
+
+    // The resumed run starts from the newest complete checkpoint: the one caught half-written
+    // if rank 0 could still finish it with every shard, else the one before.
+    let name = partial.file_stem().unwrap().to_str().unwrap().to_string();
+    let resume = ["--resume", run.to_str().unwrap(), "--steps", "10"];
+    start(out.path(), &format!("wresumed{pid}"), &resume).finish(limit);
+    let expected = step_losses(&out.path().join("straight"));
+    assert_eq!(expected.len(), 10);
+    assert_eq!(step_losses(&run), expected, "resumed past {name}");
 }

@@ -7,6 +7,7 @@ mod bench_optimizer;
 mod bench_pipeline;
 mod bench_step;
 mod cuda_build;
+mod fuzz;
 mod gpu_bundle;
 mod gpu_check;
 mod launch;
@@ -47,6 +48,9 @@ enum Command {
     /// Predict a training run's memory per rank, by category with formulas, before any GPU
     /// is touched
     MemoryPlan(memory_plan::MemoryPlanArgs),
+    /// Run each fuzz target (cargo-fuzz on nightly: CIFAR reader, safetensors and checkpoint
+    /// manifest loading, store protocol and server) for a bounded time
+    Fuzz(fuzz::FuzzArgs),
     /// Draw a run folder: loss, accuracy, throughput, one step's timeline per rank, memory by
     /// category (SVG and PNG), and a summary table
     Report(report::ReportArgs),
@@ -110,6 +114,7 @@ fn main() {
         Command::GpuBundle(args) => gpu_bundle::run(&args),
         Command::GpuCheckDdp => gpu_check::ddp::run_rank(),
         Command::MemoryPlan(args) => memory_plan::run(&args),
+        Command::Fuzz(args) => fuzz::run(&args),
         Command::Report(args) => report::run(&args).map(|_| ()),
     };
     if let Err(err) = result {

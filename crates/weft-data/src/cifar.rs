@@ -64,17 +64,32 @@ impl Cifar10 {
     }
 }
 
+impl Cifar10 {
+    /// CIFAR-10 from the bytes of one file (named `origin` in errors), checked as [`Self::open`]
+    /// checks files.
+    pub fn from_bytes(origin: &Path, bytes: Vec<u8>) -> Result<Self, DataError> {
+        Ok(Self {
+            records: check_records(origin, bytes)?,
+        })
+    }
+}
+
 /// Reads one CIFAR-10 file, checking its size and every label.
 fn read_records(path: &Path) -> Result<Vec<u8>, DataError> {
     let bytes = std::fs::read(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
         source,
     })?;
+    check_records(path, bytes)
+}
+
+/// `bytes` if they are whole records with labels 0..=9.
+fn check_records(path: &Path, bytes: Vec<u8>) -> Result<Vec<u8>, DataError> {
     let invalid = |reason: String| DataError::InvalidFile {
         path: PathBuf::from(path),
         reason,
     };
-    if bytes.is_empty() || bytes.len() % CIFAR10_RECORD_BYTES != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(CIFAR10_RECORD_BYTES) {
         return Err(invalid(format!(
             "size {} bytes is not a positive multiple of the {CIFAR10_RECORD_BYTES}-byte record \
              (file truncated or not CIFAR-10 binary)",

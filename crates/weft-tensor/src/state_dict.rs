@@ -65,6 +65,20 @@ pub fn load_safetensors_entries(store: &ParamStore, path: &Path, ids: &[EntryId]
     load_into(store, ids, path, &loaded, |_, value| Ok(value.clone()))
 }
 
+/// Loads the safetensors bytes `bytes` (named `origin` in errors) into `store`, as
+/// [`load_safetensors`] loads a file.
+pub fn load_safetensors_bytes(store: &ParamStore, origin: &Path, bytes: &[u8]) -> Result<()> {
+    let loaded =
+        candle_core::safetensors::load_buffer(bytes, store.device()).map_err(|source| {
+            TensorError::Safetensors {
+                file: origin.into(),
+                source,
+            }
+        })?;
+    let all: Vec<EntryId> = (0..store.len()).collect();
+    load_into(store, &all, origin, &loaded, |_, value| Ok(value.clone()))
+}
+
 /// Sets every entry of `store` from `loaded` (read from `path`) by name. `part(id, value)`
 /// turns a stored value into what entry `id` holds (a tensor-parallel slice, a dtype
 /// conversion). A key no entry has, an entry no key has, or a part whose shape or dtype is not

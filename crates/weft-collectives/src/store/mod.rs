@@ -10,6 +10,26 @@ mod server;
 pub use client::TcpStore;
 pub use server::TcpStoreServer;
 
+/// The wire format's decoders for the fuzz targets of `cargo xtask fuzz` (compiled only under
+/// cargo-fuzz, which sets `--cfg fuzzing`).
+#[cfg(fuzzing)]
+pub mod fuzzing {
+    use super::protocol::{read_frame, Request, Response};
+
+    /// Reads frames from `bytes` and decodes each as a request and as a response; whatever
+    /// decodes must encode back to the same frame.
+    pub fn decode_frames(mut bytes: &[u8]) {
+        while let Ok(frame) = read_frame(&mut bytes) {
+            if let Ok(request) = Request::decode(&frame) {
+                assert_eq!(request.encode(), frame, "{request:?}");
+            }
+            if let Ok(response) = Response::decode(&frame) {
+                assert_eq!(response.encode(), frame, "{response:?}");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};

@@ -72,14 +72,31 @@ impl Manifest {
         let path = dir.join("manifest.json");
         let text = std::fs::read_to_string(&path)
             .map_err(|e| ParallelError::Checkpoint(format!("{}: {e}", path.display())))?;
-        let manifest: Manifest = serde_json::from_str(&text)
-            .map_err(|e| ParallelError::Checkpoint(format!("{}: {e}", path.display())))?;
+        Self::parse(&text, &path)
+    }
+
+    /// The manifest in `text` (read from `path`): its format must be this version's, and every
+    /// file it names a plain name inside the checkpoint folder (no folder, no `..`), so a
+    /// manifest cannot make a load read files elsewhere.
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        let fail = |what: String| ParallelError::Checkpoint(format!("{}: {what}", path.display()));
+        let manifest: Manifest = serde_json::from_str(text).map_err(|e| fail(e.to_string()))?;
         if manifest.format != FORMAT {
-            return Err(ParallelError::Checkpoint(format!(
-                "{}: format {:?}, this version reads {FORMAT:?}",
-                path.display(),
+            return Err(fail(format!(
+                "format {:?}, this version reads {FORMAT:?}",
                 manifest.format
             )));
+        }
+        let files = manifest.shards.iter().map(|s| (&s.file, "shards[].file"));
+        for (file, field) in files.chain([(&manifest.model_file, "model_file")]) {
+            let plain = Path::new(file)
+                .file_name()
+                .is_some_and(|n| n == file.as_str());
+            if !plain {
+                return Err(fail(format!(
+                    "field {field}: {file:?} is not a file name inside the checkpoint folder"
+                )));
+            }
         }
         Ok(manifest)
     }
@@ -123,5 +140,50 @@ impl Manifest {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest_naming(shard_file: &str, model_file: &str) -> String {
+        serde_json::json!({
+            "format": FORMAT, "optimizer": "sgd", "step": 1, "buffers": [],
+            "master_weights": false, "flat_len": 4,
+            "entries": [{"name": "w", "shape": [4], "offset": 0}],
+            "shards": [{"file": shard_file, "start": 0, "end": 4}],
+            "model_file": model_file,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_manifest_naming_files_outside_its_folder_is_refused() {
+        let path = Path::new("ckpt/manifest.json");
+        assert!(Manifest::parse(
+            &manifest_naming("shard-0.safetensors", "model.safetensors"),
+            path
+        )
+        .is_ok());
+        for (shard, model, field) in [
+            ("../../secret", "model.safetensors", "shards[].file"),
+            ("/etc/passwd", "model.safetensors", "shards[].file"),
+            ("shard-0.safetensors", "..", "model_file"),
+            ("shard-0.safetensors", "sub/model.safetensors", "model_file"),
+            ("", "model.safetensors", "shards[].file"),
+        ] {
+            let err = Manifest::parse(&manifest_naming(shard, model), path)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("ckpt/manifest.json: field ") && err.contains(field),
+                "{shard} {model}: {err}"
+            );
+        }
+        let err = Manifest::parse("{\"format\": 3}", path)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ckpt/manifest.json: "), "{err}");
     }
 }
