@@ -112,6 +112,14 @@ pub fn save_tensor_parallel(
     Ok(())
 }
 
+/// The tensor-parallel size checkpoint `dir` was written with, if it is in this format.
+pub fn written_tp_size(dir: &Path) -> Result<Option<usize>> {
+    match dir.join(MANIFEST).is_file() {
+        true => Ok(Some(read_manifest(dir)?.size)),
+        false => Ok(None),
+    }
+}
+
 fn read_manifest(dir: &Path) -> Result<Manifest> {
     let path = dir.join(MANIFEST);
     let text = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;

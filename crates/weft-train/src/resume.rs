@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use weft_collectives::{Communicator, ShmCommunicator};
 use weft_parallel::zero::checkpoint::{load_sharded, save_sharded};
 use weft_parallel::zero::ShardLayout;
@@ -15,7 +15,7 @@ use weft_parallel::Trainer;
 use weft_tensor::EntryId;
 
 use crate::distributed::RankContext;
-use crate::gpt_checkpoint::{load_tensor_parallel, save_tensor_parallel};
+use crate::gpt_checkpoint::{self, load_tensor_parallel, save_tensor_parallel};
 use crate::gpt_parallel::{GptMesh, Split};
 use crate::run_checkpoints::{self, Progress};
 use crate::run_dir::RunFolder;
@@ -155,7 +155,9 @@ pub fn load(
     dir: &Path,
     progress: &Progress,
 ) -> Result<()> {
-    match layout.role(trainer.grads().layout().len())? {
+    let role = layout.role(trainer.grads().layout().len())?;
+    refuse_other_layout(dir, &role)?;
+    match role {
         Role::Sharded { group, shards, .. } => load_sharded(trainer, group.comm(), &shards, dir)?,
         Role::TensorParallel {
             mesh, zero_shards, ..
@@ -166,6 +168,23 @@ pub fn load(
     }
     trainer.resume_at_step(progress.step as u64);
     Ok(())
+}
+
+/// Refuses, in one line, a checkpoint written with tensor parallelism for a run without it and
+/// the other way round (the formats differ; ZeRO stages and replica counts may change).
+fn refuse_other_layout(dir: &Path, role: &Role<'_>) -> Result<()> {
+    match (role, gpt_checkpoint::written_tp_size(dir)?) {
+        (Role::Sharded { .. }, Some(size)) => bail!(
+            "{}: written by a tensor-parallel run (--tp {size}), this run has none: resume it with --tp {size}",
+            dir.display()
+        ),
+        (Role::TensorParallel { mesh, .. }, None) => bail!(
+            "{}: written without tensor parallelism, this run has --tp {}: resume it with --tp 1",
+            dir.display(),
+            mesh.tp.as_ref().map_or(1, |g| g.size())
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// `--resume PATH`: loads the checkpoint PATH names into `trainer` and reopens its run folder

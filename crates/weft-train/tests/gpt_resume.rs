@@ -141,3 +141,47 @@ fn keep_last_keeps_the_newest_and_bad_uses_are_one_line_errors() {
         assert!(!err.contains('\n'), "{err}");
     }
 }
+
+/// A checkpoint written with tensor parallelism is refused by a run without it, and the other
+/// way round, in one line naming the checkpoint and the flag to resume it with.
+#[test]
+fn a_checkpoint_of_another_layout_is_refused_naming_it() {
+    let out = tempfile::tempdir().unwrap();
+    let zero = ["--nproc", "2", "--zero", "1"];
+    let tp = ["--nproc", "2", "--tp", "2"];
+    for (name, layout) in [("z", &zero), ("t", &tp)] {
+        let more = ["--name", name, "--steps", "2", "--save-every", "2"];
+        run(&flags(out.path(), &[&layout[..], &more[..]].concat()), 2);
+    }
+    let refusal = |layout: &[&str], from: &str| -> String {
+        let checkpoint = out.path().join(from).join("checkpoints/step-00000002");
+        let more = ["--resume", checkpoint.to_str().unwrap(), "--steps", "3"];
+        let args = flags(out.path(), &[layout, &more[..]].concat());
+        let errors = std::sync::Mutex::new(Vec::new());
+        on_thread_ranks(2, |rank, comm| {
+            let ctx = RankContext {
+                rank,
+                world_size: 2,
+                comm: Some(comm as Arc<_>),
+            };
+            let err = weft_train::gpt::run_in(&args, &ctx, &Device::Cpu).unwrap_err();
+            errors.lock().unwrap().push(err.to_string());
+        });
+        let errors = errors.into_inner().unwrap();
+        assert!(
+            errors.iter().all(|e| *e == errors[0] && !e.contains('\n')),
+            "{errors:?}"
+        );
+        errors[0].clone()
+    };
+    let err = refusal(&tp, "z");
+    assert!(
+        err.ends_with("z/checkpoints/step-00000002: written without tensor parallelism, this run has --tp 2: resume it with --tp 1"),
+        "{err}"
+    );
+    let err = refusal(&zero, "t");
+    assert!(
+        err.ends_with("t/checkpoints/step-00000002: written by a tensor-parallel run (--tp 2), this run has none: resume it with --tp 2"),
+        "{err}"
+    );
+}
