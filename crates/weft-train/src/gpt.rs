@@ -218,7 +218,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             first_replica: mesh.dp_rank == 0,
         },
     };
-    let (mut run, start) = match &args.checkpoints.resume {
+    let resumed = match &args.checkpoints.resume {
         Some(path) => {
             let trainer = stepper.trainer_mut();
             resume::resume_run(path, trainer, &layout, batches_per_epoch, ctx)?
@@ -226,9 +226,14 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         None => {
             let open = || default_run_name(args);
             let run = RunFolder::open(&args.out, args.name.as_deref(), open, args, ctx)?;
-            (run, 0)
+            resume::Resumed {
+                run,
+                start: 0,
+                epoch_totals: Vec::new(),
+            }
         }
     };
+    let (mut run, start, mut carried) = (resumed.run, resumed.start, resumed.epoch_totals);
     traces::stream(&timeline, &run.path)?;
     if ctx.is_main() {
         tracing::info!(
@@ -266,7 +271,13 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         let mut sampler = sampler.clone().with_seed(args.seed);
         sampler.set_epoch(epoch as u64);
         let indices = sampler.indices();
-        let mut totals = [0.0; 2]; // loss sum, tokens (this rank)
+        // This rank's loss sum and token count over the epoch; a run resumed inside it goes
+        // on from the sums before.
+        let mut totals = [0.0; 2];
+        totals
+            .iter_mut()
+            .zip(std::mem::take(&mut carried))
+            .for_each(|(t, c)| *t = c);
         let done = match epoch == start / batches_per_epoch {
             true => start % batches_per_epoch,
             false => 0,
@@ -329,7 +340,16 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             step += 1;
             if args.checkpoints.saves_after(step) {
                 let (trainer, keep) = (stepper.trainer_mut(), args.checkpoints.keep_last);
-                resume::save(trainer, &layout, ctx, &run.path, step, keep)?;
+                let epoch_totals: &[f64] = match step.is_multiple_of(batches_per_epoch) {
+                    true => &[],
+                    false => &totals,
+                };
+                let at = resume::SavePoint {
+                    step,
+                    keep_last: keep,
+                    epoch_totals,
+                };
+                resume::save(trainer, &layout, ctx, &run.path, at)?;
             }
             progress.step(epoch, loss, tokens_per_step / seconds, None);
             timeline.flush()?;

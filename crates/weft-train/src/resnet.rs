@@ -146,16 +146,21 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         .with_seed(args.seed);
     let batches_per_epoch = (sampler.num_samples() / local_batch).max(1);
     let layout = checkpoint_layout(&mut trainer, args, ctx)?;
-    let (mut run, start) = match (&args.checkpoints.resume, &layout) {
+    let resumed = match (&args.checkpoints.resume, &layout) {
         (Some(path), Some(layout)) => {
             resume::resume_run(path, &mut trainer, layout, batches_per_epoch, ctx)?
         }
         _ => {
             let open = || default_run_name(args);
             let run = RunFolder::open(&args.out, args.name.as_deref(), open, args, ctx)?;
-            (run, 0)
+            resume::Resumed {
+                run,
+                start: 0,
+                epoch_totals: Vec::new(),
+            }
         }
     };
+    let (mut run, start, mut carried) = (resumed.run, resumed.start, resumed.epoch_totals);
     traces::stream(&timeline, &run.path)?;
     if ctx.is_main() {
         tracing::info!(
@@ -195,7 +200,13 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             epoch,
             true,
         )?;
-        let mut totals = [0.0; 3]; // loss sum, correct, samples (this rank)
+        // This rank's loss sum, correct count and samples over the epoch; a run resumed inside
+        // it goes on from the sums before.
+        let mut totals = [0.0; 3];
+        totals
+            .iter_mut()
+            .zip(std::mem::take(&mut carried))
+            .for_each(|(t, c)| *t = c);
         let mut skipped = 0;
         let mut data_wait = Instant::now();
         for batch in loader {
@@ -258,7 +269,16 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             step += 1;
             if let (true, Some(layout)) = (args.checkpoints.saves_after(step), &layout) {
                 let keep = args.checkpoints.keep_last;
-                resume::save(&mut trainer, layout, ctx, &run.path, step, keep)?;
+                let epoch_totals: &[f64] = match step.is_multiple_of(batches_per_epoch) {
+                    true => &[],
+                    false => &totals,
+                };
+                let at = resume::SavePoint {
+                    step,
+                    keep_last: keep,
+                    epoch_totals,
+                };
+                resume::save(&mut trainer, layout, ctx, &run.path, at)?;
             }
             progress.step(
                 epoch,

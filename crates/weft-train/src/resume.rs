@@ -106,17 +106,27 @@ impl Layout<'_> {
     }
 }
 
-/// Writes step `step`'s checkpoint of `trainer` into run folder `run` (a collective over the
-/// job), completes it, and keeps the newest `keep_last`.
+/// Where in the run a checkpoint is written.
+pub struct SavePoint<'a> {
+    /// Steps done.
+    pub step: usize,
+    /// Keep the newest this many checkpoints.
+    pub keep_last: Option<usize>,
+    /// This rank's sums over the current epoch's steps so far (empty at an epoch's end).
+    pub epoch_totals: &'a [f64],
+}
+
+/// Writes the checkpoint of `trainer` at `at` into run folder `run` (a collective over the
+/// job), completes it, and keeps the newest `at.keep_last`.
 pub fn save(
     trainer: &mut Trainer,
     layout: &Layout<'_>,
     ctx: &RankContext,
     run: &Path,
-    step: usize,
-    keep_last: Option<usize>,
+    at: SavePoint<'_>,
 ) -> Result<PathBuf> {
-    let dir = run_checkpoints::step_dir(run, step);
+    let dir = run_checkpoints::step_dir(run, at.step);
+    let epoch_totals = gather(ctx, at.epoch_totals)?;
     match layout.role(trainer.grads().layout().len())? {
         Role::Sharded {
             group,
@@ -136,16 +146,55 @@ pub fn save(
     }
     if ctx.is_main() {
         let progress = Progress {
-            step,
+            step: at.step,
             loss_scaler: trainer.loss_scaler().map(|s| s.state().clone()),
+            epoch_totals,
         };
         run_checkpoints::complete(&dir, &progress)?;
-        if let Some(keep) = keep_last {
+        if let Some(keep) = at.keep_last {
             run_checkpoints::prune(run, keep)?;
         }
     }
     ctx.barrier()?;
     Ok(dir)
+}
+
+/// Every rank's `values` (the same length on each), in rank order; empty when they are.
+fn gather(ctx: &RankContext, values: &[f64]) -> Result<Vec<Vec<f64>>> {
+    let mut all = vec![0.0; values.len() * ctx.world_size];
+    all[ctx.rank * values.len()..][..values.len()].copy_from_slice(values);
+    ctx.sum(&mut all)?;
+    Ok(all
+        .chunks(values.len().max(1))
+        .filter(|_| !values.is_empty())
+        .map(<[f64]>::to_vec)
+        .collect())
+}
+
+/// This rank's part of a checkpoint's epoch totals: its own when the job has as many ranks as
+/// the one that wrote them; otherwise rank 0 carries their sum (the epoch line's value, summed
+/// in another order).
+fn own_epoch_totals(progress: &Progress, ctx: &RankContext) -> Vec<f64> {
+    let totals = &progress.epoch_totals;
+    if totals.len() == ctx.world_size {
+        return totals[ctx.rank].clone();
+    }
+    let width = totals.first().map_or(0, Vec::len);
+    let mut sum = vec![0.0; width];
+    if ctx.is_main() {
+        for part in totals {
+            sum.iter_mut().zip(part).for_each(|(s, v)| *s += v);
+        }
+    }
+    sum
+}
+
+/// A resumed run: its folder, the step it goes on from, and this rank's sums over the epoch's
+/// steps before that step (empty when it starts an epoch).
+pub struct Resumed {
+    pub run: RunFolder,
+    pub start: usize,
+    pub epoch_totals: Vec<f64>,
 }
 
 /// Loads checkpoint `dir` into `trainer` and sets it to continue after `progress.step` steps.
@@ -189,15 +238,14 @@ fn refuse_other_layout(dir: &Path, role: &Role<'_>) -> Result<()> {
 
 /// `--resume PATH`: loads the checkpoint PATH names into `trainer` and reopens its run folder
 /// (checkpoints past it discarded, `metrics.jsonl` cut back to the steps and whole epochs
-/// before it; every epoch holds `batches_per_epoch` steps); returns the folder and the step to
-/// go on from.
+/// before it; every epoch holds `batches_per_epoch` steps).
 pub fn resume_run(
     path: &Path,
     trainer: &mut Trainer,
     layout: &Layout<'_>,
     batches_per_epoch: usize,
     ctx: &RankContext,
-) -> Result<(RunFolder, usize)> {
+) -> Result<Resumed> {
     let (dir, run_path) = run_checkpoints::resolve(path)?;
     let progress = run_checkpoints::read_progress(&dir)?;
     let start = progress.step;
@@ -214,5 +262,9 @@ pub fn resume_run(
     };
     let run = RunFolder::reopen(&run_path, earlier, ctx)?;
     load(trainer, layout, &dir, &progress)?;
-    Ok((run, start))
+    Ok(Resumed {
+        run,
+        start,
+        epoch_totals: own_epoch_totals(&progress, ctx),
+    })
 }

@@ -76,6 +76,10 @@ pub struct Progress {
     pub step: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_scaler: Option<LossScalerState>,
+    /// Each rank's sums over the epoch's steps so far (loss, …), when the checkpoint falls
+    /// inside an epoch: the resumed run's epoch line then counts the steps before it too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub epoch_totals: Vec<Vec<f64>>,
 }
 
 /// `RUN/checkpoints/step-NNNNNNNN`.
@@ -190,6 +194,7 @@ mod tests {
                 &Progress {
                     step,
                     loss_scaler: None,
+                    epoch_totals: Vec::new(),
                 },
             )
             .unwrap();

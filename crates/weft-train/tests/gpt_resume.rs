@@ -57,11 +57,16 @@ fn run(args: &GptArgs, ranks: usize) {
 }
 
 fn losses(run: &Path) -> Vec<f64> {
+    values(run, "loss")
+}
+
+/// The values of `key` in the metric lines of `run`, in order.
+fn values(run: &Path, key: &str) -> Vec<f64> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|l| l.get("step").is_some().then(|| l["loss"].as_f64().unwrap()))
+        .filter_map(|l| l.get(key)?.as_f64())
         .collect()
 }
 
@@ -94,6 +99,10 @@ fn resumed_runs_log_the_uninterrupted_losses() {
             expected,
             "{case}: resumed"
         );
+        // The epoch line counts the steps before the checkpoint too (it falls inside the epoch).
+        let epoch = |name: &str| values(&out.path().join(name), "train_loss");
+        assert_eq!(epoch(&saved), epoch(&straight), "{case}: epoch line");
+        assert_eq!(epoch(&straight).len(), 1, "{case}");
         assert_eq!(expected.len(), 6);
     }
 }

@@ -417,7 +417,7 @@ fn resumed_runs_log_the_uninterrupted_losses() {
             run_on_ranks(&flags(&saved, &resume), ranks);
             let (a, b) = (lines(&straight), lines(&saved));
             assert_eq!(pick(&a, "loss").len(), 6, "{case}");
-            for key in ["loss", "val_loss", "val_acc"] {
+            for key in ["loss", "train_loss", "train_acc", "val_loss", "val_acc"] {
                 assert_eq!(pick(&a, key), pick(&b, key), "{case} from {from}: {key}");
             }
         }
