@@ -104,6 +104,11 @@ pub struct TrainArgs {
     /// cpu | cuda | cuda:N
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// On a GPU, repeat exactly: cuDNN convolutions are chosen by its heuristics among the
+    /// algorithms it marks deterministic (PyTorch's use_deterministic_algorithms); 16-bit
+    /// convolutions may be slower. CPU runs repeat exactly without it
+    #[arg(long, default_value_t = false)]
+    pub deterministic: bool,
     /// fp32 (everything in fp32) | bf16-mixed (bf16 working copy of the weights, activations
     /// and gradients; fp32 master weights, gradient accumulation and optimizer states) |
     /// fp16-mixed (the same in fp16, with dynamic loss scaling). On the CPU each op computes in

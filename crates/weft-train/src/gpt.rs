@@ -91,6 +91,7 @@ pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
 pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptRunSummary> {
     args.validate()?;
     logging::init(args.log.log_level, ctx.rank);
+    weft_tensor::ops::set_deterministic(args.deterministic);
     let started = Instant::now();
     let device = device.clone();
     let mesh = GptMesh::with_pipeline(ctx.comm.as_ref(), args.tp, args.pp)?;

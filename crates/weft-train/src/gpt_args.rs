@@ -94,6 +94,11 @@ pub struct GptArgs {
     /// cpu | cuda | cuda:N
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// On a GPU, repeat exactly: cuDNN convolutions are chosen by its heuristics among the
+    /// algorithms it marks deterministic (PyTorch's use_deterministic_algorithms); 16-bit
+    /// convolutions may be slower. CPU runs repeat exactly without it
+    #[arg(long, default_value_t = false)]
+    pub deterministic: bool,
     /// fp32 | bf16-mixed | fp16-mixed, as train-resnet's (16-bit working copy and matmuls;
     /// attention, LayerNorm, GELU and the loss computed in f32 inside)
     #[arg(long, default_value = "fp32")]

@@ -58,6 +58,7 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
 pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<RunSummary> {
     args.validate()?;
     logging::init(args.log.log_level, ctx.rank);
+    weft_tensor::ops::set_deterministic(args.deterministic);
     let started = Instant::now();
     let device = device.clone();
     if !args.batch_size.is_multiple_of(ctx.world_size) {

@@ -9,12 +9,13 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use super::charts::{drawing, legend, Chart};
 use super::run_data::{RunData, TraceSpan};
 
-const CATEGORIES: [(&str, RGBColor); 6] = [
+const CATEGORIES: [(&str, RGBColor); 7] = [
     ("data", RGBColor(150, 150, 150)),
     ("forward", RGBColor(31, 119, 180)),
     ("backward", RGBColor(255, 127, 14)),
     ("allreduce", RGBColor(44, 160, 44)),
     ("optimizer", RGBColor(214, 39, 40)),
+    ("graph", RGBColor(23, 190, 207)),
     ("other", RGBColor(148, 103, 189)),
 ];
 
@@ -22,7 +23,7 @@ fn color_of(category: &str) -> RGBColor {
     CATEGORIES
         .iter()
         .find(|(c, _)| *c == category)
-        .map_or(CATEGORIES[5].1, |c| c.1)
+        .map_or(CATEGORIES[6].1, |c| c.1)
 }
 
 /// The timeline of step `step` of every rank.

@@ -21,7 +21,8 @@ use run_data::RunData;
 pub struct ReportArgs {
     /// The run folder (e.g. runs/resnet20-synthetic-1764100000)
     pub run: PathBuf,
-    /// The step whose timeline is drawn (default: the last step traced on every rank)
+    /// The step whose timeline is drawn (default: the last step traced on every rank with its
+    /// blocks' spans, i.e. not replayed as a CUDA graph)
     #[arg(long)]
     pub step: Option<usize>,
     /// Where the charts go (default: RUN/report)
@@ -41,7 +42,7 @@ pub fn run(args: &ReportArgs) -> Result<Vec<PathBuf>> {
             "--step {step}: not in the run's traces (traced steps: {})",
             describe(&traced)
         ),
-        (None, last) => last.copied(),
+        (None, last) => data.last_step_with_blocks().or(last.copied()),
     };
     let out = args.out.clone().unwrap_or_else(|| args.run.join("report"));
     std::fs::create_dir_all(&out).with_context(|| format!("{}: cannot create", out.display()))?;

@@ -161,6 +161,15 @@ impl RunData {
         steps
     }
 
+    /// The last step traced on every rank whose backward recorded its blocks (a step replayed
+    /// as a CUDA graph records one span).
+    pub fn last_step_with_blocks(&self) -> Option<usize> {
+        self.traced_steps().into_iter().rev().find(|&step| {
+            let (spans, _) = self.spans_of_step(step);
+            spans.iter().any(|s| s.category == "backward")
+        })
+    }
+
     /// Every rank's spans inside step `step` (the step span itself left out), and the step's
     /// start (the earliest rank's).
     pub fn spans_of_step(&self, step: usize) -> (Vec<&TraceSpan>, f64) {

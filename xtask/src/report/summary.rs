@@ -8,8 +8,9 @@ use super::run_data::{RunData, MEMORY_CATEGORIES};
 
 const MIB: f64 = (1u64 << 20) as f64;
 
-/// Mean milliseconds per step of each category on each rank, and of the whole step; the
-/// first traced step (warm-up) is left out when there are others.
+/// Mean milliseconds per step of each category on each rank, over the steps where it ran (a
+/// step replayed as a CUDA graph records one `graph` span instead of its blocks), and of the
+/// whole step; the first traced step (warm-up) is left out when there are others.
 pub fn phase_times(data: &RunData) -> BTreeMap<String, Vec<f64>> {
     let ranks = data.ranks();
     let mut steps = data.traced_steps();
@@ -17,13 +18,22 @@ pub fn phase_times(data: &RunData) -> BTreeMap<String, Vec<f64>> {
         steps.remove(0);
     }
     let mut table: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    // Steps in which each category ran, per rank.
+    let mut counts: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for &step in &steps {
         let (spans, _) = data.spans_of_step(step);
+        let mut seen: Vec<(String, usize)> = Vec::new();
         for s in spans {
             let column = ranks.iter().position(|&r| r == s.rank).unwrap_or(0);
             table
                 .entry(s.category.clone())
                 .or_insert_with(|| vec![0.0; ranks.len()])[column] += s.duration_us;
+            if !seen.contains(&(s.category.clone(), column)) {
+                seen.push((s.category.clone(), column));
+                counts
+                    .entry(s.category.clone())
+                    .or_insert_with(|| vec![0.0; ranks.len()])[column] += 1.0;
+            }
         }
         for s in data.spans.iter().filter(|s| s.category == "step") {
             if s.name == format!("step {step}") {
@@ -31,12 +41,16 @@ pub fn phase_times(data: &RunData) -> BTreeMap<String, Vec<f64>> {
                 table
                     .entry("step".into())
                     .or_insert_with(|| vec![0.0; ranks.len()])[column] += s.duration_us;
+                counts
+                    .entry("step".into())
+                    .or_insert_with(|| vec![0.0; ranks.len()])[column] += 1.0;
             }
         }
     }
-    let count = steps.len().max(1) as f64;
-    for row in table.values_mut() {
-        row.iter_mut().for_each(|v| *v /= count * 1e3);
+    for (category, row) in table.iter_mut() {
+        for (v, n) in row.iter_mut().zip(&counts[category]) {
+            *v /= n.max(1.0) * 1e3;
+        }
     }
     table
 }
@@ -77,7 +91,10 @@ pub fn summary(data: &RunData) -> String {
     let ranks = data.ranks();
     let times = phase_times(data);
     if !times.is_empty() {
-        let _ = write!(out, "\ntime per step (ms)");
+        let _ = write!(
+            out,
+            "\ntime per step (ms, mean over the steps where it ran)"
+        );
         for r in &ranks {
             let _ = write!(out, " {:>10}", format!("rank {r}"));
         }

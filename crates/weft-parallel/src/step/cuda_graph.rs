@@ -141,8 +141,15 @@ impl StepGraph {
                 }
             }
             State::Ready(graph) => {
+                // The replay's launch as one span (its blocks record nothing; the GPU runs it
+                // after the launch returns).
+                let timeline = trainer.options.timeline.as_ref();
+                let span = timeline.map(|t| t.open("cuda graph launch", "graph", "compute"));
                 graph.launch().map_err(|e| cuda_error("graph launch", e))?;
                 trainer.wait_for_device()?;
+                if let Some(span) = span {
+                    span.close();
+                }
                 read(buffers, trainer, targets)
             }
             State::Off => unreachable!("handled above"),

@@ -102,6 +102,8 @@ pub(crate) struct Candidate {
     pub time: f32,
     pub memory: usize,
     pub math: sys::cudnnMathType_t,
+    /// Whether cuDNN marks the algorithm deterministic (the same bits on every run).
+    pub deterministic: bool,
 }
 
 /// Converts cuDNN's per-pass perf structs into [`Candidate`]s, skipping failed entries.
@@ -115,6 +117,7 @@ macro_rules! candidates {
                 time: r.time,
                 memory: r.memory,
                 math: r.mathType,
+                deterministic: r.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC,
             })
             .collect::<Vec<_>>()
     };

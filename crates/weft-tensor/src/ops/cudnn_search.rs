@@ -11,6 +11,9 @@
 //!   The default for bf16 and f16, where the heuristics' choices on an H100 were twice as slow
 //!   (ResNet-50 bf16 at batch 128: 1074 against 2282 images/s, BENCHMARKS.md).
 //!
+//! Under [`super::set_deterministic`] (`--deterministic`) the heuristics choose, among the
+//! algorithms cuDNN marks deterministic only.
+//!
 //! `WEFT_CUDNN_WORKSPACE_MB` bounds the workspace (default 256 MiB). The limit matters: the
 //! tensor-core algorithms of NCHW convolutions (`IMPLICIT_PRECOMP_GEMM`) take a workspace as
 //! large as the transposed input (100 MB for ResNet-50's 56×56 layers at batch 32), and with
@@ -47,8 +50,11 @@ pub(crate) enum AlgoSearch {
 
 impl AlgoSearch {
     /// The mode `WEFT_CUDNN_ALGO` names; unset, `heuristic` for f32/f64 convolutions and
-    /// `exhaustive` for 16-bit ones.
+    /// `exhaustive` for 16-bit ones; always `heuristic` under deterministic algorithms.
     pub(crate) fn for_dtype(dtype: DType) -> Result<Self> {
+        if super::deterministic() {
+            return Ok(Self::Heuristic);
+        }
         static MODE: std::sync::OnceLock<std::result::Result<Option<AlgoSearch>, String>> =
             std::sync::OnceLock::new();
         let mode = MODE.get_or_init(|| Self::parse(std::env::var(ALGO_VAR).ok().as_deref()));
@@ -88,6 +94,13 @@ fn log_enabled() -> bool {
     *LOG.get_or_init(|| std::env::var(LOG_VAR).is_ok_and(|v| v == "1"))
 }
 
+/// Whether `c` may be chosen: for a precise plan (f64, or f32 with TF32 off) only algorithms
+/// that sum the products themselves; with deterministic algorithms on, only those cuDNN marks
+/// deterministic.
+fn allowed(c: &Candidate, precise: bool, deterministic: bool) -> bool {
+    (!precise || c.algo.sums_products()) && (!deterministic || c.deterministic)
+}
+
 /// The best-ranked candidate (cuDNN's heuristics list them best first) within the
 /// workspace limit, else the best-ranked one.
 fn first_fit(candidates: &[Candidate], limit: usize) -> Option<Candidate> {
@@ -124,16 +137,19 @@ pub(crate) unsafe fn choose(
     mode: AlgoSearch,
     mut candidates: Vec<Candidate>,
 ) -> Result<()> {
-    if plan.precise() {
-        candidates.retain(|c| c.algo.sums_products());
-    }
+    candidates.retain(|c| allowed(c, plan.precise(), super::deterministic()));
     let limit = workspace_limit();
     let chosen = match mode {
         AlgoSearch::Heuristic => first_fit(&candidates, limit),
         AlgoSearch::Exhaustive => fastest(&candidates, limit),
     };
     let Some(chosen) = chosen else {
-        bail!("cuDNN offers no algorithm for the {pass:?} pass of {shape}");
+        let deterministic = if super::deterministic() {
+            " deterministic"
+        } else {
+            ""
+        };
+        bail!("cuDNN offers no{deterministic} algorithm for the {pass:?} pass of {shape}");
     };
     if log_enabled() {
         eprintln!("cuDNN {pass:?} {shape} ({mode:?}): chose {chosen:?} among");
@@ -166,7 +182,20 @@ mod tests {
             time,
             memory,
             math: sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
+            // Marked as cuDNN might: here the FFT ones are not deterministic.
+            deterministic: !(4..=5).contains(&algo),
         }
+    }
+
+    #[test]
+    fn precise_and_deterministic_plans_keep_only_their_algorithms() {
+        let (gemm, fft, winograd) = (c(1, 0.0, 0), c(4, 0.0, 0), c(6, 0.0, 0));
+        assert!([&gemm, &fft, &winograd]
+            .iter()
+            .all(|x| allowed(x, false, false)));
+        assert!(allowed(&gemm, true, false) && !allowed(&fft, true, false));
+        assert!(allowed(&winograd, false, true) && !allowed(&fft, false, true));
+        assert!(!allowed(&winograd, true, true) && allowed(&gemm, true, true));
     }
 
     #[test]

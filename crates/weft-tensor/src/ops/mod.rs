@@ -69,6 +69,7 @@ pub mod cuda_launch;
 mod cudnn_plan;
 #[cfg(feature = "cudnn")]
 mod cudnn_search;
+mod determinism;
 pub mod dropout;
 mod gelu;
 #[cfg(feature = "cuda")]
@@ -115,6 +116,7 @@ pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_and_grad};
 pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
 };
+pub use determinism::{deterministic, set_deterministic};
 pub use gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_derivative};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_reference};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
