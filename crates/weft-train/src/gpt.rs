@@ -191,7 +191,6 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         },
     )?
     .with_memory_tracking();
-    let mut memory_log = memory_report::MemoryLog::default();
     let mut stepper = match mesh.pipeline_parallel() {
         Some(stages) => GptStepper::Stage(PipelineTrainer::new(
             trainer,
@@ -236,6 +235,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     };
     let (mut run, start, mut carried) = (resumed.run, resumed.start, resumed.epoch_totals);
     traces::stream(&timeline, &run.path)?;
+    let mut memory_log = memory_report::MemoryLog::create(&run.path, ctx.rank)?;
     if ctx.is_main() {
         tracing::info!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val sequences of {seq_len} tokens, global batch {}, {} steps over {} epochs -> {}",
@@ -318,7 +318,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                 })?;
             }
             guard.check(step, loss, outcome.skipped, outcome.loss_scale)?;
-            memory_log.push(step, stepper.trainer_mut().take_memory_samples());
+            memory_log.push(step, stepper.trainer_mut().take_memory_samples())?;
             if step == 0 && !args.quiet {
                 let settings = memory_report::gpt_plan_settings(args, policy, mesh.dp_size);
                 let trainer = stepper.trainer_mut();
@@ -420,7 +420,6 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         );
     }
     ctx.barrier()?;
-    memory_log.write(&run.path.join(format!("memory-rank{}.jsonl", ctx.rank)))?;
     Ok(summary)
 }
 

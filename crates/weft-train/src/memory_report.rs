@@ -2,9 +2,11 @@
 //! counted from its tensors, beside what `memory_plan` predicts for the run, and the peak so
 //! far; and the memory samples of every step as a log in the run folder.
 
-use std::path::Path;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use weft_parallel::{MemorySample, Trainer};
 use weft_precision::PrecisionPolicy;
 
@@ -86,15 +88,28 @@ pub fn model_state_table(trainer: &Trainer, settings: &PlanSettings) -> Result<S
     Ok(table)
 }
 
-/// The memory samples of a run, one JSON line each (`memory-rank<R>.jsonl` in the run folder).
-#[derive(Debug, Default)]
+/// The memory samples of a run, one JSON line each, streamed to `memory-rank<R>.jsonl` in the
+/// run folder as the steps go (a resumed run's file starts at its first step).
+#[derive(Debug)]
 pub struct MemoryLog {
-    lines: Vec<String>,
+    path: PathBuf,
+    out: BufWriter<File>,
 }
 
 impl MemoryLog {
-    /// Adds the samples of step `step`.
-    pub fn push(&mut self, step: usize, samples: Vec<MemorySample>) {
+    /// Creates (or truncates) `RUN/memory-rank<rank>.jsonl`.
+    pub fn create(run: &Path, rank: usize) -> Result<Self> {
+        let path = run.join(format!("memory-rank{rank}.jsonl"));
+        let file =
+            File::create(&path).with_context(|| format!("{}: cannot create", path.display()))?;
+        Ok(Self {
+            path,
+            out: BufWriter::new(file),
+        })
+    }
+
+    /// Appends the samples of step `step` and flushes them to the file.
+    pub fn push(&mut self, step: usize, samples: Vec<MemorySample>) -> Result<()> {
         for s in samples {
             let m = &s.model_states;
             let line = serde_json::json!({
@@ -114,15 +129,12 @@ impl MemoryLog {
                 "workspaces": s.workspaces,
                 "cuda_graph_pool": s.cuda_graph_pool,
             });
-            self.lines.push(line.to_string());
+            writeln!(self.out, "{line}")
+                .with_context(|| format!("{}: cannot write", self.path.display()))?;
         }
-    }
-
-    /// Writes the log to `path` (atomically).
-    pub fn write(&self, path: &Path) -> Result<()> {
-        let mut text = self.lines.join("\n");
-        text.push('\n');
-        crate::run_dir::write_atomically(path, text.as_bytes())
+        self.out
+            .flush()
+            .with_context(|| format!("{}: cannot write", self.path.display()))
     }
 }
 

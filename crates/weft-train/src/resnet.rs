@@ -138,7 +138,6 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         })?;
         trainer.reload_master_weights()?;
     }
-    let mut memory_log = memory_report::MemoryLog::default();
     let local_batch = args.batch_size / ctx.world_size;
     // Every epoch gives each rank the same number of batches (the sampler pads, the loader
     // drops the last partial batch).
@@ -163,6 +162,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     };
     let (mut run, start, mut carried) = (resumed.run, resumed.start, resumed.epoch_totals);
     traces::stream(&timeline, &run.path)?;
+    let mut memory_log = memory_report::MemoryLog::create(&run.path, ctx.rank)?;
     if ctx.is_main() {
         tracing::info!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val samples, global batch {}, {} steps over {} epochs -> {}",
@@ -250,7 +250,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             )?;
             skipped += usize::from(outcome.skipped);
             accumulate(&mut totals, &outcome);
-            memory_log.push(step, trainer.take_memory_samples());
+            memory_log.push(step, trainer.take_memory_samples())?;
             if step == 0 && !args.quiet {
                 let settings = memory_report::plan_settings(args, policy, ctx.world_size);
                 for line in memory_report::model_state_table(&trainer, &settings)?.lines() {
@@ -325,7 +325,6 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     }
     progress.finish();
     traces::finish(&timeline, &run.path, ctx)?;
-    memory_log.write(&run.path.join(format!("memory-rank{}.jsonl", ctx.rank)))?;
     let summary = RunSummary {
         run_dir: run.path.clone(),
         world_size: ctx.world_size,
