@@ -35,6 +35,7 @@ use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::progress::Progress;
 use crate::resume;
+use crate::run_checkpoints::Stage;
 use crate::run_dir::RunFolder;
 use crate::traces;
 
@@ -218,10 +219,14 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             first_replica: mesh.dp_rank == 0,
         },
     };
+    let stage = Stage {
+        index: mesh.stage,
+        count: mesh.stages,
+    };
     let resumed = match &args.checkpoints.resume {
         Some(path) => {
             let trainer = stepper.trainer_mut();
-            resume::resume_run(path, trainer, &layout, batches_per_epoch, ctx)?
+            resume::resume_run(path, trainer, (&layout, stage), batches_per_epoch, ctx)?
         }
         None => {
             let open = || default_run_name(args);
@@ -350,7 +355,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                     keep_last: keep,
                     epoch_totals,
                 };
-                resume::save(trainer, &layout, ctx, &run.path, at)?;
+                resume::save(trainer, (&layout, stage), ctx, &run.path, at)?;
             }
             progress.step(epoch, loss, tokens_per_step / seconds, None);
             timeline.flush()?;

@@ -278,11 +278,7 @@ impl GptArgs {
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        let pipelined = self.pp > 1;
-        self.checkpoints.validate(
-            self.init_from.is_some(),
-            pipelined.then_some("--pp (each stage's checkpoint)"),
-        )?;
+        self.checkpoints.validate(self.init_from.is_some(), None)?;
         if self.nproc == Some(0) {
             bail!("--nproc must be at least 1");
         }

@@ -30,6 +30,7 @@ use crate::resnet_parts::{
     accumulate, build_model, checkpoint_layout, comm_hidden, loader, validate,
 };
 use crate::resume;
+use crate::run_checkpoints::Stage;
 use crate::run_dir::{EpochMetrics, RunFolder, StepMetrics};
 use crate::traces;
 
@@ -148,7 +149,8 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     let layout = checkpoint_layout(&mut trainer, args, ctx)?;
     let resumed = match (&args.checkpoints.resume, &layout) {
         (Some(path), Some(layout)) => {
-            resume::resume_run(path, &mut trainer, layout, batches_per_epoch, ctx)?
+            let whole = (layout, Stage::WHOLE);
+            resume::resume_run(path, &mut trainer, whole, batches_per_epoch, ctx)?
         }
         _ => {
             let open = || default_run_name(args);
@@ -279,7 +281,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                     keep_last: keep,
                     epoch_totals,
                 };
-                resume::save(&mut trainer, layout, ctx, &run.path, at)?;
+                resume::save(&mut trainer, (layout, Stage::WHOLE), ctx, &run.path, at)?;
             }
             progress.step(
                 epoch,

@@ -17,7 +17,7 @@ use weft_tensor::EntryId;
 use crate::distributed::RankContext;
 use crate::gpt_checkpoint::{self, load_tensor_parallel, save_tensor_parallel};
 use crate::gpt_parallel::{GptMesh, Split};
-use crate::run_checkpoints::{self, Progress};
+use crate::run_checkpoints::{self, Progress, Stage};
 use crate::run_dir::RunFolder;
 
 /// How a trainer's state is cut over the job's ranks.
@@ -116,16 +116,17 @@ pub struct SavePoint<'a> {
     pub epoch_totals: &'a [f64],
 }
 
-/// Writes the checkpoint of `trainer` at `at` into run folder `run` (a collective over the
-/// job), completes it, and keeps the newest `at.keep_last`.
+/// Writes the checkpoint of `trainer` (pipeline stage `stage`'s part) at `at` into run folder
+/// `run` (a collective over the job), completes it, and keeps the newest `at.keep_last`.
 pub fn save(
     trainer: &mut Trainer,
-    layout: &Layout<'_>,
+    (layout, stage): (&Layout<'_>, Stage),
     ctx: &RankContext,
     run: &Path,
     at: SavePoint<'_>,
 ) -> Result<PathBuf> {
     let dir = run_checkpoints::step_dir(run, at.step);
+    let part = stage.part(&dir);
     let epoch_totals = gather(ctx, at.epoch_totals)?;
     match layout.role(trainer.grads().layout().len())? {
         Role::Sharded {
@@ -134,7 +135,7 @@ pub fn save(
             writes,
         } => {
             if writes {
-                save_sharded(trainer, group.comm(), &shards, &dir)?;
+                save_sharded(trainer, group.comm(), &shards, &part)?;
             }
             ctx.barrier()?;
         }
@@ -142,7 +143,7 @@ pub fn save(
             mesh,
             splits,
             zero_shards,
-        } => save_tensor_parallel(trainer, mesh, splits, zero_shards, &dir)?,
+        } => save_tensor_parallel(trainer, mesh, splits, zero_shards, &part)?,
     }
     if ctx.is_main() {
         let progress = Progress {
@@ -242,12 +243,13 @@ fn refuse_other_layout(dir: &Path, role: &Role<'_>) -> Result<()> {
 pub fn resume_run(
     path: &Path,
     trainer: &mut Trainer,
-    layout: &Layout<'_>,
+    (layout, stage): (&Layout<'_>, Stage),
     batches_per_epoch: usize,
     ctx: &RankContext,
 ) -> Result<Resumed> {
     let (dir, run_path) = run_checkpoints::resolve(path)?;
     let progress = run_checkpoints::read_progress(&dir)?;
+    stage.check(&dir)?;
     let start = progress.step;
     if ctx.is_main() {
         run_checkpoints::discard_after(&run_path, start)?;
@@ -261,7 +263,7 @@ pub fn resume_run(
         }
     };
     let run = RunFolder::reopen(&run_path, earlier, ctx)?;
-    load(trainer, layout, &dir, &progress)?;
+    load(trainer, layout, &stage.part(&dir), &progress)?;
     Ok(Resumed {
         run,
         start,

@@ -82,6 +82,46 @@ pub struct Progress {
     pub epoch_totals: Vec<Vec<f64>>,
 }
 
+/// A rank's pipeline stage and the number of stages ([`Stage::WHOLE`]: no pipeline). Each
+/// stage writes its part of a checkpoint into a folder of its own inside the step's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stage {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Stage {
+    pub const WHOLE: Stage = Stage { index: 0, count: 1 };
+
+    /// The folder of this stage's part of checkpoint `dir`: `dir/stage-SS-of-NN`, or `dir`
+    /// itself without a pipeline.
+    pub fn part(self, dir: &Path) -> PathBuf {
+        match self.count {
+            1 => dir.to_path_buf(),
+            n => dir.join(format!("stage-{:02}-of-{n:02}", self.index)),
+        }
+    }
+
+    /// Refuses checkpoint `dir` in one line when it was written with another number of
+    /// pipeline stages.
+    pub fn check(self, dir: &Path) -> Result<()> {
+        let entries =
+            std::fs::read_dir(dir).with_context(|| format!("{}: cannot list", dir.display()))?;
+        let written = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .find_map(|name| name.strip_prefix("stage-00-of-")?.parse::<usize>().ok())
+            .unwrap_or(1);
+        if written != self.count {
+            bail!(
+                "{}: written with --pp {written}, this run has --pp {}: resume it with --pp {written}",
+                dir.display(),
+                self.count
+            );
+        }
+        Ok(())
+    }
+}
+
 /// `RUN/checkpoints/step-NNNNNNNN`.
 pub fn step_dir(run: &Path, step: usize) -> PathBuf {
     run.join(FOLDER).join(format!("step-{step:08}"))

@@ -1,7 +1,7 @@
 //! `train-gpt --save-every/--resume`: a run resumed from its step-3 checkpoint logs the losses
 //! of the uninterrupted run for the steps after it, bit for bit (dropout on, so the masks'
-//! step counter is restored too): one process, and two thread ranks under ZeRO-1, ZeRO-3 and
-//! TP 2. `--keep-last` keeps the newest checkpoints, and bad uses are one-line errors.
+//! step counter is restored too): one process, and two thread ranks under ZeRO-1, ZeRO-3, TP 2
+//! and PP 2. `--keep-last` keeps the newest checkpoints, and bad uses are one-line errors.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -78,6 +78,7 @@ fn resumed_runs_log_the_uninterrupted_losses() {
         ("zero1", 2, &["--nproc", "2", "--zero", "1"][..]),
         ("zero3", 2, &["--nproc", "2", "--zero", "3"][..]),
         ("tp2", 2, &["--nproc", "2", "--tp", "2"][..]),
+        ("pp2", 2, &["--nproc", "2", "--pp", "2"][..]),
     ] {
         let named = |name: String, more: &[&str]| {
             let mut extra: Vec<&str> = layout.to_vec();
@@ -138,10 +139,6 @@ fn keep_last_keeps_the_newest_and_bad_uses_are_one_line_errors() {
             &["--resume", "/nonexistent/run"][..],
             "--resume /nonexistent/run: neither a checkpoint",
         ),
-        (
-            &["--pp", "2", "--nproc", "2", "--save-every", "2"][..],
-            "do not support --pp",
-        ),
     ] {
         let err = weft_train::gpt::run(&flags(out.path(), extra))
             .unwrap_err()
@@ -186,6 +183,11 @@ fn a_checkpoint_of_another_layout_is_refused_naming_it() {
     let err = refusal(&tp, "z");
     assert!(
         err.ends_with("z/checkpoints/step-00000002: written without tensor parallelism, this run has --tp 2: resume it with --tp 1"),
+        "{err}"
+    );
+    let err = refusal(&["--nproc", "2", "--pp", "2"], "z");
+    assert!(
+        err.ends_with("z/checkpoints/step-00000002: written with --pp 1, this run has --pp 2: resume it with --pp 1"),
         "{err}"
     );
     let err = refusal(&zero, "t");
