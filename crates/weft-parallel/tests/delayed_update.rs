@@ -6,13 +6,17 @@
 //! tolerance is 1e-12 relative; the delayed run also differs from the exact one (by far more
 //! than that), so the delay is really there. Under ZeRO-1 and ZeRO-3 on 2 ranks the delayed
 //! update matches one process within 1e-10 (only the order of the f64 gradient sums differs).
+//! A delayed run saved mid-way (the master copy one update ahead of the parameters) and resumed
+//! by a new trainer goes on exactly as the uninterrupted one, bit for bit.
 
 use candle_core::{DType, Device, Tensor};
 use weft_models::loss::Classification;
 use weft_optim::{
     AdamW, AdamWConfig, ModelOptimizer, Optimizer, OptimizerConfig, ParamGroups, SgdConfig, Shard,
 };
-use weft_parallel::zero::{zero_stage1, zero_stage3};
+use weft_collectives::ShmCommunicator;
+use weft_parallel::zero::checkpoint::{load_sharded, save_sharded};
+use weft_parallel::zero::{zero_stage1, zero_stage3, ShardLayout};
 use weft_parallel::{DdpConfig, Trainer};
 use weft_tensor::{Checkpointing, FlatLayout, Mode};
 use weft_testing::{assert_close, flat_params, image_batches, on_thread_ranks, tiny_resnet};
@@ -154,4 +158,36 @@ fn the_delayed_update_under_zero_matches_one_process() {
             assert_close(params, &reference, 1e-10, &what);
         }
     }
+}
+
+#[test]
+fn a_delayed_run_saved_and_resumed_goes_on_as_the_uninterrupted_one() {
+    let data = image_batches(STEPS, 4);
+    let delayed = || {
+        trainer(OptimizerConfig::AdamW(adamw()))
+            .with_delayed_update(DELAY_FROM)
+            .unwrap()
+    };
+    let mut straight = delayed();
+    let expected_losses = train(&mut straight, &data);
+    straight.flush_updates().unwrap();
+    let expected_params = flat_params(straight.model().store());
+
+    // Saved after step 3, past the first delayed update: the update in flight settles into the
+    // master copy, the parameters keep the values the next step computes at.
+    let saved_at = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("step-3");
+    let comm = ShmCommunicator::new_thread_group(1).unwrap().remove(0);
+    let mut first = delayed();
+    let mut losses = train(&mut first, &data[..saved_at]);
+    let shards = ShardLayout::new(first.grads().layout().len(), 1);
+    save_sharded(&mut first, &comm, &shards, &checkpoint).unwrap();
+    let mut second = delayed();
+    load_sharded(&mut second, &comm, &shards, &checkpoint).unwrap();
+    second.resume_at_step(saved_at as u64);
+    losses.extend(train(&mut second, &data[saved_at..]));
+    second.flush_updates().unwrap();
+    assert_eq!(losses, expected_losses);
+    assert_eq!(flat_params(second.model().store()), expected_params);
 }

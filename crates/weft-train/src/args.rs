@@ -237,11 +237,7 @@ impl TrainArgs {
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        let delayed = self.delayed_update_from.is_some();
-        self.checkpoints.validate(
-            self.init_from.is_some(),
-            delayed.then_some("--delayed-update-from (its update in flight)"),
-        )?;
+        self.checkpoints.validate(self.init_from.is_some())?;
         if self.nproc == Some(0) {
             bail!("--nproc must be at least 1");
         }

@@ -278,7 +278,7 @@ impl GptArgs {
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        self.checkpoints.validate(self.init_from.is_some(), None)?;
+        self.checkpoints.validate(self.init_from.is_some())?;
         if self.nproc == Some(0) {
             bail!("--nproc must be at least 1");
         }

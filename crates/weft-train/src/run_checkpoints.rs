@@ -40,17 +40,13 @@ pub struct CheckpointFlags {
 }
 
 impl CheckpointFlags {
-    /// Refuses bad values and combinations, one line each; `unsupported` names a flag of the
-    /// trainer that checkpoints cannot carry yet, when it is set.
-    pub fn validate(&self, init_from: bool, unsupported: Option<&str>) -> Result<()> {
+    /// Refuses bad values and combinations, one line each.
+    pub fn validate(&self, init_from: bool) -> Result<()> {
         if self.save_every == Some(0) || self.keep_last == Some(0) {
             bail!("--save-every and --keep-last must be at least 1");
         }
         if self.keep_last.is_some() && self.save_every.is_none() {
             bail!("--keep-last needs --save-every");
-        }
-        if let (Some(flag), true) = (unsupported, self.in_use()) {
-            bail!("--save-every and --resume do not support {flag} yet");
         }
         if self.resume.is_some() && init_from {
             bail!("--resume and --init-from exclude each other: a resumed run has its weights");

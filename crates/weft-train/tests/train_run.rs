@@ -385,6 +385,7 @@ fn resumed_runs_log_the_uninterrupted_losses() {
     let out_dir = out.path().to_str().unwrap();
     for (case, ranks, zero) in [
         ("one", 1, "0"),
+        ("bf16", 1, "0"),
         ("ddp", 2, "0"),
         ("zero1", 2, "1"),
         ("zero2", 2, "2"),
@@ -394,6 +395,10 @@ fn resumed_runs_log_the_uninterrupted_losses() {
         let flags = |name: &str, more: &[&str]| {
             let mut extra = vec!["--steps", "6", "--out", out_dir, "--name", name];
             extra.extend(["--nproc", &nproc, "--zero", zero]);
+            if case == "bf16" {
+                // The fp32 master copy differs from the bf16 model: the checkpoint carries it.
+                extra.extend(["--precision", "bf16-mixed"]);
+            }
             extra.extend_from_slice(more);
             args(&extra)
         };

@@ -340,6 +340,12 @@ impl Trainer {
         Ok(())
     }
 
+    /// Whether the optimizer steps a master copy of its own (mixed precision, offload), made at
+    /// the first step or when loaded.
+    pub fn keeps_master_copy(&self) -> bool {
+        self.master_dtype.is_some()
+    }
+
     /// The flat master copy of the parameters the optimizer steps (over its range of the flat
     /// buffers), where it keeps one (from the first step on, or once a strategy is set), after
     /// a delayed update in flight has finished. Under the delayed update it may be one update

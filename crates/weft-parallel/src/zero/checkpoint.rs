@@ -202,7 +202,10 @@ pub fn load_sharded(
     manifest.check_layout(trainer.grads().layout(), dir)?;
     // Every shard file is read (and its ranges checked) before anything is written.
     let range = shards.range(comm.rank());
-    let load_master = manifest.master_weights && trainer.master_weights()?.is_some();
+    // A fresh trainer makes its master copy at its first step: load it now all the same (it
+    // differs from the model's values in mixed precision, and is one update ahead of them
+    // under the delayed update).
+    let load_master = manifest.master_weights && trainer.keeps_master_copy();
     let mut names = manifest.buffers.clone();
     if load_master {
         names.push(MASTER.into());
