@@ -10,11 +10,11 @@
 //! by a new trainer goes on exactly as the uninterrupted one, bit for bit.
 
 use candle_core::{DType, Device, Tensor};
+use weft_collectives::ShmCommunicator;
 use weft_models::loss::Classification;
 use weft_optim::{
     AdamW, AdamWConfig, ModelOptimizer, Optimizer, OptimizerConfig, ParamGroups, SgdConfig, Shard,
 };
-use weft_collectives::ShmCommunicator;
 use weft_parallel::zero::checkpoint::{load_sharded, save_sharded};
 use weft_parallel::zero::{zero_stage1, zero_stage3, ShardLayout};
 use weft_parallel::{DdpConfig, Trainer};

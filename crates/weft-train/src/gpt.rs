@@ -12,23 +12,20 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use candle_core::Device;
 use serde::Serialize;
-use weft_data::{DistributedSampler, TokenWindows};
-use weft_models::gpt::{self, hf, Dense, GptLayers};
-use weft_models::loss::NextToken;
+use weft_data::DistributedSampler;
 use weft_parallel::pipeline::PipelineTrainer;
-use weft_parallel::tensor::VocabParallelNextToken;
 use weft_parallel::zero::ShardLayout;
 use weft_parallel::{DdpConfig, Trainer};
 use weft_precision::PrecisionPolicy;
-use weft_tensor::sharded_init::ShardedInit;
-use weft_tensor::{Checkpointing, Objective, Timeline};
+use weft_tensor::{Checkpointing, Timeline};
 
 use crate::distributed::RankContext;
 use crate::divergence::DivergenceGuard;
 use crate::gpt_args::GptArgs;
 use crate::gpt_data::open_data;
-use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
-use crate::gpt_pipeline::{gather_stages, stage_blocks, GptStepper, PipelineReport};
+use crate::gpt_parallel::{GptMesh, TensorParallelLayers};
+use crate::gpt_parts::{build_model, checkpoint_layout, export, objective, validate};
+use crate::gpt_pipeline::{stage_blocks, GptStepper, PipelineReport};
 use crate::logging;
 use crate::memory_report;
 use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
@@ -104,36 +101,15 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let micro_rows = args.batch_size / mesh.dp_size / args.micro_batches;
     let stages = stage_blocks(args, &config, &device, &data.train, micro_rows, ctx)?;
     let blocks = stages[mesh.stage].clone();
-    let layers: &dyn GptLayers = match &split_layers {
-        Some(layers) => layers,
-        None => &Dense,
-    };
-    let build = || gpt::gpt_stage(&config, policy.param, &device, layers, blocks.clone());
-    // Under ZeRO-3 over several replicas each rank builds only its shard of the parameters
-    // (counted in a first pass); loading --init-from needs the whole model.
-    let (model, zero3_shard) = match args.zero == 3 && mesh.dp_size > 1 && args.init_from.is_none()
-    {
-        true => {
-            let (_, len) = ShardedInit::count(build)?;
-            let window = ShardLayout::new(len, mesh.dp_size).range(mesh.dp_rank);
-            ShardedInit::capture(window, build)?
-        }
-        false => (build()?, None),
-    };
-    if let Some(path) = &args.init_from {
-        match (&split_layers, &mesh.tp) {
-            (Some(layers), Some(group)) => {
-                let splits = layers.splits();
-                let (rank, size) = (group.rank(), group.size());
-                hf::load_hf_safetensors_sliced(model.store(), &config, path, |id, full| {
-                    slice_of(&splits, id, full, rank, size).map_err(|e| {
-                        weft_models::ModelError::Config(format!("{}: {e}", path.display()))
-                    })
-                })?
-            }
-            _ => hf::load_hf_safetensors(model.store(), &config, path)?,
-        }
-    }
+    let (model, zero3_shard) = build_model(
+        args,
+        &config,
+        &policy,
+        &device,
+        &mesh,
+        &split_layers,
+        blocks,
+    )?;
     let steps_per_epoch = data.train.len() / args.batch_size;
     if steps_per_epoch == 0 {
         bail!(
@@ -153,19 +129,9 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let flags = args.optimizer_flags(total_steps);
     let schedule = build_schedule(&flags, total_steps)?;
     let timeline = Arc::new(Timeline::new(ctx.rank));
-    let objective: Box<dyn Objective> = match &mesh.tp {
-        Some(group) => Box::new(VocabParallelNextToken {
-            vocab_size: config.vocab_size,
-            start: group.rank() * config.padded_vocab() / group.size(),
-            group: group.clone(),
-        }),
-        None => Box::new(NextToken {
-            vocab_size: config.vocab_size,
-        }),
-    };
     let mut trainer = Trainer::new(
         model,
-        objective,
+        objective(&mesh, &config),
         build_optimizer(&flags, &device, policy.updated_dtype())?,
         match args.checkpoint_activations {
             true => Checkpointing::All,
@@ -207,18 +173,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let batches_per_epoch = (sampler.num_samples() / local_batch).max(1);
     let zero_shards = (args.zero > 0 && mesh.dp_size > 1)
         .then(|| ShardLayout::new(stepper.trainer_mut().grads().layout().len(), mesh.dp_size));
-    let layout = match &split_layers {
-        Some(layers) => resume::Layout::TensorParallel {
-            mesh: &mesh,
-            splits: layers.splits(),
-            zero_shards,
-        },
-        None => resume::Layout::Replicated {
-            zero: zero_shards.and_then(|s| Some((mesh.replicas.clone()?, s))),
-            solo: mesh.solo.clone(),
-            first_replica: mesh.dp_rank == 0,
-        },
-    };
+    let layout = checkpoint_layout(&mesh, &split_layers, zero_shards);
     let stage = Stage {
         index: mesh.stage,
         count: mesh.stages,
@@ -395,70 +350,15 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         loss_floor: data.loss_floor,
         seconds: started.elapsed().as_secs_f64(),
     };
-    // Under ZeRO-3 every rank takes part in gathering the whole model first.
-    stepper.gather_parameters()?;
-    let mut full_state = match (&split_layers, &mesh.tp) {
-        (Some(layers), Some(group)) => Some(gather_full_state(
-            stepper.model().store(),
-            &layers.splits(),
-            group,
-        )?),
-        _ => None,
-    };
-    let first_of_stage = mesh.dp_rank == 0 && mesh.tp.as_ref().is_none_or(|g| g.rank() == 0);
-    if let (Some(stages), true) = (mesh.pipeline_parallel(), first_of_stage) {
-        let stage_state = full_state.as_ref().unwrap_or(stepper.model().store());
-        full_state = gather_stages(stages, stage_state)?;
-    }
-    if let Some(writer) = &run.writer {
-        let store = full_state.as_ref().unwrap_or(stepper.model().store());
-        let weights = writer.save_checkpoint_with(
-            |path| Ok(hf::save_hf_safetensors(store, &config, path)?),
-            &summary,
-        )?;
-        tracing::info!(
-            "done in {:.1} s: loss {:.4} at step {start}, val loss {:.4}; checkpoint {}",
-            summary.seconds,
-            summary.first_loss,
-            summary.final_val_loss,
-            weights.display()
-        );
-    }
+    export(
+        &mut stepper,
+        (&mesh, &split_layers),
+        &config,
+        &run,
+        (&summary, start),
+    )?;
     ctx.barrier()?;
     Ok(summary)
-}
-
-/// Mean next-token loss over the whole validation set in evaluation mode; each replica
-/// evaluates windows `replica, replica + replicas, …` and the sums are reduced (the ranks of a
-/// tensor-parallel group, and the stages of a pipeline, add the same sums, which leaves the
-/// mean as it is). A pipeline evaluates in the step's micro-batches where they divide the
-/// batch, whole otherwise.
-fn validate(
-    stepper: &mut GptStepper,
-    val: &TokenWindows,
-    batch: usize,
-    args: &GptArgs,
-    ctx: &RankContext,
-    mesh: &GptMesh,
-) -> Result<f64> {
-    let device = stepper.model().store().device().clone();
-    let indices: Vec<usize> = (mesh.dp_rank..val.len()).step_by(mesh.dp_size).collect();
-    let mut sums = [0.0; 2];
-    for chunk in indices.chunks(batch) {
-        let batch = match stepper.reads_batches() {
-            true => Some(val.batch(chunk, &device)?),
-            false => None,
-        };
-        let micro = match chunk.len().is_multiple_of(args.micro_batches) {
-            true => args.micro_batches,
-            false => 1,
-        };
-        let eval = stepper.evaluate(batch.as_ref(), micro)?;
-        sums[0] += eval.loss_sum;
-        sums[1] += eval.samples as f64;
-    }
-    ctx.sum(&mut sums)?;
-    Ok(sums[0] / sums[1].max(1.0))
 }
 
 /// `model-data-<unix seconds>`.

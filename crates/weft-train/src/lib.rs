@@ -15,6 +15,7 @@ pub mod gpt_args;
 pub mod gpt_checkpoint;
 pub mod gpt_data;
 pub mod gpt_parallel;
+mod gpt_parts;
 pub mod gpt_pipeline;
 pub mod logging;
 pub mod memory_plan;
