@@ -110,7 +110,11 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         &split_layers,
         blocks,
     )?;
-    let steps_per_epoch = data.train.len() / args.batch_size;
+    let local_batch = args.batch_size / mesh.dp_size;
+    // Every epoch gives each replica the same number of batches (the sampler pads to
+    // ceil(len / replicas) windows each; the last partial batch is dropped).
+    let sampler = DistributedSampler::new(data.train.len(), mesh.dp_size, mesh.dp_rank)?;
+    let steps_per_epoch = sampler.num_samples() / local_batch;
     if steps_per_epoch == 0 {
         bail!(
             "--batch-size {}: more sequences than the {} training windows of {seq_len} tokens",
@@ -167,10 +171,6 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         )?),
         None => GptStepper::Whole(trainer),
     };
-    let local_batch = args.batch_size / mesh.dp_size;
-    // Every epoch gives each replica the same number of batches (the sampler pads).
-    let sampler = DistributedSampler::new(data.train.len(), mesh.dp_size, mesh.dp_rank)?;
-    let batches_per_epoch = (sampler.num_samples() / local_batch).max(1);
     let zero_shards = (args.zero > 0 && mesh.dp_size > 1)
         .then(|| ShardLayout::new(stepper.trainer_mut().grads().layout().len(), mesh.dp_size));
     let layout = checkpoint_layout(&mesh, &split_layers, zero_shards);
@@ -181,7 +181,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let resumed = match &args.checkpoints.resume {
         Some(path) => {
             let trainer = stepper.trainer_mut();
-            resume::resume_run(path, trainer, (&layout, stage), batches_per_epoch, ctx)?
+            resume::resume_run(path, trainer, (&layout, stage), steps_per_epoch, ctx)?
         }
         None => {
             let open = || default_run_name(args);
@@ -227,7 +227,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let tokens_per_step = (args.batch_size * seq_len) as f64;
     let (mut step, mut first_loss, mut last) = (start, f64::NAN, (f64::NAN, f64::NAN));
     let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
-    for epoch in start / batches_per_epoch..epochs {
+    for epoch in start / steps_per_epoch..epochs {
         let epoch_start = Instant::now();
         let mut sampler = sampler.clone().with_seed(args.seed);
         sampler.set_epoch(epoch as u64);
@@ -239,8 +239,8 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             .iter_mut()
             .zip(std::mem::take(&mut carried))
             .for_each(|(t, c)| *t = c);
-        let done = match epoch == start / batches_per_epoch {
-            true => start % batches_per_epoch,
+        let done = match epoch == start / steps_per_epoch {
+            true => start % steps_per_epoch,
             false => 0,
         };
         for chunk in indices.chunks_exact(local_batch).skip(done) {
@@ -301,7 +301,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             step += 1;
             if args.checkpoints.saves_after(step) {
                 let (trainer, keep) = (stepper.trainer_mut(), args.checkpoints.keep_last);
-                let epoch_totals: &[f64] = match step.is_multiple_of(batches_per_epoch) {
+                let epoch_totals: &[f64] = match step.is_multiple_of(steps_per_epoch) {
                     true => &[],
                     false => &totals,
                 };

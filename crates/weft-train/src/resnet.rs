@@ -78,7 +78,14 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     // Validated by `args.validate`: a preset the trainer supports on this device.
     let policy = PrecisionPolicy::from_name(&args.precision)?;
     let (model, zero3_shard) = build_model(&config, policy.param, &device, args, ctx)?;
-    let steps_per_epoch = data.train.len() / args.batch_size;
+    let local_batch = args.batch_size / ctx.world_size;
+    // Every epoch gives each rank the same number of batches, as PyTorch's DistributedSampler
+    // (padded to ceil(len / ranks) samples each) and a loader dropping the last partial batch
+    // do: the epoch's steps, on every rank.
+    let sampler = DistributedSampler::new(data.train.len(), ctx.world_size, ctx.rank)?
+        .with_shuffle(args.shuffle)
+        .with_seed(args.seed);
+    let steps_per_epoch = sampler.num_samples() / local_batch;
     if steps_per_epoch == 0 {
         bail!(
             "--batch-size {}: larger than the training set ({} samples)",
@@ -139,18 +146,11 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         })?;
         trainer.reload_master_weights()?;
     }
-    let local_batch = args.batch_size / ctx.world_size;
-    // Every epoch gives each rank the same number of batches (the sampler pads, the loader
-    // drops the last partial batch).
-    let sampler = DistributedSampler::new(data.train.len(), ctx.world_size, ctx.rank)?
-        .with_shuffle(args.shuffle)
-        .with_seed(args.seed);
-    let batches_per_epoch = (sampler.num_samples() / local_batch).max(1);
     let layout = checkpoint_layout(&mut trainer, args, ctx)?;
     let resumed = match (&args.checkpoints.resume, &layout) {
         (Some(path), Some(layout)) => {
             let whole = (layout, Stage::WHOLE);
-            resume::resume_run(path, &mut trainer, whole, batches_per_epoch, ctx)?
+            resume::resume_run(path, &mut trainer, whole, steps_per_epoch, ctx)?
         }
         _ => {
             let open = || default_run_name(args);
@@ -184,14 +184,14 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     let mut step = start;
     let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
     let mut last = (0.0, 0.0, 0.0);
-    for epoch in start / batches_per_epoch..epochs {
+    for epoch in start / steps_per_epoch..epochs {
         let epoch_start = Instant::now();
         let mut sampler = sampler.clone();
         sampler.set_epoch(epoch as u64);
         // A resumed epoch starts after its batches done (each sample's augmentation derives
         // from its index, not its place in the epoch).
-        let done = match epoch == start / batches_per_epoch {
-            true => start % batches_per_epoch * local_batch,
+        let done = match epoch == start / steps_per_epoch {
+            true => start % steps_per_epoch * local_batch,
             false => 0,
         };
         let loader = loader(
@@ -272,7 +272,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             step += 1;
             if let (true, Some(layout)) = (args.checkpoints.saves_after(step), &layout) {
                 let keep = args.checkpoints.keep_last;
-                let epoch_totals: &[f64] = match step.is_multiple_of(batches_per_epoch) {
+                let epoch_totals: &[f64] = match step.is_multiple_of(steps_per_epoch) {
                     true => &[],
                     false => &totals,
                 };

@@ -458,3 +458,38 @@ fn two_ranks_write_one_merged_trace() {
         assert_eq!(spans.count(), own.len(), "rank {rank}");
     }
 }
+
+/// Epochs follow the sampler: 110 samples on 4 ranks pad to 28 each, 14 batches of 2 per rank,
+/// so every epoch is 14 steps (not 110 / 8 = 13, which let the second epoch run short).
+#[test]
+fn every_epoch_is_the_samplers_number_of_steps() {
+    let out = tempfile::tempdir().unwrap();
+    let flags = [
+        "--synthetic-train",
+        "110",
+        "--batch-size",
+        "8",
+        "--nproc",
+        "4",
+        "--epochs",
+        "2",
+        "--name",
+        "epochs",
+        "--out",
+        out.path().to_str().unwrap(),
+    ];
+    run_on_ranks(&args(&flags), 4);
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(out.path().join("epochs/metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    let steps_in = |epoch: u64| {
+        lines
+            .iter()
+            .filter(|l| l.get("step").is_some() && l["epoch"] == epoch)
+            .count()
+    };
+    assert_eq!((steps_in(0), steps_in(1)), (14, 14));
+}
