@@ -16,7 +16,7 @@ G=$B
 nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader,nounits -lms 200 > /tmp/mem.csv &
 sampler=$!
 timeout 500 $G/xtask bench-ddp --device cuda --model resnet50 --batch-size 32 --image-size 224 \
-  --num-classes 1000 --lr 0.1 --momentum 0.9 --weight-decay 1e-4 --steps ${STEPS:-16} --warmup ${WARMUP:-6} --world-sizes 2,4 2>&1 | tee "$OUT/reference.log"
+  --num-classes 1000 --lr 0.1 --momentum 0.9 --weight-decay 1e-4 --steps ${STEPS:-16} --warmup ${WARMUP:-6} --world-sizes 2,4 ${EXTRA:-} 2>&1 | tee "$OUT/reference.log"
 kill $sampler 2>/dev/null
 python3 - /tmp/mem.csv "$OUT/reference.log" <<'PY' | tee -a "$OUT/reference.log"
 # Peak nvidia-smi memory per GPU in each phase that bench-ddp announced ("phase NAME at UNIX").
