@@ -14,14 +14,23 @@ use weft_tensor::{ops, Checkpointing};
 use super::single_ops::relative_error;
 use super::Check;
 
+/// Seeded draws of the block's inputs.
+const SEEDS: u64 = 8;
+
 /// Adds the channels-last rows to `checks`.
 pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
     // As accurate as the same block on NCHW tensors on the GPU: through a convolution, a
     // batch norm and back, the CPU's and the GPU's roundings (of 16-bit outputs especially)
     // are amplified alike, so the NCHW block's error (at least 1e-3 in f32 with TF32 off, as
-    // the convolution rows, and 4 rounding units in bf16) sets the bound, doubled.
+    // the convolution rows, and 4 rounding units in bf16) sets the bound, doubled. The inputs
+    // are drawn from seeded generators, the worst of several draws counts (one unseeded draw
+    // once gave 5.9e-2 in bf16 against a 1.6e-2 bound, and passed twice after).
     for (dtype, floor) in [(DType::F32, 1e-3), (DType::BF16, 4.0 * 2f64.powi(-8))] {
-        let (error, nchw) = block(gpu, dtype)?;
+        let (mut error, mut nchw) = (0f64, 0f64);
+        for seed in 0..SEEDS {
+            let (e, n) = block(gpu, dtype, seed)?;
+            (error, nchw) = (error.max(e), nchw.max(n));
+        }
         println!("channels-last block {dtype:?}: {error:.3e} (NCHW on the GPU: {nchw:.3e})");
         checks.push(Check {
             name: format!("channels-last conv + BN + ReLU block, {dtype:?}"),
@@ -48,9 +57,10 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
 /// A convolution, a batch norm with ReLU and their backward (the input gradient added into a
 /// residual gradient): on the GPU on channels-last tensors, whose results must stay
 /// channels-last, against the CPU in NCHW; and, for the bound, the GPU on NCHW tensors
-/// against the CPU.
-fn block(gpu: &Device, dtype: DType) -> Result<(f64, f64)> {
+/// against the CPU. The inputs are drawn on the GPU from a generator seeded with `seed`.
+fn block(gpu: &Device, dtype: DType, seed: u64) -> Result<(f64, f64)> {
     let cpu = Device::Cpu;
+    gpu.set_seed(seed)?;
     let inputs: Vec<Tensor> = [
         (&[8, 64, 14, 14][..], 1.0),
         (&[128, 64, 3, 3], 0.05),
@@ -60,7 +70,11 @@ fn block(gpu: &Device, dtype: DType) -> Result<(f64, f64)> {
         (&[8, 64, 14, 14], 1.0),
     ]
     .iter()
-    .map(|&(shape, std)| Tensor::randn(0f32, std, shape, &cpu)?.to_dtype(dtype))
+    .map(|&(shape, std)| {
+        Tensor::randn(0f32, std, shape, gpu)?
+            .to_device(&cpu)?
+            .to_dtype(dtype)
+    })
     .collect::<candle_core::Result<_>>()?;
     let run = |device: &Device, channels_last: bool| -> Result<(Vec<Tensor>, bool)> {
         let put = |t: &Tensor| -> Result<Tensor> {
