@@ -35,7 +35,7 @@ struct Manifest {
     splits: Vec<(String, Split)>,
 }
 
-fn rank_dir(dir: &Path, rank: usize, size: usize) -> PathBuf {
+pub(crate) fn rank_dir(dir: &Path, rank: usize, size: usize) -> PathBuf {
     dir.join(format!("tp-{rank:05}-of-{size:05}"))
 }
 
@@ -179,8 +179,21 @@ pub fn export_full_model(dir: &Path) -> Result<HashMap<String, Tensor>> {
                 .with_context(|| format!("{}: cannot read", path.display()))
         })
         .collect::<Result<_>>()?;
+    join_slices(dir, &parts)
+}
+
+/// The ranks' `parts` (each a map from weft's names to that rank's slices) joined by name into
+/// whole tensors, as checkpoint `dir`'s manifest says each entry was cut.
+pub(crate) fn join_slices(
+    dir: &Path,
+    parts: &[HashMap<String, Tensor>],
+) -> Result<HashMap<String, Tensor>> {
+    let manifest = read_manifest(dir)?;
     let mut full = HashMap::new();
-    for (name, first) in &parts[0] {
+    let Some(first_part) = parts.first() else {
+        return Ok(full);
+    };
+    for (name, first) in first_part {
         let slices = parts
             .iter()
             .map(|p| p.get(name).cloned())

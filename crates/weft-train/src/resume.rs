@@ -16,6 +16,7 @@ use weft_tensor::EntryId;
 
 use crate::distributed::RankContext;
 use crate::gpt_checkpoint::{self, load_tensor_parallel, save_tensor_parallel};
+use crate::gpt_checkpoint_join::load_joined;
 use crate::gpt_parallel::{GptMesh, Split};
 use crate::run_checkpoints::{self, Progress, Stage};
 use crate::run_dir::RunFolder;
@@ -207,7 +208,12 @@ pub fn load(
 ) -> Result<()> {
     let role = layout.role(trainer.grads().layout().len())?;
     refuse_other_layout(dir, &role)?;
+    let written_tp = gpt_checkpoint::written_tp_size(dir)?;
     match role {
+        // A tensor-parallel checkpoint in a run without it: the slices joined.
+        Role::Sharded { group, shards, .. } if written_tp.is_some() => {
+            load_joined(trainer, &shards, group.comm().rank(), dir)?
+        }
         Role::Sharded { group, shards, .. } => load_sharded(trainer, group.comm(), &shards, dir)?,
         Role::TensorParallel {
             mesh, zero_shards, ..
@@ -220,14 +226,11 @@ pub fn load(
     Ok(())
 }
 
-/// Refuses, in one line, a checkpoint written with tensor parallelism for a run without it and
-/// the other way round (the formats differ; ZeRO stages and replica counts may change).
+/// Refuses, in one line, a checkpoint written without tensor parallelism for a run with it (a
+/// tensor-parallel one is joined for a run without it; ZeRO stages and replica counts may
+/// change).
 fn refuse_other_layout(dir: &Path, role: &Role<'_>) -> Result<()> {
     match (role, gpt_checkpoint::written_tp_size(dir)?) {
-        (Role::Sharded { .. }, Some(size)) => bail!(
-            "{}: written by a tensor-parallel run (--tp {size}), this run has none: resume it with --tp {size}",
-            dir.display()
-        ),
         (Role::TensorParallel { mesh, .. }, None) => bail!(
             "{}: written without tensor parallelism, this run has --tp {}: resume it with --tp 1",
             dir.display(),

@@ -27,7 +27,8 @@ use crate::error::{ParallelError, Result};
 use crate::Trainer;
 
 const MODEL_FILE: &str = "model.safetensors";
-pub(super) const MASTER: &str = "master_weights";
+/// The name of the master weights in a shard file.
+pub const MASTER: &str = "master_weights";
 pub(super) const PARAMETERS: &str = "parameters";
 
 pub(super) fn fail(path: &Path, e: impl std::fmt::Display) -> ParallelError {
@@ -127,7 +128,7 @@ pub fn save_sharded(
 
 /// The flat values of each of `names` over `range`, in order, read from the shard files that
 /// overlap it (each file loaded once).
-pub(super) fn read_ranges(
+pub fn read_ranges(
     dir: &Path,
     manifest: &Manifest,
     names: &[String],
