@@ -1,11 +1,12 @@
-//! A tensor-parallel checkpoint resumed by a run without tensor parallelism (one process, or
-//! replicas under DDP or ZeRO): every rank's slices of the model, of each optimizer buffer and
-//! of the master weights are joined by name into the whole model's, as
-//! [`crate::gpt_checkpoint::export_full_model`] joins the model; the optimizer state is then
-//! laid out in the run's flat buffers and each rank loads its range of them.
+//! A tensor-parallel or pipelined checkpoint resumed by a run without that parallelism (one
+//! process, or replicas under DDP or ZeRO): the parts' model, optimizer buffers and master
+//! weights are joined by name into the whole model's — tensor-parallel slices as
+//! [`crate::gpt_checkpoint::export_full_model`] joins them, pipeline stages side by side (a name
+//! held by an earlier stage, the last stage's copy of the tied token table, is that stage's) —
+//! then laid out in the run's flat buffers, of which each rank loads its range.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
@@ -16,20 +17,81 @@ use weft_parallel::Trainer;
 use weft_tensor::state_dict::load_tensors;
 use weft_tensor::FlatLayout;
 
-use crate::gpt_checkpoint::{export_full_model, join_slices, rank_dir, written_tp_size};
+use crate::gpt_checkpoint::{export_full_model, join_slices, rank_dir};
+use crate::run_checkpoints::Stage;
 
-/// Loads the tensor-parallel checkpoint `dir` into `trainer`, built without tensor parallelism:
-/// the whole model, and this rank's range of `shards` of the optimizer state and master weights.
+/// How a checkpoint's parts make the whole model.
+#[derive(Clone, Copy, Debug)]
+pub enum Parts {
+    /// Slices of every entry over a tensor-parallel group of `size` ranks.
+    TensorParallel { size: usize },
+    /// The blocks of `count` pipeline stages.
+    Stages { count: usize },
+}
+
+impl Parts {
+    /// Each part's sharded checkpoint folder inside `dir`.
+    fn dirs(self, dir: &Path) -> Vec<PathBuf> {
+        match self {
+            Parts::TensorParallel { size } => (0..size).map(|r| rank_dir(dir, r, size)).collect(),
+            Parts::Stages { count } => (0..count)
+                .map(|index| Stage { index, count }.part(dir))
+                .collect(),
+        }
+    }
+
+    /// The whole model's tensors by name from the parts' `pieces`.
+    fn join(
+        self,
+        dir: &Path,
+        pieces: &[HashMap<String, Tensor>],
+    ) -> Result<HashMap<String, Tensor>> {
+        match self {
+            Parts::TensorParallel { .. } => join_slices(dir, pieces),
+            Parts::Stages { .. } => {
+                let mut whole = HashMap::new();
+                for piece in pieces {
+                    for (name, t) in piece {
+                        whole.entry(name.clone()).or_insert_with(|| t.clone());
+                    }
+                }
+                Ok(whole)
+            }
+        }
+    }
+
+    /// The whole model's parameters and buffers by name.
+    fn model(self, dir: &Path) -> Result<HashMap<String, Tensor>> {
+        match self {
+            Parts::TensorParallel { .. } => export_full_model(dir),
+            Parts::Stages { .. } => {
+                let pieces = self
+                    .dirs(dir)
+                    .iter()
+                    .map(|d| {
+                        let path = d.join("model.safetensors");
+                        candle_core::safetensors::load(&path, &candle_core::Device::Cpu)
+                            .with_context(|| format!("{}: cannot read", path.display()))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                self.join(dir, &pieces)
+            }
+        }
+    }
+}
+
+/// Loads checkpoint `dir`, cut in `parts`, into `trainer`, built whole: the whole model, and
+/// this rank's range of `shards` of the optimizer state and master weights.
 pub fn load_joined(
     trainer: &mut Trainer,
-    shards: &ShardLayout,
-    rank: usize,
+    (shards, rank): (&ShardLayout, usize),
     dir: &Path,
+    parts: Parts,
 ) -> Result<()> {
-    let model = export_full_model(dir)?;
+    let model = parts.model(dir)?;
     let layout = trainer.grads().layout().clone();
     // Every file is read and joined before anything is written.
-    let state = joined_state(dir, &layout)?;
+    let state = joined_state(dir, parts, &layout)?;
     trainer.with_full_parameters(|m| {
         Ok(load_tensors(m.store(), dir, &model, |_, v| Ok(v.clone()))?)
     })?;
@@ -57,8 +119,8 @@ pub fn load_joined(
 /// One rank's slices of each flat buffer, by buffer name, then parameter name.
 type SlicesByBuffer = HashMap<String, HashMap<String, Tensor>>;
 
-/// The optimizer state of a tensor-parallel checkpoint joined into the whole model's flat
-/// buffers laid out as `layout`.
+/// The optimizer state of a checkpoint's parts joined into the whole model's flat buffers laid
+/// out as `layout`.
 struct JoinedState {
     optimizer: String,
     step: u64,
@@ -67,13 +129,10 @@ struct JoinedState {
     master: Option<Tensor>,
 }
 
-fn joined_state(dir: &Path, layout: &FlatLayout) -> Result<JoinedState> {
-    let size =
-        written_tp_size(dir)?.with_context(|| format!("{}: not tensor-parallel", dir.display()))?;
-    // Per rank: its manifest and, per flat buffer, its slices by parameter name.
+fn joined_state(dir: &Path, parts: Parts, layout: &FlatLayout) -> Result<JoinedState> {
+    // Per part: its manifest and, per flat buffer, its tensors by parameter name.
     let mut ranks: Vec<(Manifest, SlicesByBuffer)> = Vec::new();
-    for r in 0..size {
-        let own = rank_dir(dir, r, size);
+    for own in parts.dirs(dir) {
         let manifest = Manifest::read(&own)?;
         let mut names = manifest.buffers.clone();
         if manifest.master_weights {
@@ -101,7 +160,7 @@ fn joined_state(dir: &Path, layout: &FlatLayout) -> Result<JoinedState> {
         .find(|(m, _)| m.optimizer != first.optimizer || m.step != first.step)
     {
         bail!(
-            "{}: the ranks' slices disagree: optimizer {} at step {} and {} at step {}",
+            "{}: the parts disagree: optimizer {} at step {} and {} at step {}",
             dir.display(),
             first.optimizer,
             first.step,
@@ -110,15 +169,15 @@ fn joined_state(dir: &Path, layout: &FlatLayout) -> Result<JoinedState> {
         );
     }
     let flat = |buffer: &str| -> Result<Tensor> {
-        let parts = ranks
+        let found = ranks
             .iter()
             .map(|(_, b)| {
                 b.get(buffer)
                     .cloned()
-                    .with_context(|| format!("{}: a rank lacks {buffer}", dir.display()))
+                    .with_context(|| format!("{}: a part lacks {buffer}", dir.display()))
             })
             .collect::<Result<Vec<_>>>()?;
-        let whole = join_slices(dir, &parts)?;
+        let whole = parts.join(dir, &found)?;
         let pieces = layout
             .slots()
             .iter()

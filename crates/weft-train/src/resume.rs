@@ -16,7 +16,7 @@ use weft_tensor::EntryId;
 
 use crate::distributed::RankContext;
 use crate::gpt_checkpoint::{self, load_tensor_parallel, save_tensor_parallel};
-use crate::gpt_checkpoint_join::load_joined;
+use crate::gpt_checkpoint_join::{load_joined, Parts};
 use crate::gpt_parallel::{GptMesh, Split};
 use crate::run_checkpoints::{self, Progress, Stage};
 use crate::run_dir::RunFolder;
@@ -199,25 +199,42 @@ pub struct Resumed {
     pub epoch_totals: Vec<f64>,
 }
 
-/// Loads checkpoint `dir` into `trainer` and sets it to continue after `progress.step` steps.
+/// Loads checkpoint `dir` into `trainer` and sets it to continue after `progress.step` steps;
+/// `stages` says whether the checkpoint holds pipeline stages to join (for a run without a
+/// pipeline), else `dir` is this rank's part.
 pub fn load(
     trainer: &mut Trainer,
     layout: &Layout<'_>,
-    dir: &Path,
+    (dir, stages): (&Path, Option<usize>),
     progress: &Progress,
 ) -> Result<()> {
     let role = layout.role(trainer.grads().layout().len())?;
     refuse_other_layout(dir, &role)?;
     let written_tp = gpt_checkpoint::written_tp_size(dir)?;
-    match role {
-        // A tensor-parallel checkpoint in a run without it: the slices joined.
-        Role::Sharded { group, shards, .. } if written_tp.is_some() => {
-            load_joined(trainer, &shards, group.comm().rank(), dir)?
+    // Parts written with a parallelism this run has not are joined into the whole model.
+    match (role, stages, written_tp) {
+        (Role::Sharded { group, shards, .. }, Some(count), _) => {
+            let parts = Parts::Stages { count };
+            load_joined(trainer, (&shards, group.comm().rank()), dir, parts)?
         }
-        Role::Sharded { group, shards, .. } => load_sharded(trainer, group.comm(), &shards, dir)?,
-        Role::TensorParallel {
-            mesh, zero_shards, ..
-        } => load_tensor_parallel(trainer, mesh, zero_shards, dir)?,
+        (Role::Sharded { group, shards, .. }, None, Some(size)) => {
+            let parts = Parts::TensorParallel { size };
+            load_joined(trainer, (&shards, group.comm().rank()), dir, parts)?
+        }
+        (Role::Sharded { group, shards, .. }, None, None) => {
+            load_sharded(trainer, group.comm(), &shards, dir)?
+        }
+        (Role::TensorParallel { .. }, Some(_), _) => bail!(
+            "{}: written with a pipeline, this run has --tp but none: resume it with the --pp it was written with",
+            dir.display()
+        ),
+        (
+            Role::TensorParallel {
+                mesh, zero_shards, ..
+            },
+            None,
+            _,
+        ) => load_tensor_parallel(trainer, mesh, zero_shards, dir)?,
     }
     if let (Some(state), Some(scaler)) = (&progress.loss_scaler, trainer.loss_scaler_mut()) {
         scaler.load_state(state.clone())?;
@@ -252,7 +269,17 @@ pub fn resume_run(
 ) -> Result<Resumed> {
     let (dir, run_path) = run_checkpoints::resolve(path)?;
     let progress = run_checkpoints::read_progress(&dir)?;
-    stage.check(&dir)?;
+    let written = Stage::written(&dir)?;
+    // A pipelined checkpoint resumes in a run without a pipeline (its stages joined); other
+    // changes of --pp are refused.
+    let stages = match (written, stage.count) {
+        (w, c) if w == c => None,
+        (w, 1) => Some(w),
+        (w, c) => bail!(
+            "{}: written with --pp {w}, this run has --pp {c}: resume it with --pp {w} or without a pipeline",
+            dir.display()
+        ),
+    };
     let start = progress.step;
     if ctx.is_main() {
         run_checkpoints::discard_after(&run_path, start)?;
@@ -266,7 +293,11 @@ pub fn resume_run(
         }
     };
     let run = RunFolder::reopen(&run_path, earlier, ctx)?;
-    load(trainer, layout, &stage.part(&dir), &progress)?;
+    let part = match stages {
+        Some(_) => dir.clone(),
+        None => stage.part(&dir),
+    };
+    load(trainer, layout, (&part, stages), &progress)?;
     Ok(Resumed {
         run,
         start,
