@@ -186,11 +186,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         None => {
             let open = || default_run_name(args);
             let run = RunFolder::open(&args.out, args.name.as_deref(), open, args, ctx)?;
-            resume::Resumed {
-                run,
-                start: 0,
-                epoch_totals: Vec::new(),
-            }
+            resume::Resumed::fresh(run)
         }
     };
     let (mut run, start, mut carried) = (resumed.run, resumed.start, resumed.epoch_totals);

@@ -199,6 +199,17 @@ pub struct Resumed {
     pub epoch_totals: Vec<f64>,
 }
 
+impl Resumed {
+    /// A run starting afresh in the new folder `run`.
+    pub fn fresh(run: RunFolder) -> Self {
+        Self {
+            run,
+            start: 0,
+            epoch_totals: Vec::new(),
+        }
+    }
+}
+
 /// Loads checkpoint `dir` into `trainer` and sets it to continue after `progress.step` steps;
 /// `stages` says whether the checkpoint holds pipeline stages to join (for a run without a
 /// pipeline), else `dir` is this rank's part.
