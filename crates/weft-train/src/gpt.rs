@@ -297,15 +297,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             step += 1;
             if args.checkpoints.saves_after(step) {
                 let (trainer, keep) = (stepper.trainer_mut(), args.checkpoints.keep_last);
-                let epoch_totals: &[f64] = match step.is_multiple_of(steps_per_epoch) {
-                    true => &[],
-                    false => &totals,
-                };
-                let at = resume::SavePoint {
-                    step,
-                    keep_last: keep,
-                    epoch_totals,
-                };
+                let at = resume::SavePoint::after(step, steps_per_epoch, &totals, keep);
                 resume::save(trainer, (&layout, stage), ctx, &run.path, at)?;
             }
             progress.step(epoch, loss, tokens_per_step / seconds, None);

@@ -268,15 +268,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             step += 1;
             if let (true, Some(layout)) = (args.checkpoints.saves_after(step), &layout) {
                 let keep = args.checkpoints.keep_last;
-                let epoch_totals: &[f64] = match step.is_multiple_of(steps_per_epoch) {
-                    true => &[],
-                    false => &totals,
-                };
-                let at = resume::SavePoint {
-                    step,
-                    keep_last: keep,
-                    epoch_totals,
-                };
+                let at = resume::SavePoint::after(step, steps_per_epoch, &totals, keep);
                 resume::save(&mut trainer, (layout, Stage::WHOLE), ctx, &run.path, at)?;
             }
             progress.step(

@@ -117,6 +117,27 @@ pub struct SavePoint<'a> {
     pub epoch_totals: &'a [f64],
 }
 
+impl<'a> SavePoint<'a> {
+    /// The checkpoint after `step` steps, in epochs of `steps_per_epoch`: with this rank's sums
+    /// `totals` over the epoch so far, none when the step ends an epoch.
+    pub fn after(
+        step: usize,
+        steps_per_epoch: usize,
+        totals: &'a [f64],
+        keep_last: Option<usize>,
+    ) -> Self {
+        let epoch_totals = match step.is_multiple_of(steps_per_epoch) {
+            true => &[],
+            false => totals,
+        };
+        Self {
+            step,
+            keep_last,
+            epoch_totals,
+        }
+    }
+}
+
 /// Writes the checkpoint of `trainer` (pipeline stage `stage`'s part) at `at` into run folder
 /// `run` (a collective over the job), completes it, and keeps the newest `at.keep_last`.
 pub fn save(
