@@ -1,8 +1,9 @@
 //! Saving and resuming a trainer's state in [`crate::run_checkpoints`]'s folders, in every
-//! layout but the pipeline's: ZeRO's sharded format, written by every replica under ZeRO (each
-//! its shard) and by the first replica alone under plain data parallelism (every replica holds
-//! the whole state), read back by any number of replicas; the tensor-parallel format of
-//! [`crate::gpt_checkpoint`] under `--tp`.
+//! layout: ZeRO's sharded format, written by every replica under ZeRO (each its shard) and by the
+//! first replica alone under plain data parallelism (every replica holds the whole state), read
+//! back by any number of replicas; the tensor-parallel format of [`crate::gpt_checkpoint`] under
+//! `--tp`; under `--pp` each stage's part in a folder of its own. A tensor-parallel or pipelined
+//! checkpoint also resumes without that parallelism (`gpt_checkpoint_join.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

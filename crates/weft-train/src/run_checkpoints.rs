@@ -1,8 +1,9 @@
 //! Checkpoints for resuming a run, inside its folder: `RUN/checkpoints/step-NNNNNNNN/`, each the
 //! trainer's sharded checkpoint (weft-parallel's format, or the tensor-parallel one under `--tp`:
-//! the model, the optimizer state and master weights by shard) beside `progress.json` (the steps
-//! done and the loss scaler's state; the data order, learning rate and dropout masks all derive
-//! from the seed and the step). Writing is atomic twice over: the sharded folder is renamed into
+//! the model, the optimizer state and master weights by shard; one folder per stage under `--pp`)
+//! beside `progress.json` (the steps done, the loss scaler's state and each rank's sums over the
+//! epoch so far; the data order, learning rate and dropout masks all derive from the seed and
+//! the step). Writing is atomic twice over: the sharded folder is renamed into
 //! place by its writers, then rank 0 writes `progress.json`, so a folder without it is
 //! incomplete and never resumed from. `--keep-last K` removes all but the newest K complete
 //! checkpoints after each save. `--resume PATH` takes a run folder (its newest complete
