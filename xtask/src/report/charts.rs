@@ -185,9 +185,16 @@ impl Chart for MemoryChart<'_> {
                     .collect()
             })
             .collect();
+        // On a GPU, the device's own count (context, pools, CUDA graphs included) as a line.
+        let device: Vec<(f64, f64)> = xs
+            .iter()
+            .zip(&data.memory)
+            .filter_map(|(&x, m)| Some((x, m.device_in_use? / (1u64 << 20) as f64)))
+            .collect();
         let top = stacked
             .iter()
             .filter_map(|s| s.last().copied())
+            .chain(device.iter().map(|p| p.1))
             .fold(1.0, f64::max);
         let last = xs.last().map_or(1.0, |x| x.ceil());
         let ranges = (0.0..last, 0.0..top * 1.1);
@@ -209,6 +216,13 @@ impl Chart for MemoryChart<'_> {
                 .legend(move |(x, y)| {
                     Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled())
                 });
+        }
+        if !device.is_empty() {
+            chart
+                .draw_series(LineSeries::new(device, BLACK.stroke_width(2)))
+                .map_err(drawing)?
+                .label("device in use")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.stroke_width(2)));
         }
         legend(&mut chart, SeriesLabelPosition::UpperRight)
     }
@@ -270,4 +284,39 @@ pub fn legend<'a, DB: DrawingBackend + 'a, X: Ranged, Y: Ranged>(
         .position(position)
         .draw()
         .map_err(drawing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::run_data::{MemoryLine, RunData, MEMORY_CATEGORIES};
+    use super::*;
+
+    /// A GPU run's samples carry the device's own count: the chart draws it as a line.
+    #[test]
+    fn the_memory_chart_draws_the_devices_count_when_there_is_one() {
+        let line = |step, device: Option<f64>| MemoryLine {
+            step,
+            phase: "forward".into(),
+            categories: MEMORY_CATEGORIES.iter().map(|&c| (c, 1e6)).collect(),
+            device_in_use: device,
+        };
+        let draw = |memory: Vec<MemoryLine>| {
+            let data = RunData {
+                memory,
+                ..RunData::default()
+            };
+            let mut svg = String::new();
+            {
+                let root = SVGBackend::with_string(&mut svg, (900, 480)).into_drawing_area();
+                MemoryChart(&data).draw(&root).unwrap();
+                root.present().unwrap();
+            }
+            svg
+        };
+        plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+            .map_err(|_| "font")
+            .unwrap();
+        assert!(draw(vec![line(0, Some(4e9)), line(1, Some(4e9))]).contains("device in use"));
+        assert!(!draw(vec![line(0, None), line(1, None)]).contains("device in use"));
+    }
 }
