@@ -79,7 +79,9 @@ pub fn save_tensor_parallel(
         bail!("{}: the checkpoint folder exists already", dir.display());
     }
     let staging = partial(dir);
-    if world.rank() == 0 {
+    // The first rank of the stage (of its first replica's group) creates and completes it.
+    let leader = mesh.dp_rank == 0 && group.rank() == 0;
+    if leader {
         weft_tensor::private_files::create_private_dir_all(&staging)
             .with_context(|| format!("{}: cannot create", staging.display()))?;
     }
@@ -91,7 +93,7 @@ pub fn save_tensor_parallel(
         save_sharded(trainer, comm, &shards, &own)?;
     }
     world.barrier().wait()?;
-    if world.rank() == 0 {
+    if leader {
         let entries = trainer.model().store().entries();
         let manifest = Manifest {
             format: FORMAT.into(),

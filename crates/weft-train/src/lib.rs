@@ -13,7 +13,7 @@ pub mod divergence;
 pub mod gpt;
 pub mod gpt_args;
 pub mod gpt_checkpoint;
-mod gpt_checkpoint_join;
+mod gpt_checkpoint_resplit;
 pub mod gpt_data;
 pub mod gpt_parallel;
 mod gpt_parts;

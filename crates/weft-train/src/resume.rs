@@ -2,13 +2,13 @@
 //! layout: ZeRO's sharded format, written by every replica under ZeRO (each its shard) and by the
 //! first replica alone under plain data parallelism (every replica holds the whole state), read
 //! back by any number of replicas; the tensor-parallel format of [`crate::gpt_checkpoint`] under
-//! `--tp`; under `--pp` each stage's part in a folder of its own. A tensor-parallel or pipelined
-//! checkpoint also resumes without that parallelism (`gpt_checkpoint_join.rs`).
+//! `--tp`; under `--pp` each stage's part in a folder of its own. A checkpoint resumes in a run
+//! with another `--tp` or `--pp` too, read whole and cut anew (`gpt_checkpoint_resplit.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{Context, Result};
 use weft_collectives::{Communicator, ShmCommunicator};
 use weft_parallel::zero::checkpoint::{load_sharded, save_sharded};
 use weft_parallel::zero::ShardLayout;
@@ -16,8 +16,8 @@ use weft_parallel::Trainer;
 use weft_tensor::EntryId;
 
 use crate::distributed::RankContext;
-use crate::gpt_checkpoint::{self, load_tensor_parallel, save_tensor_parallel};
-use crate::gpt_checkpoint_join::{load_joined, Parts};
+use crate::gpt_checkpoint::{load_tensor_parallel, save_tensor_parallel};
+use crate::gpt_checkpoint_resplit::{load_resplit, written_split, Holding, Slices};
 use crate::gpt_parallel::{GptMesh, Split};
 use crate::run_checkpoints::{self, Progress, Stage};
 use crate::run_dir::RunFolder;
@@ -232,62 +232,68 @@ impl Resumed {
     }
 }
 
-/// Loads checkpoint `dir` into `trainer` and sets it to continue after `progress.step` steps;
-/// `stages` says whether the checkpoint holds pipeline stages to join (for a run without a
-/// pipeline), else `dir` is this rank's part.
-pub fn load(
+/// Loads checkpoint `dir`, written with `written_stages` pipeline stages, into `trainer`
+/// (pipeline stage `stage`'s part, held as `layout` says) and sets it to continue after
+/// `progress.step` steps. A checkpoint cut as this run cuts its state is read part by part;
+/// one cut another way (another `--tp` or `--pp`) is read whole by every rank and cut anew.
+fn load(
     trainer: &mut Trainer,
-    layout: &Layout<'_>,
-    (dir, stages): (&Path, Option<usize>),
+    (layout, stage): (&Layout<'_>, Stage),
+    (dir, written_stages): (&Path, usize),
     progress: &Progress,
+    ctx: &RankContext,
 ) -> Result<()> {
     let role = layout.role(trainer.grads().layout().len())?;
-    refuse_other_layout(dir, &role)?;
-    let written_tp = gpt_checkpoint::written_tp_size(dir)?;
-    // Parts written with a parallelism this run has not are joined into the whole model.
-    match (role, stages, written_tp) {
-        (Role::Sharded { group, shards, .. }, Some(count), _) => {
-            let parts = Parts::Stages { count };
-            load_joined(trainer, (&shards, group.comm().rank()), dir, parts)?
+    let this_tp = match &role {
+        Role::TensorParallel { mesh, .. } => mesh.tp.as_ref().map(|g| g.size()),
+        Role::Sharded { .. } => None,
+    };
+    let same_cut = written_stages == stage.count && written_split(dir, written_stages)? == this_tp;
+    let part = stage.part(dir);
+    match role {
+        Role::Sharded { group, shards, .. } if same_cut => {
+            load_sharded(trainer, group.comm(), &shards, &part)?
         }
-        (Role::Sharded { group, shards, .. }, None, Some(size)) => {
-            let parts = Parts::TensorParallel { size };
-            load_joined(trainer, (&shards, group.comm().rank()), dir, parts)?
+        Role::TensorParallel {
+            mesh, zero_shards, ..
+        } if same_cut => load_tensor_parallel(trainer, mesh, zero_shards, &part)?,
+        Role::Sharded { group, shards, .. } => {
+            let holding = Holding {
+                tensor_parallel: None,
+                shards: (&shards, group.comm().rank()),
+            };
+            load_resplit(trainer, (dir, written_stages), holding, ctx)?
         }
-        (Role::Sharded { group, shards, .. }, None, None) => {
-            load_sharded(trainer, group.comm(), &shards, dir)?
+        Role::TensorParallel {
+            mesh,
+            splits,
+            zero_shards,
+        } => {
+            let group = mesh
+                .tp
+                .as_ref()
+                .context("a tensor-parallel run has a group")?;
+            let whole = ShardLayout::new(trainer.grads().layout().len(), 1);
+            let shards = match (zero_shards, &mesh.replicas) {
+                (Some(shards), Some(replicas)) => (shards, replicas.rank()),
+                _ => (&whole, 0),
+            };
+            let holding = Holding {
+                tensor_parallel: Some(Slices {
+                    splits,
+                    rank: group.rank(),
+                    size: group.size(),
+                }),
+                shards,
+            };
+            load_resplit(trainer, (dir, written_stages), holding, ctx)?
         }
-        (Role::TensorParallel { .. }, Some(_), _) => bail!(
-            "{}: written with a pipeline, this run has --tp but none: resume it with the --pp it was written with",
-            dir.display()
-        ),
-        (
-            Role::TensorParallel {
-                mesh, zero_shards, ..
-            },
-            None,
-            _,
-        ) => load_tensor_parallel(trainer, mesh, zero_shards, dir)?,
     }
     if let (Some(state), Some(scaler)) = (&progress.loss_scaler, trainer.loss_scaler_mut()) {
         scaler.load_state(state.clone())?;
     }
     trainer.resume_at_step(progress.step as u64);
     Ok(())
-}
-
-/// Refuses, in one line, a checkpoint written without tensor parallelism for a run with it (a
-/// tensor-parallel one is joined for a run without it; ZeRO stages and replica counts may
-/// change).
-fn refuse_other_layout(dir: &Path, role: &Role<'_>) -> Result<()> {
-    match (role, gpt_checkpoint::written_tp_size(dir)?) {
-        (Role::TensorParallel { mesh, .. }, None) => bail!(
-            "{}: written without tensor parallelism, this run has --tp {}: resume it with --tp 1",
-            dir.display(),
-            mesh.tp.as_ref().map_or(1, |g| g.size())
-        ),
-        _ => Ok(()),
-    }
 }
 
 /// `--resume PATH`: loads the checkpoint PATH names into `trainer` and reopens its run folder
@@ -302,17 +308,7 @@ pub fn resume_run(
 ) -> Result<Resumed> {
     let (dir, run_path) = run_checkpoints::resolve(path)?;
     let progress = run_checkpoints::read_progress(&dir)?;
-    let written = Stage::written(&dir)?;
-    // A pipelined checkpoint resumes in a run without a pipeline (its stages joined); other
-    // changes of --pp are refused.
-    let stages = match (written, stage.count) {
-        (w, c) if w == c => None,
-        (w, 1) => Some(w),
-        (w, c) => bail!(
-            "{}: written with --pp {w}, this run has --pp {c}: resume it with --pp {w} or without a pipeline",
-            dir.display()
-        ),
-    };
+    let written_stages = Stage::written(&dir)?;
     let start = progress.step;
     if ctx.is_main() {
         run_checkpoints::discard_after(&run_path, start)?;
@@ -326,11 +322,13 @@ pub fn resume_run(
         }
     };
     let run = RunFolder::reopen(&run_path, earlier, ctx)?;
-    let part = match stages {
-        Some(_) => dir.clone(),
-        None => stage.part(&dir),
-    };
-    load(trainer, layout, (&part, stages), &progress)?;
+    load(
+        trainer,
+        (layout, stage),
+        (&dir, written_stages),
+        &progress,
+        ctx,
+    )?;
     Ok(Resumed {
         run,
         start,

@@ -1,7 +1,8 @@
 //! `train-gpt --save-every/--resume`: a run resumed from its step-3 checkpoint logs the losses
 //! of the uninterrupted run for the steps after it, bit for bit (dropout on, so the masks'
 //! step counter is restored too): one process, and two thread ranks under ZeRO-1, ZeRO-3, TP 2
-//! and PP 2. `--keep-last` keeps the newest checkpoints, and bad uses are one-line errors.
+//! and PP 2. A checkpoint resumes in a run split another way (`--tp`, `--pp`, ZeRO replicas).
+//! `--keep-last` keeps the newest checkpoints, and bad uses are one-line errors.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -148,89 +149,111 @@ fn keep_last_keeps_the_newest_and_bad_uses_are_one_line_errors() {
     }
 }
 
-/// A checkpoint written without tensor parallelism is refused by a run with it, and one of
-/// another `--pp`, in one line naming the checkpoint and the flag to resume it with.
-#[test]
-fn a_checkpoint_of_another_layout_is_refused_naming_it() {
-    let out = tempfile::tempdir().unwrap();
-    let zero = ["--nproc", "2", "--zero", "1"];
-    let tp = ["--nproc", "2", "--tp", "2"];
-    for (name, layout) in [("z", &zero), ("t", &tp)] {
-        let more = ["--name", name, "--steps", "2", "--save-every", "2"];
-        run(&flags(out.path(), &[&layout[..], &more[..]].concat()), 2);
-    }
-    let refusal = |layout: &[&str], from: &str| -> String {
-        let checkpoint = out.path().join(from).join("checkpoints/step-00000002");
-        let more = ["--resume", checkpoint.to_str().unwrap(), "--steps", "3"];
-        let args = flags(out.path(), &[layout, &more[..]].concat());
-        let errors = std::sync::Mutex::new(Vec::new());
-        on_thread_ranks(2, |rank, comm| {
-            let ctx = RankContext {
-                rank,
-                world_size: 2,
-                comm: Some(comm as Arc<_>),
-            };
-            let err = weft_train::gpt::run_in(&args, &ctx, &Device::Cpu).unwrap_err();
-            errors.lock().unwrap().push(err.to_string());
-        });
-        let errors = errors.into_inner().unwrap();
-        assert!(
-            errors.iter().all(|e| *e == errors[0] && !e.contains('\n')),
-            "{errors:?}"
-        );
-        errors[0].clone()
-    };
-    let err = refusal(&tp, "z");
+/// The errors of every rank of a `ranks`-rank job run with `args`, which must all fail, with
+/// the same one-line message; that message.
+fn refusal(args: &GptArgs, ranks: usize) -> String {
+    let errors = std::sync::Mutex::new(Vec::new());
+    on_thread_ranks(ranks, |rank, comm| {
+        let ctx = RankContext {
+            rank,
+            world_size: ranks,
+            comm: Some(comm as Arc<_>),
+        };
+        let err = weft_train::gpt::run_in(args, &ctx, &Device::Cpu).unwrap_err();
+        errors.lock().unwrap().push(err.to_string());
+    });
+    let errors = errors.into_inner().unwrap();
     assert!(
-        err.ends_with("z/checkpoints/step-00000002: written without tensor parallelism, this run has --tp 2: resume it with --tp 1"),
-        "{err}"
+        errors.iter().all(|e| *e == errors[0] && !e.contains('\n')),
+        "{errors:?}"
     );
-    let err = refusal(&["--nproc", "2", "--pp", "2"], "z");
-    assert!(
-        err.ends_with("z/checkpoints/step-00000002: written with --pp 1, this run has --pp 2: resume it with --pp 1 or without a pipeline"),
-        "{err}"
-    );
+    errors[0].clone()
 }
 
-/// A tensor-parallel or pipelined checkpoint resumes without that parallelism, in one process
-/// and on two replicas under ZeRO-1: its parts' model, AdamW moments and master weights are
-/// joined by name (the last stage's copy of the tied token table is the first's). The steps
-/// after it follow the uninterrupted TP 2 / PP 2 run within f32 rounding (1e-5 relative: the
-/// same math, sums split over two ranks there and added in another order); without dropout,
-/// whose masks are drawn per slice.
+/// A checkpoint holding an entry the model has not (another model) is refused by a run that
+/// cuts it anew (a pipeline stage holds a part of the model's entries only, so the stages check
+/// together that one of them holds each), in one line naming the checkpoint and the entry;
+/// nothing is written into the model first.
 #[test]
-fn a_split_checkpoint_resumes_without_that_parallelism() {
+fn a_checkpoint_of_another_model_is_refused_naming_the_entry() {
     let out = tempfile::tempdir().unwrap();
-    for (written, split) in [("tp", ["--tp", "2"]), ("pp", ["--pp", "2"])] {
-        let split = [&["--nproc", "2", "--dropout", "0"][..], &split[..]].concat();
-        let straight = format!("{written}-straight");
-        let named = ["--name", straight.as_str()];
-        run(&flags(out.path(), &[&split[..], &named[..]].concat()), 2);
-        let expected = losses(&out.path().join(&straight));
-        for (case, layout, ranks) in [
-            ("one", &["--dropout", "0"][..], 1),
-            (
-                "zero1",
-                &["--nproc", "2", "--zero", "1", "--dropout", "0"][..],
-                2,
-            ),
-        ] {
-            let name = format!("{written}-saved-{case}");
-            let saving = ["--name", name.as_str(), "--save-every", "3"];
-            run(&flags(out.path(), &[&split[..], &saving[..]].concat()), 2);
-            let checkpoint = out.path().join(&name).join("checkpoints/step-00000003");
-            let resume = ["--resume", checkpoint.to_str().unwrap()];
-            run(&flags(out.path(), &[layout, &resume[..]].concat()), ranks);
-            let got = losses(&out.path().join(&name));
-            let what = format!("{written} into {case}");
-            assert_eq!(got.len(), 6, "{what}");
-            assert_eq!(got[..3], expected[..3], "{what}");
-            for (step, (g, e)) in got.iter().zip(&expected).enumerate().skip(3) {
-                assert!(
-                    ((g - e) / e).abs() < 1e-5,
-                    "{what} step {step}: {g} against {e}"
-                );
-            }
+    let more = ["--name", "m", "--steps", "2", "--save-every", "2"];
+    run(&flags(out.path(), &more), 1);
+    let checkpoint = out.path().join("m/checkpoints/step-00000002");
+    let model = checkpoint.join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&model, &Device::Cpu).unwrap();
+    let extra = tensors["transformer.h.0.ln_1.weight"].clone();
+    tensors.insert("transformer.h.4.ln_1.weight".into(), extra);
+    candle_core::safetensors::save(&tensors, &model).unwrap();
+    for layout in [&["--pp", "2"][..], &["--tp", "2"][..]] {
+        let resume = [
+            "--nproc",
+            "2",
+            "--resume",
+            checkpoint.to_str().unwrap(),
+            "--steps",
+            "3",
+        ];
+        let err = refusal(&flags(out.path(), &[layout, &resume[..]].concat()), 2);
+        assert!(
+            err.ends_with("m/checkpoints/step-00000002: holds transformer.h.4.ln_1.weight, which this model has not"),
+            "{layout:?}: {err}"
+        );
+    }
+}
+
+/// A checkpoint resumes in a run split another way than the run that wrote it — another
+/// `--tp` (none, 2, 4), another `--pp` (none, 2, 4), both, another number of replicas under
+/// ZeRO — and in the same TP 2 × PP 2 split (each stage's slices read back as written); its model, AdamW moments and master weights read whole by name and cut anew (the last
+/// stage's copy of the tied token table is the first's). The steps after it follow the
+/// uninterrupted one-process run within f32 rounding (1e-5 relative: the same math, with sums
+/// split over ranks and added in other orders); without dropout, whose masks are drawn per
+/// slice.
+#[test]
+fn a_checkpoint_resumes_in_any_split() {
+    let out = tempfile::tempdir().unwrap();
+    let no_dropout = ["--dropout", "0"];
+    run(
+        &flags(out.path(), &["--name", "straight", "--dropout", "0"]),
+        1,
+    );
+    let expected = losses(&out.path().join("straight"));
+    let layouts: [(&str, usize, &[&str]); 4] = [
+        ("one", 1, &[]),
+        ("tp2", 2, &["--nproc", "2", "--tp", "2"]),
+        ("pp2", 2, &["--nproc", "2", "--pp", "2"]),
+        ("tp2pp2", 4, &["--nproc", "4", "--tp", "2", "--pp", "2"]),
+    ];
+    let with = |layout: &[&str], more: &[&str]| {
+        flags(out.path(), &[layout, &no_dropout[..], more].concat())
+    };
+    for (name, ranks, layout) in layouts {
+        let saving = ["--name", name, "--save-every", "3"];
+        run(&with(layout, &saving), ranks);
+    }
+    let cases: [(&str, usize, &[&str]); 9] = [
+        ("one", 4, &["--nproc", "4", "--tp", "2", "--pp", "2"]),
+        ("tp2", 2, &["--nproc", "2", "--pp", "2"]),
+        ("tp2", 4, &["--nproc", "4", "--tp", "4"]),
+        ("tp2", 1, &[]),
+        ("pp2", 2, &["--nproc", "2", "--tp", "2"]),
+        ("pp2", 4, &["--nproc", "4", "--pp", "4"]),
+        ("tp2pp2", 1, &[]),
+        ("tp2pp2", 4, &["--nproc", "4", "--tp", "2", "--pp", "2"]),
+        ("tp2pp2", 4, &["--nproc", "4", "--tp", "2", "--zero", "1"]),
+    ];
+    for (written, ranks, layout) in cases {
+        let checkpoint = out.path().join(written).join("checkpoints/step-00000003");
+        let resume = ["--resume", checkpoint.to_str().unwrap()];
+        run(&with(layout, &resume), ranks);
+        let got = losses(&out.path().join(written));
+        let what = format!("{written} into {layout:?}");
+        assert_eq!(got.len(), 6, "{what}");
+        for (step, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert!(
+                ((g - e) / e).abs() < 1e-5,
+                "{what} step {step}: {g} against {e}"
+            );
         }
     }
 }

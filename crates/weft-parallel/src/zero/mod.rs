@@ -17,7 +17,8 @@
 //!   gather in flight meanwhile, released afterwards ([`ZeroStage3`]).
 //!
 //! - [`checkpoint`]: sharded checkpoints (a file per rank and a [`manifest`]), read back by any
-//!   number of ranks; [`full_state`]: exported to and imported from a full state dict.
+//!   number of ranks; [`full_state`]: exported to and imported from a full state dict;
+//!   [`whole_state`]: read whole into memory and loaded into a trainer cut another way.
 //!
 //! All of them give the parameters of one process training on the whole batch, up to the
 //! order of the gradient sums (tests/zero_equivalence.rs).
@@ -31,6 +32,7 @@ mod sharded;
 mod sharded_gradients;
 mod shards;
 mod stage3;
+pub mod whole_state;
 
 use std::sync::Arc;
 
