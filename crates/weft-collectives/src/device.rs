@@ -13,10 +13,13 @@
 //! their completion is ordered on the device only ([`DeviceJoin::join`] makes the compute
 //! stream wait for them); the host waits for nothing, so they can be captured in a CUDA graph.
 //! [`DeviceCollectives::fence`] then waits, on the host and with the backend's timeout and
-//! failure detection, for everything queued on the compute stream so far.
+//! failure detection, for everything queued on the compute stream so far. With timing on
+//! ([`DeviceCollectives::set_timing`]), the ordered operations' device time comes back on the
+//! host's clock ([`DeviceCollectives::take_spans`]) for a timeline.
 
 use std::any::Any;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::communicator::Work;
 use crate::element::DType;
@@ -101,6 +104,16 @@ impl std::fmt::Debug for DeviceBuffer {
     }
 }
 
+/// When an ordered operation ran on the device, on the host's clock.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceSpan {
+    pub op: &'static str,
+    /// The bytes of its buffer.
+    pub bytes: usize,
+    pub start: Instant,
+    pub end: Instant,
+}
+
 /// An ordered operation in flight: [`DeviceJoin::join`] orders the compute stream's later
 /// work after it (without waiting on the host).
 pub trait DeviceJoin: Send {
@@ -142,6 +155,14 @@ pub trait DeviceCollectives: Send + Sync {
     /// every operation of this communicator before it); fails like any operation when a peer
     /// dies or the timeout passes. Never call it while capturing a CUDA graph.
     fn fence(&self) -> Result<Work<()>>;
+
+    /// Times the ordered operations queued from now on (`on`; off at first) on the device,
+    /// except while the stream is captured into a CUDA graph.
+    fn set_timing(&self, on: bool);
+
+    /// The ordered operations timed since the last call, in issue order, on the host's clock
+    /// (at most the last 4096). Call it once the device has finished them, after a fence.
+    fn take_spans(&self) -> Result<Vec<DeviceSpan>>;
 
     /// Reduction into `root`'s `output`; other ranks' outputs are left alone.
     fn reduce(

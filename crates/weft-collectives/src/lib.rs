@@ -39,7 +39,7 @@ mod testing;
 
 pub use buffer::Buffer;
 pub use communicator::{Communicator, Work};
-pub use device::{DeviceBuffer, DeviceCollectives, DeviceJoin};
+pub use device::{DeviceBuffer, DeviceCollectives, DeviceJoin, DeviceSpan};
 pub use element::{DType, Element};
 pub use env::LaunchEnv;
 pub use error::{CommError, Result};

@@ -133,6 +133,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let flags = args.optimizer_flags(total_steps);
     let schedule = build_schedule(&flags, total_steps)?;
     let timeline = Arc::new(Timeline::new(ctx.rank));
+    timeline.time_on_device(&device);
     let mut trainer = Trainer::new(
         model,
         objective(&mesh, &config),
@@ -243,7 +244,8 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             if step == total_steps {
                 break;
             }
-            let step_start = Instant::now();
+            // Device time on a GPU, as the step's blocks are (`Timeline::time_on_device`).
+            let step_span = timeline.open(format!("step {step}"), "step", "steps");
             let batch = match stepper.reads_batches() {
                 true => Some(data.train.batch(chunk, &device)?),
                 false => None,
@@ -287,13 +289,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             }
             totals[0] += outcome.loss * outcome.samples as f64;
             totals[1] += outcome.samples as f64;
-            timeline.record(
-                format!("step {step}"),
-                "step",
-                "steps",
-                step_start,
-                Instant::now(),
-            );
+            step_span.close();
             step += 1;
             if args.checkpoints.saves_after(step) {
                 let (trainer, keep) = (stepper.trainer_mut(), args.checkpoints.keep_last);

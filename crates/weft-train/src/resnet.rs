@@ -105,6 +105,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         Checkpointing::None
     };
     let timeline = Arc::new(Timeline::new(ctx.rank));
+    timeline.time_on_device(&device);
     let mut trainer = Trainer::new(
         model,
         Box::new(Classification),
@@ -207,6 +208,9 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             .zip(std::mem::take(&mut carried))
             .for_each(|(t, c)| *t = c);
         let mut skipped = 0;
+        // Device time on a GPU, as the step's blocks are (`Timeline::time_on_device`); opened
+        // before the data wait starts, which it holds.
+        let mut step_span = Some(timeline.open(format!("step {step}"), "step", "steps"));
         let mut data_wait = Instant::now();
         for batch in loader {
             if step == total_steps {
@@ -225,6 +229,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                 outcome.samples as f64,
             ];
             ctx.sum(&mut global)?;
+            timeline.settle()?;
             let hidden = (ctx.world_size > 1)
                 .then(|| comm_hidden(&timeline.spans_since(spans_before)))
                 .flatten();
@@ -258,13 +263,9 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                     tracing::info!("{}", memory_report::peak_line(peak));
                 }
             }
-            timeline.record(
-                format!("step {step}"),
-                "step",
-                "steps",
-                data_wait,
-                Instant::now(),
-            );
+            if let Some(span) = step_span.take() {
+                span.close();
+            }
             step += 1;
             if let (true, Some(layout)) = (args.checkpoints.saves_after(step), &layout) {
                 let keep = args.checkpoints.keep_last;
@@ -278,6 +279,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                 hidden,
             );
             timeline.flush()?;
+            step_span = Some(timeline.open(format!("step {step}"), "step", "steps"));
             data_wait = Instant::now();
         }
         ctx.sum(&mut totals)?;

@@ -21,6 +21,7 @@ mod init;
 mod launch;
 mod ops;
 mod staging;
+mod timing;
 mod watchdog;
 
 use std::sync::Arc;
@@ -62,6 +63,8 @@ pub struct NcclCommunicator {
     /// Global (job) rank of each member, indexed by rank in this communicator.
     members: Vec<usize>,
     config: NcclConfig,
+    /// Times the ordered operations for a timeline, when asked to.
+    timer: timing::OpTimer,
     keep_alive: Vec<Box<dyn std::any::Any + Send + Sync>>,
 }
 
@@ -105,6 +108,7 @@ impl NcclCommunicator {
             liveness,
             members,
             config,
+            timer: timing::OpTimer::default(),
             keep_alive: Vec::new(),
         })
     }

@@ -14,7 +14,9 @@ use super::NcclCommunicator;
 use crate::buffer::Buffer;
 use crate::communicator::{Communicator, Work};
 use crate::device::OutputLength;
-use crate::device::{check_buffers, check_on, DeviceBuffer, DeviceCollectives, DeviceJoin};
+use crate::device::{
+    check_buffers, check_on, DeviceBuffer, DeviceCollectives, DeviceJoin, DeviceSpan,
+};
 use crate::element::DType;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
@@ -116,6 +118,10 @@ impl NcclCommunicator {
         stream
             .wait(&ready)
             .map_err(|e| fail(driver(op, self.rank, e)))?;
+        let timed = self
+            .timer
+            .start(stream)
+            .map_err(|e| fail(driver(op, self.rank, e)))?;
         let launch = Launch {
             comm: &self.engine.comm,
             stream,
@@ -123,6 +129,10 @@ impl NcclCommunicator {
             world_size: self.world_size,
         };
         issue(&launch, data).map_err(fail)?;
+        let bytes = data.len() * data.dtype().size_in_bytes();
+        self.timer
+            .end(timed, (op, bytes), stream)
+            .map_err(|e| fail(driver(op, self.rank, e)))?;
         let done = stream
             .record_event(None)
             .map_err(|e| fail(driver(op, self.rank, e)))?;
@@ -250,6 +260,17 @@ impl DeviceCollectives for NcclCommunicator {
     fn broadcast_ordered(&self, data: &DeviceBuffer, root: usize) -> Result<Box<dyn DeviceJoin>> {
         self.check_rank("broadcast", "root", root)?;
         self.ordered("broadcast", data, |l, d| l.broadcast(d, d, root))
+    }
+
+    fn set_timing(&self, on: bool) {
+        self.timer.set(on);
+    }
+
+    fn take_spans(&self) -> Result<Vec<DeviceSpan>> {
+        let stream = &self.engine.stream;
+        self.timer
+            .take(stream)
+            .map_err(|e| driver("take_spans", self.rank, e))
     }
 
     fn fence(&self) -> Result<Work<()>> {

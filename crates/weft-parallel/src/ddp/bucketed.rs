@@ -11,7 +11,9 @@
 //! joined by the compute stream before the optimizer, without the host waiting for anything
 //! mid-step ([`Strategy::wait_for_device`] waits at the end, watched for dead peers and
 //! timeouts). So the host keeps issuing backward while buckets are reduced, and a whole step
-//! can be captured in a CUDA graph.
+//! can be captured in a CUDA graph. With a timeline, the device times each bucket's
+//! all-reduce, put on the timeline once the step has ended (eager steps; a graph's replays
+//! are not timed).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,6 +74,9 @@ pub struct DistributedDataParallel {
     timings: Vec<BucketTiming>,
     require_sync: bool,
     timeline: Option<Arc<Timeline>>,
+    /// The buckets reduced on the device since the last step ended, in launch order: the
+    /// names of the spans the device timed.
+    device_buckets: Vec<usize>,
     /// Whether the communicator runs the gradients' device natively: operations are then
     /// ordered on the device, and every step ends with a watched fence.
     on_device: bool,
@@ -99,14 +104,35 @@ impl DistributedDataParallel {
             timings: Vec::new(),
             require_sync: true,
             timeline: None,
+            device_buckets: Vec::new(),
             on_device,
         })
     }
 
-    /// Records each bucket's all-reduce (launch to completion) on `timeline`.
+    /// Records each bucket's all-reduce on `timeline`: launch to completion as the host sees
+    /// them, or as the device ran them when ordered on it.
     pub fn with_timeline(mut self, timeline: Arc<Timeline>) -> Self {
         self.timeline = Some(timeline);
+        if let Some(device) = self.native() {
+            device.set_timing(true);
+        }
         self
+    }
+
+    /// Puts the all-reduces the device timed since the last step ended on the timeline.
+    fn record_device_spans(&mut self) -> Result<()> {
+        let buckets = std::mem::take(&mut self.device_buckets);
+        let (Some(timeline), Some(device)) = (&self.timeline, self.native()) else {
+            return Ok(());
+        };
+        for (i, span) in device.take_spans()?.into_iter().enumerate() {
+            let name = match buckets.get(i) {
+                Some(bucket) => format!("allreduce bucket {bucket}"),
+                None => span.op.to_string(),
+            };
+            timeline.record(name, "allreduce", "comm", span.start, span.end);
+        }
+        Ok(())
     }
 
     pub fn plan(&self) -> &BucketPlan {
@@ -253,6 +279,7 @@ impl Strategy for DistributedDataParallel {
                 // below is queued after it on the compute stream).
                 Reduction::Device(join) => {
                     join.join()?;
+                    self.device_buckets.push(f.bucket);
                     None
                 }
             };
@@ -297,7 +324,8 @@ impl Strategy for DistributedDataParallel {
     /// Every step on the device ends here, also one replayed from a CUDA graph (whose
     /// operations this strategy never sees issued).
     fn wait_for_device(&mut self) -> Result<()> {
-        fence(self.native())
+        fence(self.native())?;
+        self.record_device_spans()
     }
 
     fn capturable(&self) -> bool {

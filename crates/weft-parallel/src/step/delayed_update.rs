@@ -122,7 +122,7 @@ impl Trainer {
             .spawn(move || {
                 let span = timeline
                     .as_ref()
-                    .map(|t| t.open("delayed update", "optimizer", "host"));
+                    .map(|t| t.open_on_host("delayed update", "optimizer", "host"));
                 let stepped = optimizer.step_master(&master, shard);
                 if let Some(span) = span {
                     span.close();

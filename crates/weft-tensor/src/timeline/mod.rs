@@ -7,17 +7,20 @@
 //! streams to disk ([`Timeline::stream_to`], flushed every step), so a long run keeps one
 //! step's spans in memory; [`chrome::merge_traces`] joins the ranks' files into one trace.
 //! Spans opened with [`Timeline::open`] are also NVTX ranges under the `cuda` feature, for
-//! Nsight Systems.
+//! Nsight Systems. On a GPU ([`Timeline::time_on_device`]) they are timed on the device, as
+//! its stream runs them, not as the host queues the work ([`Timeline::settle`]).
 
 pub mod chrome;
+mod device_timer;
 mod nvtx_range;
 
 use std::io;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use chrome::TraceSink;
+use device_timer::{DeviceTimer, Mark};
 use nvtx_range::NvtxRange;
 /// One recorded span.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +61,8 @@ pub struct Timeline {
     spans: Mutex<Vec<Span>>,
     counters: Mutex<Vec<Counter>>,
     sink: Mutex<Option<TraceSink>>,
+    /// The GPU stream opened spans are timed on, once set.
+    device: OnceLock<DeviceTimer>,
 }
 
 impl Timeline {
@@ -73,7 +78,29 @@ impl Timeline {
             spans: Mutex::new(Vec::new()),
             counters: Mutex::new(Vec::new()),
             sink: Mutex::new(None),
+            device: OnceLock::new(),
         }
+    }
+
+    /// Times the spans opened from now on on `device`'s stream when it is a GPU (with the
+    /// `cuda` feature); whether it does. Their device times are recorded by [`Self::settle`].
+    pub fn time_on_device(&self, device: &candle_core::Device) -> bool {
+        match DeviceTimer::for_device(device) {
+            Some(timer) => self.device.set(timer).is_ok() || self.device.get().is_some(),
+            None => false,
+        }
+    }
+
+    /// Records the device-timed spans closed so far, once the device has run them (this
+    /// waits for it); nothing to do on the CPU.
+    pub fn settle(&self) -> io::Result<()> {
+        let Some(timer) = self.device.get() else {
+            return Ok(());
+        };
+        for (name, category, track, start, end) in timer.settle()? {
+            self.record(name, category, track, start, end);
+        }
+        Ok(())
     }
 
     /// Streams the timeline to the Chrome trace `path` (created or truncated) from now on:
@@ -111,9 +138,21 @@ impl Timeline {
         self.spans.lock().expect("timeline lock").push(span);
     }
 
-    /// Starts a span now (and an NVTX range under the `cuda` feature); [`OpenSpan::close`]
-    /// records it.
+    /// Starts a span of device work now (and an NVTX range under the `cuda` feature): timed
+    /// on the device when the timeline is; [`OpenSpan::close`] records it.
     pub fn open(
+        self: &Arc<Self>,
+        name: impl Into<String>,
+        category: &'static str,
+        track: &'static str,
+    ) -> OpenSpan {
+        let mut span = self.open_on_host(name, category, track);
+        span.device_start = self.device.get().and_then(DeviceTimer::mark);
+        span
+    }
+
+    /// Starts a span of host work now (and an NVTX range), timed on the host.
+    pub fn open_on_host(
         self: &Arc<Self>,
         name: impl Into<String>,
         category: &'static str,
@@ -127,6 +166,7 @@ impl Timeline {
             category,
             track,
             start: Instant::now(),
+            device_start: None,
         }
     }
 
@@ -171,9 +211,10 @@ impl Timeline {
         self.counters.lock().expect("timeline lock").clear();
     }
 
-    /// Appends what was recorded since the last flush to the streamed trace and forgets it;
-    /// nothing to do for a timeline kept in memory.
+    /// Appends what was recorded since the last flush (device-timed spans settled first) to
+    /// the streamed trace and forgets it; nothing to do for a timeline kept in memory.
     pub fn flush(&self) -> io::Result<()> {
+        self.settle()?;
         let mut sink = self.sink.lock().expect("timeline lock");
         let Some(sink) = sink.as_mut() else {
             return Ok(());
@@ -226,14 +267,24 @@ pub struct OpenSpan {
     category: &'static str,
     track: &'static str,
     start: Instant,
+    /// Its start on the device, when timed there.
+    device_start: Option<Mark>,
     nvtx: NvtxRange,
 }
 
 impl OpenSpan {
-    /// Records the span from its start to now.
+    /// Records the span from its start to now (on the device: kept until
+    /// [`Timeline::settle`]).
     pub fn close(self) {
         let end = Instant::now();
         self.nvtx.end();
+        let timer = self.timeline.device.get();
+        if let (Some(start), Some(timer)) = (self.device_start, timer) {
+            if let Some(device_end) = timer.mark() {
+                timer.push((self.name, self.category, self.track), start, device_end);
+                return;
+            }
+        }
         self.timeline
             .record(self.name, self.category, self.track, self.start, end);
     }
