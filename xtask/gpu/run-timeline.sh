@@ -3,7 +3,8 @@
 # N GPUs (default 2), eagerly and from its CUDA graph; its merged trace is checked — each
 # step's blocks and buckets as the device ran them (forward, backward, each bucket's all-reduce
 # on the comm track overlapping backward), inside the step's span — and `xtask report` draws
-# it. Run from the repository root with the bundle carried as .gpu/ (or WEFT_BUNDLE=.). Writes
+# it; the NVTX ranges of a short run are counted through an NVTX injection library
+# (nvtx_probe.c), since Nsight Systems is not installed there. Run from the repository root with the bundle carried as .gpu/ (or WEFT_BUNDLE=.). Writes
 # the traces and reports under $OUT.
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
@@ -12,8 +13,8 @@ X=$B/xtask; R=/tmp/timeline-runs; rm -rf $R; mkdir -p $R
 OUT=${OUT:-/tmp/timeline-out}; mkdir -p "$OUT"
 N=${1:-2}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-C="--device cuda --nproc $N --model resnet50 --image-size 224 --num-classes 1000 --batch-size $((32 * N))
-  --synthetic-train $((32 * N * 12)) --synthetic-val 64 --steps 12 --lr 0.1 --out $R --quiet"
+M="--device cuda --model resnet50 --image-size 224 --num-classes 1000 --synthetic-val 64 --lr 0.1 --out $R --quiet"
+C="$M --nproc $N --batch-size $((32 * N)) --synthetic-train $((32 * N * 12)) --steps 12"
 for G in false true; do
   echo "== --cuda-graph $G"
   timeout 240 $X train-resnet $C --cuda-graph $G --name graph-$G > $R/graph-$G.log 2>&1 || tail -5 $R/graph-$G.log
@@ -60,5 +61,10 @@ print(f"img/s (metrics, steps 4+): {sum(m['images_per_sec'] for m in metrics[4:]
 PY
   timeout 120 $X report $R/graph-$G --out $R/report-$G 2>&1 | tail -14
 done
+echo "== NVTX ranges of a 3-step eager run on one GPU (nvtx_probe.so standing in for Nsight Systems)"
+P=$B/nvtx_probe.so
+[ -f "$P" ] || { cc -shared -fPIC -O2 -o /tmp/nvtx_probe.so "$(dirname "$0")/nvtx_probe.c" && P=/tmp/nvtx_probe.so; }
+NVTX_INJECTION64_PATH=$(realpath "$P") timeout 120 $X train-resnet $M --nproc 1 --batch-size 32 \
+  --synthetic-train 96 --steps 3 --cuda-graph false --name nvtx 2>&1 | grep nvtx-probe | sort -k2 -n -r | head -24
 tar -C $R -czf "$OUT/timeline.tar.gz" graph-false/trace.json graph-true/trace.json report-false report-true
 echo "== done"

@@ -58,8 +58,9 @@ pub struct BenchDdpArgs {
     /// Optimizer of every run: sgd or adamw
     #[arg(long, default_value = "sgd")]
     optimizer: String,
-    /// Data loader threads per rank (default: 1 on the CPU; on GPUs the host's cores shared
-    /// out, at most 8, so that no rank waits for its images and stalls the others)
+    /// Data loader threads per rank (default: train-resnet's — 1 on the CPU; on GPUs the
+    /// host's cores shared out, at most 8, so that no rank waits for its images and stalls
+    /// the others)
     #[arg(long)]
     workers: Option<usize>,
     /// weft's precision policy for every run (fp32, bf16-mixed, fp16-mixed); the GPU anchor
@@ -243,16 +244,6 @@ fn announce_phase(name: &str) {
     println!("phase {name} at {now:.3}");
 }
 
-/// Loader threads per rank for a run on `nproc` ranks.
-fn workers(args: &BenchDdpArgs, nproc: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    args.workers.unwrap_or(if args.device.starts_with("cuda") {
-        (cores / nproc).saturating_sub(1).clamp(1, 8)
-    } else {
-        1
-    })
-}
-
 /// One training run of `nproc` ranks under ZeRO stage `zero`.
 fn measure(
     args: &BenchDdpArgs,
@@ -281,7 +272,11 @@ fn measure(
         .args(["--nproc", &nproc.to_string()])
         .args(["--synthetic-val", &global_batch.to_string()])
         .args(["--cuda-graph", &args.cuda_graph.to_string()])
-        .args(["--workers", &workers(args, nproc).to_string()])
+        .args(
+            args.workers
+                .iter()
+                .flat_map(|w| ["--workers".into(), w.to_string()]),
+        )
         .args(["--precision", &args.precision])
         .args(["--grad-compression", &args.grad_compression])
         .args(args.channels_last.then_some("--channels-last"))

@@ -186,9 +186,11 @@ pub struct TrainArgs {
     /// Recompute each block's forward during backward instead of storing its activations
     #[arg(long, default_value_t = false)]
     pub checkpoint_activations: bool,
-    /// Background threads decoding and augmenting images
-    #[arg(long, default_value_t = 1)]
-    pub workers: usize,
+    /// Background threads decoding and augmenting images per rank (default: on GPUs the
+    /// host's cores shared among its ranks, one left to each rank, 1 to 8; 1 on the CPU,
+    /// whose cores the ranks compute on)
+    #[arg(long)]
+    pub workers: Option<usize>,
     /// Root of the run folders; the run is written to OUT/NAME
     #[arg(long, default_value = "runs")]
     pub out: PathBuf,

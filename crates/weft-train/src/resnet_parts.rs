@@ -36,6 +36,23 @@ pub(crate) fn comm_hidden(spans: &[timeline::Span]) -> Option<f64> {
     (!comm.is_empty()).then(|| timeline::hidden_fraction(&comm, &compute))
 }
 
+/// `--workers`, or its default: on GPUs the host's cores shared among the ranks on it
+/// (`LOCAL_WORLD_SIZE`, as launchers set it), one left to each rank, 1 to 8; 1 on the CPU.
+fn loader_workers(args: &TrainArgs) -> usize {
+    args.workers.unwrap_or_else(|| {
+        if !args.device.starts_with("cuda") {
+            return 1;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let ranks_here = std::env::var("LOCAL_WORLD_SIZE")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(1)
+            .max(1);
+        (cores / ranks_here).saturating_sub(1).clamp(1, 8)
+    })
+}
+
 pub(crate) fn loader(
     dataset: &Arc<dyn Dataset>,
     pipeline: &Arc<Pipeline>,
@@ -48,7 +65,7 @@ pub(crate) fn loader(
     let config = LoaderConfig {
         batch_size,
         drop_last,
-        num_workers: args.workers,
+        num_workers: loader_workers(args),
         seed: args.seed,
         epoch: epoch as u64,
         ..LoaderConfig::default()

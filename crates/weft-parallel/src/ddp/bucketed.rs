@@ -125,12 +125,15 @@ impl DistributedDataParallel {
         let (Some(timeline), Some(device)) = (&self.timeline, self.native()) else {
             return Ok(());
         };
-        for (i, span) in device.take_spans()?.into_iter().enumerate() {
-            let name = match buckets.get(i) {
-                Some(bucket) => format!("allreduce bucket {bucket}"),
-                None => span.op.to_string(),
+        // The buckets' all-reduces in launch order, between the buffers' broadcasts.
+        let mut buckets = buckets.into_iter();
+        for span in device.take_spans()? {
+            let bucket = (span.op == "all_reduce").then(|| buckets.next()).flatten();
+            let (name, category) = match bucket {
+                Some(bucket) => (format!("allreduce bucket {bucket}"), "allreduce"),
+                None => (span.op.replace('_', " "), "comm"),
             };
-            timeline.record(name, "allreduce", "comm", span.start, span.end);
+            timeline.record(name, category, "comm", span.start, span.end);
         }
         Ok(())
     }
