@@ -15,6 +15,7 @@ use weft_models::loss::Classification;
 use weft_models::ResNetConfig;
 use weft_parallel::{DdpConfig, Trainer};
 use weft_precision::PrecisionPolicy;
+use weft_tensor::flat::HostStaging;
 use weft_tensor::{Checkpointing, Timeline};
 
 use crate::args::TrainArgs;
@@ -27,7 +28,7 @@ use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, ResNetParallelism};
 use crate::progress::Progress;
 use crate::resnet_parts::{
-    accumulate, build_model, checkpoint_layout, comm_hidden, loader, validate,
+    accumulate, build_model, checkpoint_layout, comm_hidden, loader, upload_batch, validate,
 };
 use crate::resume;
 use crate::run_checkpoints::Stage;
@@ -181,6 +182,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     let mut step = start;
     let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
     let mut last = (0.0, 0.0, 0.0);
+    let mut staging = HostStaging::<f32>::default();
     for epoch in start / steps_per_epoch..epochs {
         let epoch_start = Instant::now();
         let mut sampler = sampler.clone();
@@ -216,7 +218,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             if step == total_steps {
                 break;
             }
-            let (images, labels) = batch?.to_tensors(&device)?;
+            let (images, labels) = upload_batch(&batch?, &mut staging, &device)?;
             let images = images.to_dtype(policy.compute)?;
             timeline.record("data", "data", "compute", data_wait, Instant::now());
             let lr = schedule.lr_at(step);

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use weft_data::{DataLoader, Dataset, LoaderConfig, Pipeline};
+use weft_data::{Batch, DataLoader, Dataset, LoaderConfig, Pipeline};
 use weft_models::{resnet, ResNetConfig};
 use weft_parallel::zero::ShardLayout;
 use weft_parallel::{StepOutcome, Trainer};
+use weft_tensor::flat::HostStaging;
 use weft_tensor::sharded_init::ShardedInit;
 use weft_tensor::{timeline, BlockModel};
 
@@ -51,6 +52,19 @@ fn loader_workers(args: &TrainArgs) -> usize {
             .max(1);
         (cores / ranks_here).saturating_sub(1).clamp(1, 8)
     })
+}
+
+/// `batch`'s images (f32 `[N, C, H, W]`) and labels (u32 `[N]`) on `device`; on a GPU the
+/// images go through `staging`'s pinned memory, a copy queued at the bus's speed without the
+/// host waiting for the device.
+pub(crate) fn upload_batch(
+    batch: &Batch,
+    staging: &mut HostStaging<f32>,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let images = staging.upload_slice(&batch.images, device)?;
+    let labels = Tensor::from_slice(&batch.labels, batch.labels.len(), device)?;
+    Ok((images.reshape(&batch.shape[..])?, labels))
 }
 
 pub(crate) fn loader(

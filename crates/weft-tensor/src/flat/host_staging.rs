@@ -2,8 +2,10 @@
 //! gradients down from the device, the updated parameters back up. On a GPU it is page-locked
 //! (pinned) memory, allocated once and reused every step, so both copies run at the bus's
 //! speed (a pageable copy goes through the driver's bounce buffers at a fraction of it, and
-//! a fresh host allocation each step pays its page faults again). For tensors on the CPU it is
-//! a reused `Vec`.
+//! a fresh host allocation each step pays its page faults again). An upload does not wait for
+//! the device: the host writes the memory again once the device has read it (the previous
+//! copy's event), so a trainer uploads its next batch while the device computes. For tensors
+//! on the CPU it is a reused `Vec`.
 
 use std::ops::Range;
 
@@ -30,6 +32,9 @@ impl StagingElement for f64 {}
 /// Reused host memory for copies between a flat buffer and the host.
 pub struct HostStaging<T> {
     memory: Memory<T>,
+    /// Done once the device has read the memory for the last upload.
+    #[cfg(feature = "cuda")]
+    uploaded: Option<cudarc::driver::CudaEvent>,
 }
 
 enum Memory<T> {
@@ -42,6 +47,8 @@ impl<T: StagingElement> Default for HostStaging<T> {
     fn default() -> Self {
         Self {
             memory: Memory::Heap(Vec::new()),
+            #[cfg(feature = "cuda")]
+            uploaded: None,
         }
     }
 }
@@ -58,6 +65,7 @@ impl<T: StagingElement> HostStaging<T> {
                 T::DTYPE
             )));
         }
+        self.wait_for_upload()?;
         let src = src.contiguous()?;
         let (storage, layout) = src.storage_and_layout();
         let range = layout.start_offset() + range.start..layout.start_offset() + range.end;
@@ -109,46 +117,61 @@ impl<T: StagingElement> HostStaging<T> {
         if device.is_cpu() {
             return Ok(values.clone());
         }
-        self.upload_to_gpu(values, device)
+        let values = values.contiguous()?;
+        let (storage, layout) = values.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            return Err(TensorError::Flat(
+                "host staging: the values to upload must be on the CPU".into(),
+            ));
+        };
+        let source = T::slice(cpu).ok_or_else(|| dtype_error::<T>())?;
+        let start = layout.start_offset();
+        self.upload_slice(&source[start..start + values.elem_count()], device)
+    }
+
+    /// `values` as a 1-D tensor on `device`: on a GPU through this memory (one copy queued on
+    /// the device's stream), on the CPU a tensor of their own.
+    pub fn upload_slice(&mut self, values: &[T], device: &Device) -> Result<Tensor> {
+        match device {
+            Device::Cpu => Ok(Tensor::from_slice(values, values.len(), device)?),
+            _ => self.upload_to_gpu(values, device),
+        }
+    }
+
+    /// Waits until the device has read the memory for the last upload (nothing to wait for
+    /// without the `cuda` feature).
+    fn wait_for_upload(&mut self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(read) = self.uploaded.take() {
+            read.synchronize().map_err(driver)?;
+        }
+        Ok(())
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn upload_to_gpu(&mut self, _values: &Tensor, device: &Device) -> Result<Tensor> {
+    fn upload_to_gpu(&mut self, _values: &[T], device: &Device) -> Result<Tensor> {
         Err(TensorError::Flat(format!(
             "host staging: cannot upload to {device:?} without the `cuda` feature"
         )))
     }
 
     #[cfg(feature = "cuda")]
-    fn upload_to_gpu(&mut self, values: &Tensor, device: &Device) -> Result<Tensor> {
+    fn upload_to_gpu(&mut self, values: &[T], device: &Device) -> Result<Tensor> {
         let Device::Cuda(gpu) = device else {
             return Err(TensorError::Flat(format!(
                 "host staging: cannot upload to {device:?}"
             )));
         };
-        let values = values.contiguous()?;
-        let len = values.elem_count();
+        let len = values.len();
         let stream = gpu.cuda_stream();
-        // No copy queued earlier may still read the memory the host writes now.
-        stream.synchronize().map_err(driver)?;
+        // The copy queued by the last upload must have read the memory the host writes now.
+        self.wait_for_upload()?;
         let pinned = self.pinned(&stream, len)?;
-        {
-            let (storage, layout) = values.storage_and_layout();
-            let Storage::Cpu(cpu) = &*storage else {
-                return Err(TensorError::Flat(
-                    "host staging: the values to upload must be on the CPU".into(),
-                ));
-            };
-            let source = T::slice(cpu).ok_or_else(|| dtype_error::<T>())?;
-            let start = layout.start_offset();
-            parallel_copy(
-                &source[start..start + len],
-                pinned.as_mut_slice().map_err(driver)?,
-            );
-        }
+        parallel_copy(values, pinned.as_mut_slice().map_err(driver)?);
         // SAFETY: the whole allocation is written by the copy below before any use.
         let mut target = unsafe { stream.alloc::<T>(len) }.map_err(driver)?;
         stream.memcpy_htod(pinned, &mut target).map_err(driver)?;
+        self.uploaded = Some(stream.record_event(None).map_err(driver)?);
         let storage = candle_core::cuda::CudaStorage::wrap_cuda_slice(target, gpu.clone());
         let none = candle_core::op::BackpropOp::none();
         Ok(Tensor::from_storage(
@@ -225,5 +248,7 @@ mod tests {
         assert!(err.contains("8..12"), "{err}");
         let up = staging.upload(&flat, &Device::Cpu).unwrap();
         assert_eq!(up.to_vec1::<f32>().unwrap()[9], 9.0);
+        let up = staging.upload_slice(&[1.5, 2.5], &Device::Cpu).unwrap();
+        assert_eq!(up.to_vec1::<f32>().unwrap(), [1.5, 2.5]);
     }
 }
