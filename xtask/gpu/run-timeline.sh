@@ -20,8 +20,9 @@ for G in false true; do
   timeout 240 $X train-resnet $C --cuda-graph $G --name graph-$G > $R/graph-$G.log 2>&1 || tail -5 $R/graph-$G.log
   python3 - $R/graph-$G <<'PY'
 # Per rank, for the last steps: the step's span, its forward and backward blocks, its buckets'
-# all-reduces; every span must lie inside its step; how much of the all-reduce time backward
-# hides, and the images/s the metrics logged.
+# all-reduces (under a CUDA graph: the device's idle time before the replay, and the replay);
+# every span must lie inside its step; how much of the all-reduce time backward hides, and the
+# images/s the metrics logged.
 import json, sys
 run = sys.argv[1]
 events = [e for e in json.load(open(f"{run}/trace.json"))["traceEvents"] if e.get("ph") == "X"]
@@ -50,6 +51,11 @@ for step in steps[-3:]:
             for x, y in union([(e["ts"], e["ts"] + e["dur"]) for e in bwd]):
                 hidden += max(0.0, min(y, c["ts"] + c["dur"]) - max(x, c["ts"]))
         total = sum(c["dur"] for c in comm)
+        graph = [e for e in inside if e["name"] == "cuda graph launch"]
+        if graph:
+            print(f"step {step} rank {rank}: step {(b - a) / 1e3:.2f} ms; the device idle "
+                  f"{(graph[0]['ts'] - a) / 1e3:.2f} ms, then the graph {graph[0]['dur'] / 1e3:.2f} ms")
+            continue
         print(f"step {step} rank {rank}: step {(b - a) / 1e3:.1f} ms; forward {len(fwd)} spans "
               f"{sum(e['dur'] for e in fwd) / 1e3:.1f} ms, backward {len(bwd)} spans "
               f"{sum(e['dur'] for e in bwd) / 1e3:.1f} ms; {len(comm)} all-reduces {total / 1e3:.1f} ms, "
