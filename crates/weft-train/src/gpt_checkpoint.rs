@@ -45,8 +45,9 @@ fn partial(dir: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// How this rank takes part: the group it writes or reads with and the shards it holds.
-fn role<'a>(
+/// How this rank takes part: the group it writes or reads with, the shards of the flat
+/// buffers (of `len` values) over that group, and whether it writes.
+pub(crate) fn role<'a>(
     mesh: &'a GptMesh,
     zero_shards: Option<&ShardLayout>,
     len: usize,

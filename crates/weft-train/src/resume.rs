@@ -16,7 +16,7 @@ use weft_parallel::Trainer;
 use weft_tensor::EntryId;
 
 use crate::distributed::RankContext;
-use crate::gpt_checkpoint::{load_tensor_parallel, save_tensor_parallel};
+use crate::gpt_checkpoint::{self, load_tensor_parallel, save_tensor_parallel};
 use crate::gpt_checkpoint_resplit::{load_resplit, written_split, Holding, Slices};
 use crate::gpt_parallel::{GptMesh, Split};
 use crate::run_checkpoints::{self, Progress, Stage};
@@ -273,18 +273,15 @@ fn load(
                 .tp
                 .as_ref()
                 .context("a tensor-parallel run has a group")?;
-            let whole = ShardLayout::new(trainer.grads().layout().len(), 1);
-            let shards = match (zero_shards, &mesh.replicas) {
-                (Some(shards), Some(replicas)) => (shards, replicas.rank()),
-                _ => (&whole, 0),
-            };
+            let len = trainer.grads().layout().len();
+            let (comm, shards, _) = gpt_checkpoint::role(mesh, zero_shards, len)?;
             let holding = Holding {
                 tensor_parallel: Some(Slices {
                     splits,
                     rank: group.rank(),
                     size: group.size(),
                 }),
-                shards,
+                shards: (&shards, comm.rank()),
             };
             load_resplit(trainer, (dir, written_stages), holding, ctx)?
         }

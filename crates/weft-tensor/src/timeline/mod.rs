@@ -83,12 +83,13 @@ impl Timeline {
     }
 
     /// Times the spans opened from now on on `device`'s stream when it is a GPU (with the
-    /// `cuda` feature); whether it does. Their device times are recorded by [`Self::settle`].
+    /// `cuda` feature; a stream set earlier stays); whether it does. Their device times are
+    /// recorded by [`Self::settle`].
     pub fn time_on_device(&self, device: &candle_core::Device) -> bool {
-        match DeviceTimer::for_device(device) {
-            Some(timer) => self.device.set(timer).is_ok() || self.device.get().is_some(),
-            None => false,
+        if let Some(timer) = DeviceTimer::for_device(device) {
+            let _ = self.device.set(timer);
         }
+        self.device.get().is_some()
     }
 
     /// Records the device-timed spans closed so far, once the device has run them (this
