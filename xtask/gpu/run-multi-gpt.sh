@@ -7,7 +7,8 @@
 # a comma-separated choice of (default zero,tp,pp):
 #   zero  GPT-2 small, 8 x 1024 tokens per GPU: weft on one GPU, DDP and ZeRO-1/2/3 on two, and
 #         memory-plan's prediction for each; PyTorch on one GPU, DDP and FSDP2 on two
-#   tp    GPT-2 large, 4 x 1024 tokens: weft and PyTorch on one GPU and with TP = 2
+#   tp    GPT-2 large, 4 x 1024 tokens (TP_BATCH sequences when set): weft and PyTorch on one
+#         GPU and with TP = 2
 #   pp    GPT-2 small, 16 x 1024 tokens, PP = 2 with 1F1B over M = 2, 4, 8, 16 micro-batches:
 #         weft (stages balanced by measured time) with each stage's bubble, and PyTorch's
 #         Schedule1F1B
@@ -101,11 +102,12 @@ if want zero; then
 fi
 
 if want tp; then
-  echo "== TP = 2 on GPT-2 large, 4 x 1024 tokens, AdamW fp32"
-  D="--model gpt2-large --seq-len 1024 --batch-size 4 --steps 8 --synthetic-tokens 131072 --val-tokens 4096"
+  TB=${TP_BATCH:-4}  # sequences per step
+  echo "== TP = 2 on GPT-2 large, $TB x 1024 tokens, AdamW fp32"
+  D="--model gpt2-large --seq-len 1024 --batch-size $TB --steps 8 --synthetic-tokens $((TB * 32768)) --val-tokens 4096"
   weft tp-1gpu $D --nproc 1
   weft tp2 $D --nproc 2 --tp 2
-  L="--vocab 50257 --context 1024 --width 1280 --layers 36 --heads 20 --seq-len 1024 --batch-size 4 --steps 5 --warmup 3"
+  L="--vocab 50257 --context 1024 --width 1280 --layers 36 --heads 20 --seq-len 1024 --batch-size $TB --steps 5 --warmup 3"
   torch_anchor torch-tp-1gpu $L --mode single
   torch_anchor torch-tp2 $L --mode tp
 fi
