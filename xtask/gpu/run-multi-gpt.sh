@@ -12,6 +12,8 @@
 #   pp    GPT-2 small, 16 x 1024 tokens, PP = 2 with 1F1B over M = 2, 4, 8, 16 micro-batches:
 #         weft (stages balanced by measured time) with each stage's bubble, and PyTorch's
 #         Schedule1F1B
+#   nccl  GPT-2 small ZeRO-3 on two GPUs with NCCL's split communicators sharing their
+#         parent's resources or not (NCCL_COMM_SPLIT_SHARE_RESOURCES): NCCL's share of memory
 #   ddp   ResNet-50 bench-ddp, 10 warm-up and 40 timed steps: fp32 batch 32, bf16-mixed
 #         channels-last batch 128
 set -uo pipefail
@@ -99,6 +101,14 @@ if want zero; then
   torch_anchor torch-1gpu $GPT2 --mode single --batch-size 8 --steps 7 --warmup 3
   torch_anchor torch-ddp $GPT2 --mode ddp --batch-size 16 --steps 7 --warmup 3
   torch_anchor torch-fsdp2 $GPT2 --mode fsdp2 --batch-size 16 --steps 7 --warmup 3
+fi
+
+if want nccl; then
+  echo "== NCCL's share of ZeRO-3's device memory: communicators split with and without shared resources"
+  D="--model gpt2 --seq-len 1024 --steps 6 --synthetic-tokens 262144 --val-tokens 16384 --nproc 2 --batch-size 16 --zero 3"
+  weft zero3-split-own $D
+  NCCL_COMM_SPLIT_SHARE_RESOURCES=1 weft zero3-split-shared $D
+  for n in zero3-split-own zero3-split-shared; do grep -E "rank 0\] memory peak|tensors' peak" "$OUT/smi/$n.log" | head -3; done
 fi
 
 if want tp; then
