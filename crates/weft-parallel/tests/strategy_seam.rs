@@ -1,4 +1,5 @@
-//! The step's seam: the order in which the step calls its strategy; DDP's
+//! The step's seam: the order in which the step calls its strategy (and when the host's
+//! `meanwhile` work runs); DDP's
 //! `find_unused_parameters` and its refusal of a gradient reported twice; tied weights
 //! trained under DDP like one process; micro-batches equal to the whole batch; evaluation
 //! through the graph-free path. All in f64 on thread ranks: the runs compared differ only in
@@ -131,6 +132,34 @@ fn the_step_calls_its_strategy_at_every_point_in_order() {
     expected.extend(micro(false).into_iter().chain(micro(true)));
     expected.extend(["finish", "range", "after step"].map(String::from));
     assert_eq!(*log.lock().unwrap(), expected);
+}
+
+/// `step_then` and `step_micro_batches_then` run the host's `meanwhile` work once per step,
+/// after the step's work is issued (its update included) and before its results are read.
+#[test]
+fn meanwhile_runs_once_after_the_step_is_issued() {
+    let model = tied_model(0, DType::F64, false);
+    let inner = SingleProcess::new(&model, false);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let strategy = Recording {
+        inner,
+        log: log.clone(),
+    };
+    let mut t = trainer(model, 0.0)
+        .with_strategy(Box::new(strategy))
+        .unwrap();
+    let (x, y) = tied_batch(4, 0);
+    let note = || log.lock().unwrap().push("meanwhile".to_string());
+    t.step_micro_batches_then(&x, &y, (2, 0.1), &mut || note())
+        .unwrap();
+    t.step_then(&x, &y, 0.1, &mut || note()).unwrap();
+    let log = log.lock().unwrap();
+    let at: Vec<usize> = (0..log.len()).filter(|&i| log[i] == "meanwhile").collect();
+    assert_eq!(at.len(), 2, "{log:?}");
+    for &i in &at {
+        assert_eq!(log[i - 1], "after step", "{log:?}");
+    }
+    assert_eq!(at[1], log.len() - 1, "{log:?}");
 }
 
 #[test]

@@ -193,7 +193,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             true => start % steps_per_epoch * local_batch,
             false => 0,
         };
-        let loader = loader(
+        let mut loader = loader(
             &data.train,
             &data.train_pipeline,
             sampler.indices().split_off(done),
@@ -210,21 +210,32 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             .zip(std::mem::take(&mut carried))
             .for_each(|(t, c)| *t = c);
         let mut skipped = 0;
-        // Device time on a GPU, as the step's blocks are (`Timeline::time_on_device`); opened
-        // before the data wait starts, which it holds.
+        // The next batch, on the device: each step fetches and stages its successor while the
+        // device runs it (`Trainer::step_micro_batches_then`); the first is fetched here.
+        let mut fetch = |loader: &mut weft_data::DataLoader| {
+            let wait = Instant::now();
+            let next = loader
+                .next()
+                .map(|batch| upload_batch(&batch?, &mut staging, &device));
+            timeline.record("data", "data", "host", wait, Instant::now());
+            next
+        };
+        let mut next = fetch(&mut loader);
+        // Device time on a GPU, as the step's blocks are (`Timeline::time_on_device`).
         let mut step_span = Some(timeline.open(format!("step {step}"), "step", "steps"));
-        let mut data_wait = Instant::now();
-        for batch in loader {
+        while let Some(batch) = next.take() {
             if step == total_steps {
                 break;
             }
-            let (images, labels) = upload_batch(&batch?, &mut staging, &device)?;
+            let (images, labels) = batch?;
             let images = images.to_dtype(policy.compute)?;
-            timeline.record("data", "data", "compute", data_wait, Instant::now());
             let lr = schedule.lr_at(step);
             let t = Instant::now();
             let spans_before = timeline.len();
-            let outcome = trainer.step_micro_batches(&images, &labels, args.micro_batches, lr)?;
+            let micro = (args.micro_batches, lr);
+            let outcome = trainer.step_micro_batches_then(&images, &labels, micro, &mut || {
+                next = fetch(&mut loader);
+            })?;
             let seconds = t.elapsed().as_secs_f64();
             let mut global = [
                 outcome.loss * outcome.samples as f64,
@@ -282,7 +293,6 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             );
             timeline.flush()?;
             step_span = Some(timeline.open(format!("step {step}"), "step", "steps"));
-            data_wait = Instant::now();
         }
         ctx.sum(&mut totals)?;
         let (val_loss, val_acc) = validate(

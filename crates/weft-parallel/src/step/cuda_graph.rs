@@ -78,13 +78,13 @@ impl Default for StepGraph {
 
 impl StepGraph {
     /// One step of `trainer` on the batch: eager while warming up, then captured once and
-    /// replayed.
+    /// replayed; `meanwhile` runs on the host once the step is queued, before its results are
+    /// read.
     pub fn step(
         &mut self,
         trainer: &mut Trainer,
-        inputs: &Tensor,
-        targets: &Tensor,
-        lr: f64,
+        (inputs, targets, lr): (&Tensor, &Tensor, f64),
+        meanwhile: &mut dyn FnMut(),
     ) -> Result<StepOutcome> {
         if self.buffers.is_none() {
             self.buffers = Some(Buffers {
@@ -96,7 +96,8 @@ impl StepGraph {
         }
         let buffers = self.buffers.as_mut().expect("made above");
         if matches!(self.state, State::Off) || !buffers.fits(inputs, targets) {
-            return trainer.step_accumulated(&[(inputs.clone(), targets.clone())], lr);
+            let batch = [(inputs.clone(), targets.clone())];
+            return trainer.step_accumulated_then(&batch, lr, meanwhile);
         }
         let cuda = inputs.device().as_cuda_device()?.clone();
         trainer.set_lr(lr)?;
@@ -106,6 +107,7 @@ impl StepGraph {
             State::WarmingUp(done) if *done < WARMUP => {
                 let _cache = cuda.enable_cuda_graph_htod_cache();
                 let (results, timings) = trainer.run(&batch)?;
+                meanwhile();
                 trainer.wait_for_device()?;
                 self.state = State::WarmingUp(done + 1);
                 // Static buffers for the metrics, outside the graph's memory pool.
@@ -121,6 +123,7 @@ impl StepGraph {
                 match capture(trainer, &batch, buffers, inputs.device()) {
                     Ok(graph) => {
                         graph.launch().map_err(|e| cuda_error("graph launch", e))?;
+                        meanwhile();
                         trainer.wait_for_device()?;
                         // The warm-up steps' freed memory, cached by the pool, is not needed
                         // any more: the graph allocates from its own.
@@ -135,6 +138,7 @@ impl StepGraph {
                         tracing::warn!("the training step runs without a CUDA graph ({reason})");
                         self.state = State::Off;
                         let (results, timings) = trainer.run(&batch)?;
+                        meanwhile();
                         trainer.wait_for_device()?;
                         outcome(&results, timings)
                     }
@@ -146,6 +150,7 @@ impl StepGraph {
                 let timeline = trainer.options.timeline.as_ref();
                 let span = timeline.map(|t| t.open("cuda graph launch", "graph", "compute"));
                 graph.launch().map_err(|e| cuda_error("graph launch", e))?;
+                meanwhile();
                 trainer.wait_for_device()?;
                 if let Some(span) = span {
                     span.close();

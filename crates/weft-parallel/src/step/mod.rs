@@ -389,13 +389,26 @@ impl Trainer {
     /// Trains on one batch (`inputs` and `targets` as the objective takes them) with
     /// learning rate `lr`.
     pub fn step(&mut self, inputs: &Tensor, targets: &Tensor, lr: f64) -> Result<StepOutcome> {
+        self.step_then(inputs, targets, lr, &mut || {})
+    }
+
+    /// [`Self::step`], running `meanwhile` on the host once the step is queued on the device
+    /// and before its results are read (e.g. staging the next batch while the GPU trains on
+    /// this one); on the CPU, after the step's work.
+    pub fn step_then(
+        &mut self,
+        inputs: &Tensor,
+        targets: &Tensor,
+        lr: f64,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<StepOutcome> {
         #[cfg(feature = "cuda")]
         if let Some(mut graph) = self.graph.take() {
-            let result = graph.step(self, inputs, targets, lr);
+            let result = graph.step(self, (inputs, targets, lr), meanwhile);
             self.graph = Some(graph);
             return result;
         }
-        self.step_accumulated(&[(inputs.clone(), targets.clone())], lr)
+        self.step_accumulated_then(&[(inputs.clone(), targets.clone())], lr, meanwhile)
     }
 
     /// One step on a batch split along its first dimension into `micro_batches` equal
@@ -407,8 +420,19 @@ impl Trainer {
         micro_batches: usize,
         lr: f64,
     ) -> Result<StepOutcome> {
+        self.step_micro_batches_then(inputs, targets, (micro_batches, lr), &mut || {})
+    }
+
+    /// [`Self::step_micro_batches`] with `meanwhile` run as [`Self::step_then`] runs it.
+    pub fn step_micro_batches_then(
+        &mut self,
+        inputs: &Tensor,
+        targets: &Tensor,
+        (micro_batches, lr): (usize, f64),
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<StepOutcome> {
         if micro_batches <= 1 {
-            return self.step(inputs, targets, lr);
+            return self.step_then(inputs, targets, lr, meanwhile);
         }
         let rows = inputs.dim(0)?;
         if !rows.is_multiple_of(micro_batches) || targets.dim(0)? != rows {
@@ -425,7 +449,7 @@ impl Trainer {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        self.step_accumulated(&parts, lr)
+        self.step_accumulated_then(&parts, lr, meanwhile)
     }
 
     /// One optimizer step over several micro-batches whose gradients are accumulated: only the
@@ -437,8 +461,19 @@ impl Trainer {
         micro_batches: &[(Tensor, Tensor)],
         lr: f64,
     ) -> Result<StepOutcome> {
+        self.step_accumulated_then(micro_batches, lr, &mut || {})
+    }
+
+    /// [`Self::step_accumulated`] with `meanwhile` run as [`Self::step_then`] runs it.
+    pub(crate) fn step_accumulated_then(
+        &mut self,
+        micro_batches: &[(Tensor, Tensor)],
+        lr: f64,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<StepOutcome> {
         self.set_lr(lr)?;
         let (results, timings) = self.run(micro_batches)?;
+        meanwhile();
         self.wait_for_device()?;
         let mut out = outcome(&results, timings)?;
         self.report_scaling(&mut out);
