@@ -97,8 +97,8 @@ impl Strategy for Recording {
     }
 }
 
-#[test]
-fn the_step_calls_its_strategy_at_every_point_in_order() {
+/// A one-process trainer of the tied model whose strategy logs each call, and its log.
+fn recorded_trainer() -> (Trainer, Arc<Mutex<Vec<String>>>) {
     let model = tied_model(0, DType::F64, false);
     let inner = SingleProcess::new(&model, false);
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -106,9 +106,15 @@ fn the_step_calls_its_strategy_at_every_point_in_order() {
         inner,
         log: log.clone(),
     };
-    let mut t = trainer(model, 0.0)
+    let t = trainer(model, 0.0)
         .with_strategy(Box::new(strategy))
         .unwrap();
+    (t, log)
+}
+
+#[test]
+fn the_step_calls_its_strategy_at_every_point_in_order() {
+    let (mut t, log) = recorded_trainer();
     let (x, y) = tied_batch(4, 0);
     t.step_micro_batches(&x, &y, 2, 0.1).unwrap();
     let micro = |sync: bool| {
@@ -138,16 +144,7 @@ fn the_step_calls_its_strategy_at_every_point_in_order() {
 /// after the step's work is issued (its update included) and before its results are read.
 #[test]
 fn meanwhile_runs_once_after_the_step_is_issued() {
-    let model = tied_model(0, DType::F64, false);
-    let inner = SingleProcess::new(&model, false);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let strategy = Recording {
-        inner,
-        log: log.clone(),
-    };
-    let mut t = trainer(model, 0.0)
-        .with_strategy(Box::new(strategy))
-        .unwrap();
+    let (mut t, log) = recorded_trainer();
     let (x, y) = tied_batch(4, 0);
     let note = || log.lock().unwrap().push("meanwhile".to_string());
     t.step_micro_batches_then(&x, &y, (2, 0.1), &mut || note())
