@@ -12,7 +12,10 @@
 #            fp16-mixed and fp32 alone
 #   eager    bench-step bf16-mixed batch 128 issued eagerly (no CUDA graph), weft alone
 #   train    train-resnet --precision bf16-mixed and fp16-mixed on the GPU (resnet20, synthetic)
-#   profile  Nsight Compute over two eager bf16 steps, by kind of kernel
+#   profile  Nsight Compute over two eager bf16 steps, by kind of kernel (PROFILE_ARGS adds flags,
+#            e.g. "--channels-last"; PROFILE_BATCH and PROFILE_PRECISION change the step)
+#   torch-profile  torch.profiler over PyTorch's AMP bf16 (PROFILE_AMP=none: fp32) channels-last step,
+#            eager and compiled
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -77,8 +80,17 @@ if want profile; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   timeout 300 "$NCU" --csv --print-units base --metrics gpu__time_duration.sum --clock-control none \
     --cache-control none --profile-from-start off --log-file "$OUT/ncu-bf16.csv" \
-    "$X" bench-step $MODEL --steps 2 --warmup 2 --no-anchor --cuda-graph false \
-    --precision bf16-mixed > "$OUT/ncu-run.log" 2>&1
-  python3 "$B/python/kernel_profile.py" "$OUT/ncu-bf16.csv" --steps 2 --top 25 2>&1 | tee "$OUT/profile.txt"
+    "$X" bench-step ${MODEL/--batch-size 128/--batch-size ${PROFILE_BATCH:-128}} --steps 2 --warmup 2 \
+    --no-anchor --cuda-graph false --precision ${PROFILE_PRECISION:-bf16-mixed} ${PROFILE_ARGS:-} \
+    > "$OUT/ncu-run.log" 2>&1
+  python3 "$B/python/kernel_profile.py" "$OUT/ncu-bf16.csv" --steps 2 --top 40 2>&1 | tee "$OUT/profile.txt"
   xz -T0 -f "$OUT/ncu-bf16.csv" 2>/dev/null
+fi
+
+if want torch-profile; then
+  for extra in "" "--compile"; do
+    echo "== torch.profiler, PyTorch AMP bf16 channels-last batch ${PROFILE_BATCH:-128} $extra"
+    timeout 300 python3 "$B/python/torch_step_profile.py" --batch-size ${PROFILE_BATCH:-128} --amp ${PROFILE_AMP:-bf16} \
+      --channels-last $extra --steps 3 2>&1 | grep -v Warning | tee -a "$OUT/torch-profile.txt"
+  done
 fi

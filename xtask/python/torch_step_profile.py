@@ -1,6 +1,7 @@
 """Where PyTorch's ResNet training step spends device time (the anchor's side of
 `kernel_profile.py`): torch.profiler over a few steps of torchvision's model, CUDA time per
-kernel, after warm-up. Same model, batch and settings as bench_step.py."""
+kernel, after warm-up. Same model, batch and settings as bench_step.py; `--amp bf16`,
+`--channels-last` and `--compile` profile its faster configurations."""
 import argparse
 
 import torch
@@ -15,21 +16,35 @@ def main() -> None:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--amp", choices=["none", "bf16"], default="none")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile in its default mode: the kernels of reduce-overhead without the CUDA graphs, whose replays the profiler cannot see into")
     args = p.parse_args()
     torch.manual_seed(0)
     dev = torch.device("cuda")
     model = getattr(torchvision.models, args.model)(num_classes=args.num_classes).to(dev).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
     y = torch.randint(0, args.num_classes, (args.batch_size,), device=dev)
     loss_fn = torch.nn.CrossEntropyLoss()
 
+    def forward_backward() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+
+    if args.compile:
+        forward_backward = torch.compile(forward_backward)
+
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
+        forward_backward()
         opt.step()
 
-    for _ in range(5):
+    for _ in range(15 if args.compile else 5):
         step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

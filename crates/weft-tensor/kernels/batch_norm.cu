@@ -7,10 +7,11 @@
 //   grad_input  (x, dy, [mean; var; weight; bias; sum(dy*xhat); sum(dy)]) -> dx
 // and, for blocks with their own backward, the same passes over tables (see table_finalize).
 // Reductions are split over `splits` blocks per channel (grid splits x C); each block writes its
-// double partial sums to its own slot and a finalize kernel adds the slots in order, so the
-// result does not depend on scheduling. Moments sum x - x[channel's first element] (shifted
-// data, so the variance does not cancel). Element-wise passes run one block row per plane
-// (grid N*C x chunks) with the channel's coefficients computed once per thread.
+// double partial sums to its own slot and a finalize kernel (a warp per channel) adds the
+// slots in a fixed order, so the result does not depend on scheduling. Moments sum
+// x - x[channel's first element] (shifted data, so the variance does not cancel). Element-wise
+// passes run one block row per plane (grid N*C x chunks) with the channel's coefficients
+// computed once per thread.
 // Element types f32, f64, bf16 and f16. The statistics and tables are of type S = Wide<T>::type:
 // f32 for the 16-bit types (fp32 statistics, as cuDNN's and PyTorch's batch norm keep them), the
 // data's own type otherwise; 16-bit data is normalised in f32 and rounded once.
@@ -65,16 +66,36 @@ __device__ void moments_partial(const T* x, double* partial, int n, int c, int h
     }
 }
 
+// The finalize kernels run one warp per channel (`finalize_channel`): its lanes add every 32nd
+// split's partial sums, then the lanes' totals are added by a fixed shuffle tree, so the result
+// does not depend on scheduling; lane 0 writes.
+__device__ __forceinline__ int finalize_channel() {
+    return (int)((blockIdx.x * blockDim.x + threadIdx.x) / WARP);
+}
+
+// Channel ch's two partial sums over the splits, complete in lane 0.
+__device__ void split_sums(const double* partial, int c, int ch, int splits, double& a,
+                           double& b) {
+    a = 0.0;
+    b = 0.0;
+    for (int k = threadIdx.x % WARP; k < splits; k += WARP) {
+        a += partial[2ll * c * k + ch];
+        b += partial[2ll * c * k + c + ch];
+    }
+    for (int o = WARP / 2; o > 0; o >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, o);
+        b += __shfl_down_sync(0xffffffffu, b, o);
+    }
+}
+
 template <typename T, typename S>
 __device__ void moments_finalize(const T* x, const double* partial, S* out, int c, int hw,
                                  int splits, double m) {
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int ch = finalize_channel();
     if (ch >= c) return;
-    double s = 0.0, q = 0.0;
-    for (int k = 0; k < splits; ++k) {
-        s += partial[2ll * c * k + ch];
-        q += partial[2ll * c * k + c + ch];
-    }
+    double s, q;
+    split_sums(partial, c, ch, splits, s, q);
+    if (threadIdx.x % WARP != 0) return;
     const double d = s / m;
     out[ch] = (S)(cvt<double>(x[(long long)ch * hw]) + d);
     out[c + ch] = (S)fmax(q / m - d * d, 0.0);
@@ -123,13 +144,11 @@ __device__ void grad_sums_partial(const T* x, const T* dy, const S* stats, doubl
 template <typename S>
 __device__ void grad_sums_finalize(const S* stats, const double* partial, S* out, int c,
                                    int splits, double eps) {
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int ch = finalize_channel();
     if (ch >= c) return;
-    double dot = 0.0, sum_dy = 0.0;
-    for (int k = 0; k < splits; ++k) {
-        dot += partial[2ll * c * k + ch];
-        sum_dy += partial[2ll * c * k + c + ch];
-    }
+    double dot, sum_dy;
+    split_sums(partial, c, ch, splits, dot, sum_dy);
+    if (threadIdx.x % WARP != 0) return;
     out[ch] = (S)(dot * rsqrt((double)stats[c + ch] + eps));
     out[c + ch] = (S)sum_dy;
 }
@@ -141,8 +160,8 @@ template <typename T, typename S>
 __device__ void table_finalize(const T* x, const double* partial, const T* weight,
                                const T* bias, S* out, int c, int hw, int splits, double m) {
     moments_finalize<T, S>(x, partial, out, c, hw, splits, m);
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= c) return;
+    const int ch = finalize_channel();
+    if (ch >= c || threadIdx.x % WARP != 0) return;
     out[2 * c + ch] = cvt<S>(weight[ch]);
     out[3 * c + ch] = cvt<S>(bias[ch]);
 }
@@ -150,9 +169,10 @@ __device__ void table_finalize(const T* x, const double* partial, const T* weigh
 template <typename S>
 __device__ void grad_table_finalize(const S* table, const double* partial, S* out, int c,
                                     int splits, double eps) {
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int ch = finalize_channel();
     if (ch >= c) return;
-    for (int row = 0; row < 4; ++row) out[row * c + ch] = table[row * c + ch];
+    if (threadIdx.x % WARP == 0)
+        for (int row = 0; row < 4; ++row) out[row * c + ch] = table[row * c + ch];
     grad_sums_finalize<S>(table, partial, out + 4 * c, c, splits, eps);
 }
 

@@ -1,139 +1,218 @@
 // Training-mode batch normalisation over channels-last (NHWC) tensors: `rows = N*H*W` rows of
 // `c` channels. The CUDA side of weft-tensor's graph-free batch norm for channels-last inputs
-// (crates/weft-tensor/src/ops/batch_norm_cuda.rs launches these; the finalize kernels of
+// (crates/weft-tensor/src/ops/batch_norm_nhwc_cuda.rs launches these; the finalize kernels of
 // batch_norm.cu are shared, with hw = 1 so that a channel's first element is x[ch]).
 //   moments_partial    (x)                 -> per-split double [sum(x - x0); sum((x - x0)^2)]
-//   grad_sums_partial  (x, dy, stats)      -> per-split double [sum(dy * (x - mean)); sum(dy)]
+//   grad_sums_partial  (x, dy, table)      -> per-split double [sum(g * (x - mean)); sum(g)]
 //   forward            (x, [mean; var; weight; bias])            -> y (then max(y, 0) if relu)
-//   grad_input         (x, dy, [mean; var; weight; bias; sum(dy*xhat); sum(dy)]) -> dx
-// Reductions: a block is 32 channels x 8 rows; its threads read 32 consecutive channels of a row
-// (coalesced), stride over rows, and add their 8 partial sums in shared memory in a fixed order,
-// so results do not depend on scheduling. Element-wise passes: each block computes every
-// channel's coefficients once into shared memory (as the NCHW kernels do per plane, in double)
-// and then strides over the elements, channel = index % c.
+//   grad_input         (x, dy, [mean; var; weight; bias; sum(g*xhat); sum(g)]) -> dx
+// With `relu`, the backward passes take the gradient of the ReLU's output: g is dy where the
+// forward's output, recomputed from x and the table exactly as the forward rounded it, is
+// positive, and 0 elsewhere (PyTorch's rule on the output, `y <= 0 ? 0 : dy`), so neither the
+// output nor a separate ReLU pass is needed.
+// Every pass: a thread owns N consecutive channels (16 bytes of data when c allows, the `_vec`
+// kernels; one channel otherwise), computes their coefficients once in registers and strides
+// over rows (no division per element). Reductions: a block is up to 32 such columns by as many
+// rows as fill 256 threads; each thread sums in double, and the block adds its rows' partial
+// sums in shared memory in a fixed order, so results do not depend on scheduling.
 
 #include "float_types.cuh"
+#include "vector.cuh"
 
-#define TILE_C 32
-#define TILE_R 8
+// The forward's per-channel coefficients, y = a * x + b with a = weight / sqrt(var + eps) and
+// b = bias - mean * a, from a [mean; var; weight; bias] table.
+template <typename S>
+__device__ __forceinline__ void forward_coefficients(const S* table, int c, int ch, double eps,
+                                                     S& a, S& b) {
+    const double scale = (double)table[2 * c + ch] * rsqrt((double)table[c + ch] + eps);
+    a = (S)scale;
+    b = (S)((double)table[3 * c + ch] - (double)table[ch] * scale);
+}
 
-// Adds the TILE_R partial pairs of a column; thread row 0 writes them into slot blockIdx.x.
-__device__ void column_sums(double a, double b, double* partial, int c, int ch) {
-    __shared__ double sa[TILE_R][TILE_C], sb[TILE_R][TILE_C];
-    sa[threadIdx.y][threadIdx.x] = a;
-    sb[threadIdx.y][threadIdx.x] = b;
+// The forward's value of x before rounding (one fused multiply-add, then the ReLU).
+template <typename T, typename S>
+__device__ __forceinline__ S normalised(S a, S b, T x, int relu) {
+    const S v = fma(a, cvt<S>(x), b);
+    return relu && v < (S)0 ? (S)0 : v;
+}
+
+// Whether the forward's ReLU output for x, as stored (rounded to T), is <= 0: its gradient is 0.
+template <typename T, typename S>
+__device__ __forceinline__ bool relu_cut(S a, S b, T x) {
+    return cvt<S>(cvt<T>(fma(a, cvt<S>(x), b))) <= (S)0;
+}
+
+// The first channel of the thread's N and whether the vector path applies; -1 past the row.
+template <int N>
+__device__ __forceinline__ int first_channel(int c) {
+    const int col = (blockIdx.x * blockDim.x + threadIdx.x) * N;
+    return col < c ? col : -1;
+}
+
+// The reductions' block: threadIdx.x across `blockDim.x` vectors of N channels (from channel
+// blockIdx.y * blockDim.x * N), threadIdx.y down the rows, blockIdx.x the split.
+template <int N>
+__device__ __forceinline__ int reduction_channel(int c) {
+    const int col = (blockIdx.y * blockDim.x + threadIdx.x) * N;
+    return col < c ? col : -1;
+}
+
+// Adds the block's partial sums (a[k], b[k] of channel col + k, per thread) over its rows in a
+// fixed order and writes them into slot blockIdx.x: one thread per (column, k, sum) adds the
+// blockDim.y values of shared memory in row order.
+template <int N>
+__device__ void column_sums(const double (&a)[N], const double (&b)[N], double* partial, int c) {
+    extern __shared__ double rows_sums[];  // [blockDim.y][blockDim.x][2N]
+    const int across = blockDim.x, down = blockDim.y;
+    double* mine = rows_sums + (threadIdx.y * across + threadIdx.x) * 2 * N;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        mine[k] = a[k];
+        mine[N + k] = b[k];
+    }
     __syncthreads();
-    if (threadIdx.y == 0 && ch < c) {
-        double ta = 0.0, tb = 0.0;
-        for (int r = 0; r < TILE_R; ++r) {
-            ta += sa[r][threadIdx.x];
-            tb += sb[r][threadIdx.x];
-        }
-        double* slot = partial + 2ll * c * blockIdx.x;
-        slot[ch] = ta;
-        slot[c + ch] = tb;
+    const int items = across * 2 * N;
+    double* slot = partial + 2ll * c * blockIdx.x;
+    for (int item = threadIdx.y * across + threadIdx.x; item < items; item += across * down) {
+        const int column = item / (2 * N), value = item % (2 * N);
+        const int ch = (blockIdx.y * across + column) * N + value % N;
+        if (ch >= c) continue;
+        double total = 0.0;
+        for (int r = 0; r < down; ++r) total += rows_sums[(r * across + column) * 2 * N + value];
+        slot[(value / N) * c + ch] = total;
     }
 }
 
-template <typename T>
+template <typename T, int N>
 __device__ void moments_partial(const T* x, double* partial, long long rows, int c) {
-    const int ch = blockIdx.y * TILE_C + threadIdx.x;
-    double s = 0.0, q = 0.0;
-    if (ch < c) {
-        const double shift = cvt<double>(x[ch]);
-        for (long long r = (long long)blockIdx.x * TILE_R + threadIdx.y; r < rows;
-             r += (long long)gridDim.x * TILE_R) {
-            const double d = cvt<double>(x[r * c + ch]) - shift;
-            s += d;
-            q += d * d;
+    const int col = reduction_channel<N>(c);
+    double s[N] = {}, q[N] = {};
+    if (col >= 0) {
+        const bool vector = aligned16(x);
+        const Vec<T, N> first = load<T, N>(x + col, vector);
+        for (long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; r < rows;
+             r += (long long)gridDim.x * blockDim.y) {
+            const Vec<T, N> xv = load<T, N>(x + r * c + col, vector);
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                const double d = cvt<double>(xv.v[k]) - cvt<double>(first.v[k]);
+                s[k] += d;
+                q[k] += d * d;
+            }
         }
     }
-    column_sums(s, q, partial, c, ch);
+    column_sums<N>(s, q, partial, c);
 }
 
-template <typename T, typename S>
-__device__ void grad_sums_partial(const T* x, const T* dy, const S* stats, double* partial,
-                                  long long rows, int c) {
-    const int ch = blockIdx.y * TILE_C + threadIdx.x;
-    double dot = 0.0, sum_dy = 0.0;
-    if (ch < c) {
-        const double mean = (double)stats[ch];
-        for (long long r = (long long)blockIdx.x * TILE_R + threadIdx.y; r < rows;
-             r += (long long)gridDim.x * TILE_R) {
-            const double g = cvt<double>(dy[r * c + ch]);
-            dot += (cvt<double>(x[r * c + ch]) - mean) * g;
-            sum_dy += g;
+template <typename T, typename S, int N>
+__device__ void grad_sums_partial(const T* x, const T* dy, const S* table, double* partial,
+                                  long long rows, int c, double eps, int relu) {
+    const int col = reduction_channel<N>(c);
+    double dot[N] = {}, sum_dy[N] = {};
+    if (col >= 0) {
+        const bool vector = aligned16(x) && aligned16(dy);
+        double mean[N];
+        S a[N], b[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            mean[k] = (double)table[col + k];
+            forward_coefficients(table, c, col + k, eps, a[k], b[k]);
+        }
+        for (long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; r < rows;
+             r += (long long)gridDim.x * blockDim.y) {
+            const Vec<T, N> xv = load<T, N>(x + r * c + col, vector);
+            const Vec<T, N> gv = load<T, N>(dy + r * c + col, vector);
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                const double g =
+                    relu && relu_cut(a[k], b[k], xv.v[k]) ? 0.0 : cvt<double>(gv.v[k]);
+                dot[k] += (cvt<double>(xv.v[k]) - mean[k]) * g;
+                sum_dy[k] += g;
+            }
         }
     }
-    column_sums(dot, sum_dy, partial, c, ch);
+    column_sums<N>(dot, sum_dy, partial, c);
 }
 
-// y = a * x + b per channel, a = weight / sqrt(var + eps), b = bias - mean * a.
-template <typename T, typename S>
-__device__ void forward(const T* x, const S* table, T* y, long long total, int c, double eps,
+// y = a * x + b per channel (then max(y, 0) if relu).
+template <typename T, typename S, int N>
+__device__ void forward(const T* x, const S* table, T* y, unsigned rows, int c, double eps,
                         int relu) {
-    extern __shared__ unsigned char shared[];
-    S* a = (S*)shared;
-    S* b = a + c;
-    for (int ch = threadIdx.x; ch < c; ch += blockDim.x) {
-        const double scale = (double)table[2 * c + ch] * rsqrt((double)table[c + ch] + eps);
-        a[ch] = (S)scale;
-        b[ch] = (S)((double)table[3 * c + ch] - (double)table[ch] * scale);
-    }
-    __syncthreads();
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int ch = (int)(i % c);
-        S v = a[ch] * cvt<S>(x[i]) + b[ch];
-        if (relu && v < (S)0) v = (S)0;
-        y[i] = cvt<T>(v);
+    const int col = first_channel<N>(c);
+    if (col < 0) return;
+    const bool vector = aligned16(x) && aligned16(y);
+    S a[N], b[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) forward_coefficients(table, c, col + k, eps, a[k], b[k]);
+    for (unsigned r = blockIdx.y * blockDim.y + threadIdx.y; r < rows;
+         r += gridDim.y * blockDim.y) {
+        const size_t at = (size_t)r * c + col;
+        const Vec<T, N> in = load<T, N>(x + at, vector);
+        Vec<T, N> out;
+#pragma unroll
+        for (int k = 0; k < N; ++k) out.v[k] = cvt<T>(normalised(a[k], b[k], in.v[k], relu));
+        store<T, N>(y + at, out, vector);
     }
 }
 
-// dx = dy * k + x * u + t (the NCHW kernel's coefficients).
-template <typename T, typename S>
-__device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, long long total,
-                           int c, double m, double eps) {
-    extern __shared__ unsigned char shared[];
-    S* dy_scale = (S*)shared;
-    S* x_scale = dy_scale + c;
-    S* shift = x_scale + c;
-    for (int ch = threadIdx.x; ch < c; ch += blockDim.x) {
+// dx = g * k + x * u + t (the NCHW kernel's coefficients), g as the header says.
+template <typename T, typename S, int N>
+__device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsigned rows,
+                           int c, double m, double eps, int relu) {
+    const int col = first_channel<N>(c);
+    if (col < 0) return;
+    const bool vector = aligned16(x) && aligned16(dy) && aligned16(dx);
+    S dy_scale[N], x_scale[N], shift[N], a[N], b[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        const int ch = col + k;
         const double inv_std = rsqrt((double)table[c + ch] + eps);
-        const double k = inv_std * (double)table[2 * c + ch];
+        const double scale = inv_std * (double)table[2 * c + ch];
         const double mean_dy_xhat = (double)table[4 * c + ch] / m;
         const double mean_dy = (double)table[5 * c + ch] / m;
-        dy_scale[ch] = (S)k;
-        x_scale[ch] = (S)(-k * inv_std * mean_dy_xhat);
-        shift[ch] = (S)(k * ((double)table[ch] * inv_std * mean_dy_xhat - mean_dy));
+        dy_scale[k] = (S)scale;
+        x_scale[k] = (S)(-scale * inv_std * mean_dy_xhat);
+        shift[k] = (S)(scale * ((double)table[ch] * inv_std * mean_dy_xhat - mean_dy));
+        forward_coefficients(table, c, ch, eps, a[k], b[k]);
     }
-    __syncthreads();
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int ch = (int)(i % c);
-        dx[i] = cvt<T>(dy_scale[ch] * cvt<S>(dy[i]) + x_scale[ch] * cvt<S>(x[i]) + shift[ch]);
+    for (unsigned r = blockIdx.y * blockDim.y + threadIdx.y; r < rows;
+         r += gridDim.y * blockDim.y) {
+        const size_t at = (size_t)r * c + col;
+        const Vec<T, N> xv = load<T, N>(x + at, vector), g = load<T, N>(dy + at, vector);
+        Vec<T, N> out;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const S gk = relu && relu_cut(a[k], b[k], xv.v[k]) ? (S)0 : cvt<S>(g.v[k]);
+            out.v[k] = cvt<T>(dy_scale[k] * gk + x_scale[k] * cvt<S>(xv.v[k]) + shift[k]);
+        }
+        store<T, N>(dx + at, out, vector);
     }
 }
 
 #define BATCH_NORM_NHWC_KERNELS(T, S, SUFFIX)                                                    \
+    NHWC_KERNELS(T, S, SUFFIX, 1)                                                                \
+    NHWC_KERNELS(T, S, vec_##SUFFIX, Lanes<T>::n)
+
+#define NHWC_KERNELS(T, S, SUFFIX, N)                                                            \
     extern "C" __global__ void bn_nhwc_moments_partial_##SUFFIX(const T* x, double* partial,     \
                                                                 long long rows, int c) {         \
-        moments_partial<T>(x, partial, rows, c);                                                 \
+        moments_partial<T, N>(x, partial, rows, c);                                              \
     }                                                                                            \
     extern "C" __global__ void bn_nhwc_grad_sums_partial_##SUFFIX(                               \
-        const T* x, const T* dy, const S* stats, double* partial, long long rows, int c) {       \
-        grad_sums_partial<T, S>(x, dy, stats, partial, rows, c);                                 \
+        const T* x, const T* dy, const S* table, double* partial, long long rows, int c,         \
+        double eps, int relu) {                                                                  \
+        grad_sums_partial<T, S, N>(x, dy, table, partial, rows, c, eps, relu);                   \
     }                                                                                            \
     extern "C" __global__ void bn_nhwc_forward_##SUFFIX(const T* x, const S* table, T* y,        \
-                                                        long long total, int c, double eps,      \
+                                                        unsigned rows, int c, double eps,        \
                                                         int relu) {                              \
-        forward<T, S>(x, table, y, total, c, eps, relu);                                         \
+        forward<T, S, N>(x, table, y, rows, c, eps, relu);                                       \
     }                                                                                            \
     extern "C" __global__ void bn_nhwc_grad_input_##SUFFIX(const T* x, const T* dy,              \
-                                                           const S* table, T* dx,                \
-                                                           long long total, int c, double m,     \
-                                                           double eps) {                         \
-        grad_input<T, S>(x, dy, table, dx, total, c, m, eps);                                    \
+                                                           const S* table, T* dx, unsigned rows, \
+                                                           int c, double m, double eps,          \
+                                                           int relu) {                           \
+        grad_input<T, S, N>(x, dy, table, dx, rows, c, m, eps, relu);                            \
     }
 
 BATCH_NORM_NHWC_KERNELS(float, float, f32)

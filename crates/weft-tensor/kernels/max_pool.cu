@@ -6,6 +6,13 @@
 //   max_pool_backward  (x, y, dy)   -> dx, one thread per input: it sums, in output order, the
 //                                      gradients of the windows whose first maximum it is, so
 //                                      the result is the CPU's, bit for bit, and needs no atomics.
+// The `_nhwc` twins do the same over channels-last (NHWC) storage, one thread per pixel and
+// channel (neighbouring threads read neighbouring channels), with 32-bit indices (the launcher
+// keeps the element counts below 2^32); their backward takes two passes:
+//   max_pool_first_max_nhwc  (x, y)       -> each window's first maximum, as its row-major
+//                                            position in the window (a byte: kernel <= 15)
+//   max_pool_backward_nhwc   (first, dy)  -> dx, one thread per input, the same sums in the same
+//                                            order as the one-pass kernel, without rescanning.
 // f32, f64, bf16 and f16; 16-bit values are compared and summed in f32 (widening is exact, so the
 // pooled values are the inputs' own).
 
@@ -20,67 +27,147 @@ __device__ __forceinline__ bool is_nan(T v) {
     return v != v;
 }
 
-// Row-major offset (within the plane) of the first input of window (r, c) equal to `pooled`.
+// Row-major offset (within the plane) of the first input of window (r, c) equal to `pooled`;
+// the plane's pixels are `pitch` elements apart (1 in NCHW, the channel count in NHWC).
 template <typename T, typename S>
-__device__ int first_max(const T* xp, S pooled, int r, int c, Geometry g) {
+__device__ int first_max(const T* xp, S pooled, int r, int c, Geometry g, int pitch) {
     const int r0 = max(r * g.stride - g.padding, 0), r1 = min(r * g.stride - g.padding + g.kernel, g.h);
     const int c0 = max(c * g.stride - g.padding, 0), c1 = min(c * g.stride - g.padding + g.kernel, g.w);
     const bool nan = is_nan(pooled);
     for (int i = r0; i < r1; ++i)
         for (int j = c0; j < c1; ++j) {
-            const S v = cvt<S>(xp[i * g.w + j]);
+            const S v = cvt<S>(xp[(size_t)(i * g.w + j) * pitch]);
             if (v == pooled || (nan && is_nan(v))) return i * g.w + j;
         }
     return -1;
 }
 
+// The pooled value of window (r, c) of a plane whose pixels are `pitch` elements apart.
+template <typename T>
+__device__ T pooled(const T* xp, int r, int c, Geometry g, int pitch) {
+    typedef typename Wide<T>::type S;
+    const int r0 = max(r * g.stride - g.padding, 0), r1 = min(r * g.stride - g.padding + g.kernel, g.h);
+    const int c0 = max(c * g.stride - g.padding, 0), c1 = min(c * g.stride - g.padding + g.kernel, g.w);
+    S best = -INFINITY;
+    bool nan = false;
+    for (int i = r0; i < r1; ++i)
+        for (int j = c0; j < c1; ++j) {
+            const S v = cvt<S>(xp[(size_t)(i * g.w + j) * pitch]);
+            best = v > best ? v : best;
+            nan |= is_nan(v);
+        }
+    return cvt<T>(nan ? (S)NAN : best);
+}
+
 template <typename T>
 __device__ void forward(const T* x, T* y, long long total, Geometry g) {
-    typedef typename Wide<T>::type S;
     const long long out_plane = (long long)g.oh * g.ow;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
         const long long plane = idx / out_plane;
-        const int o = (int)(idx - plane * out_plane), r = o / g.ow, c = o % g.ow;
-        const T* xp = x + plane * g.h * g.w;
-        const int r0 = max(r * g.stride - g.padding, 0), r1 = min(r * g.stride - g.padding + g.kernel, g.h);
-        const int c0 = max(c * g.stride - g.padding, 0), c1 = min(c * g.stride - g.padding + g.kernel, g.w);
-        S best = -INFINITY;
-        bool nan = false;
-        for (int i = r0; i < r1; ++i)
-            for (int j = c0; j < c1; ++j) {
-                const S v = cvt<S>(xp[i * g.w + j]);
-                best = v > best ? v : best;
-                nan |= is_nan(v);
-            }
-        y[idx] = cvt<T>(nan ? (S)NAN : best);
+        const int o = (int)(idx - plane * out_plane);
+        y[idx] = pooled(x + plane * g.h * g.w, o / g.ow, o % g.ow, g, 1);
     }
 }
 
 template <typename T>
-__device__ void backward(const T* x, const T* y, const T* dy, T* dx, long long total, Geometry g) {
+__device__ void forward_nhwc(const T* x, T* y, unsigned total, int channels, Geometry g) {
+    const unsigned out_plane = (unsigned)g.oh * g.ow, in_image = (unsigned)g.h * g.w * channels;
+    for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += gridDim.x * blockDim.x) {
+        const unsigned ch = idx % channels, pixel = idx / channels;
+        const unsigned image = pixel / out_plane, o = pixel - image * out_plane;
+        y[idx] = pooled(x + (size_t)image * in_image + ch, o / g.ow, o % g.ow, g, channels);
+    }
+}
+
+// The output windows covering input (r, c), rows lo_r..=hi_r and columns lo_c..=hi_c:
+// o * stride - padding <= r < o * stride - padding + kernel.
+struct Covering {
+    int lo_r, hi_r, lo_c, hi_c;
+};
+
+__device__ __forceinline__ Covering covering(int r, int c, Geometry g) {
+    return {max(0, (r + g.padding - g.kernel + g.stride) / g.stride),
+            min(g.oh - 1, (r + g.padding) / g.stride),
+            max(0, (c + g.padding - g.kernel + g.stride) / g.stride),
+            min(g.ow - 1, (c + g.padding) / g.stride)};
+}
+
+// The gradient of input (r, c) of a plane (pixels `pitch` elements apart; x, y and dy point
+// at the plane's first element): the sum, in output order, of the gradients of the windows
+// whose first maximum it is.
+template <typename T>
+__device__ T input_gradient(const T* xp, const T* yp, const T* gp, int r, int c, Geometry g,
+                            int pitch) {
     typedef typename Wide<T>::type S;
+    const int at = r * g.w + c;
+    const S v = cvt<S>(xp[(size_t)at * pitch]);
+    const Covering w = covering(r, c, g);
+    S sum = (S)0;
+    for (int orow = w.lo_r; orow <= w.hi_r; ++orow)
+        for (int ocol = w.lo_c; ocol <= w.hi_c; ++ocol) {
+            const size_t o = (size_t)(orow * g.ow + ocol) * pitch;
+            const S best = cvt<S>(yp[o]);
+            // Only an input equal to the pooled value can be its window's first maximum.
+            if (!(v == best || (is_nan(v) && is_nan(best)))) continue;
+            if (first_max(xp, best, orow, ocol, g, pitch) == at) sum += cvt<S>(gp[o]);
+        }
+    return cvt<T>(sum);
+}
+
+template <typename T>
+__device__ void backward(const T* x, const T* y, const T* dy, T* dx, long long total, Geometry g) {
     const long long in_plane = (long long)g.h * g.w, out_plane = (long long)g.oh * g.ow;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)gridDim.x * blockDim.x) {
         const long long plane = idx / in_plane;
-        const int at = (int)(idx - plane * in_plane), r = at / g.w, c = at % g.w;
-        const T* xp = x + plane * in_plane;
-        const T* yp = y + plane * out_plane;
-        const T* gp = dy + plane * out_plane;
-        const S v = cvt<S>(x[idx]);
-        // Output windows covering (r, c): o * stride - padding <= r < o * stride - padding + kernel.
-        const int lo_r = max(0, (r + g.padding - g.kernel + g.stride) / g.stride);
-        const int hi_r = min(g.oh - 1, (r + g.padding) / g.stride);
-        const int lo_c = max(0, (c + g.padding - g.kernel + g.stride) / g.stride);
-        const int hi_c = min(g.ow - 1, (c + g.padding) / g.stride);
+        const int at = (int)(idx - plane * in_plane);
+        dx[idx] = input_gradient(x + plane * in_plane, y + plane * out_plane,
+                                 dy + plane * out_plane, at / g.w, at % g.w, g, 1);
+    }
+}
+
+// The top-left corner (unclamped) of output window o along an axis.
+__device__ __forceinline__ int window_start(int o, Geometry g) { return o * g.stride - g.padding; }
+
+template <typename T>
+__device__ void first_max_nhwc(const T* x, const T* y, unsigned char* first, unsigned total,
+                               int channels, Geometry g) {
+    typedef typename Wide<T>::type S;
+    const unsigned out_plane = (unsigned)g.oh * g.ow, in_image = (unsigned)g.h * g.w * channels;
+    for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += gridDim.x * blockDim.x) {
+        const unsigned ch = idx % channels, pixel = idx / channels;
+        const unsigned image = pixel / out_plane, o = pixel - image * out_plane;
+        const int r = o / g.ow, c = o % g.ow;
+        const int at = first_max(x + (size_t)image * in_image + ch, cvt<S>(y[idx]), r, c, g,
+                                 channels);
+        first[idx] = at < 0 ? 255
+                            : (unsigned char)((at / g.w - window_start(r, g)) * g.kernel +
+                                              (at % g.w - window_start(c, g)));
+    }
+}
+
+template <typename T>
+__device__ void backward_nhwc(const unsigned char* first, const T* dy, T* dx, unsigned total,
+                              int channels, Geometry g) {
+    typedef typename Wide<T>::type S;
+    const unsigned in_plane = (unsigned)g.h * g.w, out_plane = (unsigned)g.oh * g.ow;
+    for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += gridDim.x * blockDim.x) {
+        const unsigned ch = idx % channels, pixel = idx / channels;
+        const unsigned image = pixel / in_plane, at = pixel - image * in_plane;
+        const int r = at / g.w, c = at % g.w;
+        const size_t out_at = (size_t)image * out_plane * channels + ch;
+        const Covering w = covering(r, c, g);
         S sum = (S)0;
-        for (int orow = lo_r; orow <= hi_r; ++orow)
-            for (int ocol = lo_c; ocol <= hi_c; ++ocol) {
-                const S pooled = cvt<S>(yp[orow * g.ow + ocol]);
-                // Only an input equal to the pooled value can be its window's first maximum.
-                if (!(v == pooled || (is_nan(v) && is_nan(pooled)))) continue;
-                if (first_max(xp, pooled, orow, ocol, g) == at) sum += cvt<S>(gp[orow * g.ow + ocol]);
+        for (int orow = w.lo_r; orow <= w.hi_r; ++orow)
+            for (int ocol = w.lo_c; ocol <= w.hi_c; ++ocol) {
+                const size_t o = out_at + (size_t)(orow * g.ow + ocol) * channels;
+                const int in_window =
+                    (r - window_start(orow, g)) * g.kernel + (c - window_start(ocol, g));
+                if (first[o] == in_window) sum += cvt<S>(dy[o]);
             }
         dx[idx] = cvt<T>(sum);
     }
@@ -94,6 +181,19 @@ __device__ void backward(const T* x, const T* y, const T* dy, T* dx, long long t
     extern "C" __global__ void max_pool_backward_##SUFFIX(const T* x, const T* y, const T* dy, \
                                                           T* dx, long long total, Geometry g) { \
         backward<T>(x, y, dy, dx, total, g);                                                   \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_forward_nhwc_##SUFFIX(const T* x, T* y, unsigned total, \
+                                                              int channels, Geometry g) {      \
+        forward_nhwc<T>(x, y, total, channels, g);                                             \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_first_max_nhwc_##SUFFIX(                               \
+        const T* x, const T* y, unsigned char* first, unsigned total, int channels, Geometry g) { \
+        first_max_nhwc<T>(x, y, first, total, channels, g);                                    \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_backward_nhwc_##SUFFIX(                                \
+        const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
+        Geometry g) {                                                                          \
+        backward_nhwc<T>(first, dy, dx, total, channels, g);                                   \
     }
 
 MAX_POOL_KERNELS(float, f32)

@@ -11,7 +11,7 @@ use weft_optim::{ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::Trainer;
 use weft_tensor::{ops, Checkpointing};
 
-use super::single_ops::relative_error;
+use super::single_ops::{compare_graph_free_batch_norm, relative_error};
 use super::Check;
 
 /// Seeded draws of the block's inputs.
@@ -38,6 +38,36 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
             tolerance: floor.max(2.0 * nchw),
         });
     }
+    // The NHWC batch-norm kernels alone, the backward with the ReLU's mask recomputed inside:
+    // 16-byte vectors of channels (256 channels), one channel a thread (6 channels, which do
+    // not fill a vector), and the reductions split over blocks (56x56). f32 against the CPU,
+    // the bound of the NCHW rows of the same op.
+    for (name, dims, relu) in [
+        ("@7 + ReLU (256 ch)", [8, 256, 7, 7], true),
+        ("@9 + ReLU (6 ch, one channel a thread)", [4, 6, 9, 9], true),
+        ("@56 (split)", [8, 64, 56, 56], false),
+    ] {
+        checks.push(Check {
+            name: format!("channels-last graph-free batch norm {name}"),
+            error: compare_graph_free_batch_norm(gpu, dims, (relu, true), DType::F32)?,
+            tolerance: 1e-3,
+        });
+    }
+    // Max-pool on NHWC storage and the ReLU kernels' vector and element paths: the same
+    // comparisons and the same order of additions as the CPU, so equal up to the last bit
+    // (1e-6 as the NCHW max-pool rows).
+    for dtype in [DType::F32, DType::BF16] {
+        checks.push(Check {
+            name: format!("channels-last max_pool2d with ties, forward and backward, {dtype:?}"),
+            error: pool_nhwc(gpu, dtype)?,
+            tolerance: 1e-6,
+        });
+        checks.push(Check {
+            name: format!("relu_backward and add_relu on unaligned views, {dtype:?}"),
+            error: relu_on_views(gpu, dtype)?,
+            tolerance: 1e-6,
+        });
+    }
     let (loss, grads) = resnet18_step(gpu)?;
     checks.push(Check {
         name: "ResNet-18 f32 channels-last = NCHW, loss".into(),
@@ -52,6 +82,60 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
         tolerance: 1e-2,
     });
     Ok(())
+}
+
+/// `max_pool2d_forward` and `max_pool2d_backward` (3x3, stride 2, padding 1) of a ReLU's output
+/// (ties at zero) on channels-last GPU tensors, whose results must stay channels-last, against
+/// the CPU on NCHW: the largest relative error of `y` and `dx` (infinite if the layout is lost).
+fn pool_nhwc(gpu: &Device, dtype: DType) -> Result<f64> {
+    let cpu = Device::Cpu;
+    let x = Tensor::randn(0f32, 1.0, (4, 24, 15, 15), &cpu)?
+        .relu()?
+        .to_dtype(dtype)?;
+    let dy = Tensor::randn(0f32, 1.0, (4, 24, 8, 8), &cpu)?.to_dtype(dtype)?;
+    let run = |device: &Device| -> Result<(Tensor, Tensor, bool)> {
+        let put = |t: &Tensor| -> Result<Tensor> {
+            let t = t.to_device(device)?;
+            Ok(match device.is_cuda() {
+                true => ops::to_channels_last(&t)?,
+                false => t,
+            })
+        };
+        let (x, dy) = (put(&x)?, put(&dy)?);
+        let y = ops::max_pool2d_forward(&x, 3, 2, 1)?;
+        let dx = ops::max_pool2d_backward(&x, &y, &dy, 3, 2, 1)?;
+        let kept = ops::is_channels_last(&y) && ops::is_channels_last(&dx);
+        Ok((y.to_device(&cpu)?, dx.to_device(&cpu)?, kept))
+    };
+    let ((y, dx, _), (gy, gdx, kept)) = (run(&cpu)?, run(gpu)?);
+    match kept {
+        true => Ok(relative_error(&y, &gy)?.max(relative_error(&dx, &gdx)?)),
+        false => Ok(f64::INFINITY),
+    }
+}
+
+/// `relu_backward` and `add_relu_forward` on views that start one element into their buffers
+/// (odd plane sizes: not 16-byte aligned, so the kernels take their element path) and on whole
+/// buffers (the vector path with a ragged tail), GPU against CPU.
+fn relu_on_views(gpu: &Device, dtype: DType) -> Result<f64> {
+    let cpu = Device::Cpu;
+    let a = Tensor::randn(0f32, 1.0, (5, 3, 5, 7), &cpu)?.to_dtype(dtype)?;
+    let b = Tensor::randn(0f32, 1.0, (5, 3, 5, 7), &cpu)?.to_dtype(dtype)?;
+    let run = |device: &Device| -> Result<Vec<Tensor>> {
+        let (a, b) = (a.to_device(device)?, b.to_device(device)?);
+        let mut out = Vec::new();
+        for (a, b) in [(a.narrow(0, 1, 3)?, b.narrow(0, 1, 3)?), (a, b)] {
+            let y = ops::add_relu_forward(&a, &b)?;
+            out.push(ops::relu_backward(&y, &b)?.to_device(&cpu)?);
+            out.push(y.to_device(&cpu)?);
+        }
+        Ok(out)
+    };
+    let (reference, on_gpu) = (run(&cpu)?, run(gpu)?);
+    reference
+        .iter()
+        .zip(&on_gpu)
+        .try_fold(0f64, |m, (r, g)| Ok(m.max(relative_error(r, g)?)))
 }
 
 /// A convolution, a batch norm with ReLU and their backward (the input gradient added into a

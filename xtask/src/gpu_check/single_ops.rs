@@ -51,7 +51,7 @@ pub(super) fn compare_op(
 pub(super) fn compare_graph_free_batch_norm(
     gpu: &Device,
     dims: [usize; 4],
-    relu: bool,
+    (relu, channels_last): (bool, bool),
     dtype: DType,
 ) -> Result<f64> {
     let c = dims[1];
@@ -64,7 +64,10 @@ pub(super) fn compare_graph_free_batch_norm(
     let run = |device: &Device| -> Result<Vec<Tensor>> {
         let t: Vec<Tensor> = cpu_inputs
             .iter()
-            .map(|t| t.to_device(device))
+            .map(|t| match (device.is_cuda() && channels_last, t.rank()) {
+                (true, 4) => ops::to_channels_last(&t.to_device(device)?),
+                _ => t.to_device(device),
+            })
             .collect::<candle_core::Result<_>>()?;
         let out = ops::batch_norm_train_forward(&t[0], &t[1], &t[2], 1e-5, relu)?;
         let relu_output = relu.then_some(&out.y);
@@ -139,8 +142,9 @@ pub(super) const MULTI_SIZES: [usize; 61] = {
     sizes
 };
 
-/// `copy_tensors` on the GPU against the CPU: the largest relative error of the copies.
-pub(super) fn compare_multi_tensor(gpu: &Device, dtype: DType) -> Result<f64> {
+/// `copy_tensors` of tensors of `dtype` into destinations of `into` on the GPU against the CPU:
+/// the largest relative error of the copies.
+pub(super) fn compare_multi_tensor(gpu: &Device, dtype: DType, into: DType) -> Result<f64> {
     let sources: Vec<Tensor> = MULTI_SIZES
         .iter()
         .map(|&n| Tensor::randn(0f32, 1.0, n, &Device::Cpu)?.to_dtype(dtype))
@@ -152,7 +156,7 @@ pub(super) fn compare_multi_tensor(gpu: &Device, dtype: DType) -> Result<f64> {
             .collect::<candle_core::Result<_>>()?;
         let copies: Vec<Tensor> = params
             .iter()
-            .map(|t| t.zeros_like())
+            .map(|t| t.zeros_like()?.to_dtype(into))
             .collect::<candle_core::Result<_>>()?;
         let pairs: Vec<(&Tensor, &Tensor)> = params.iter().zip(&copies).collect();
         ops::copy_tensors(&pairs)?;

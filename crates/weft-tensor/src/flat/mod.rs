@@ -204,7 +204,10 @@ impl FlatBuffer {
         let mut views = Vec::with_capacity(values.len());
         for (slot, value) in values {
             self.check_numel(slot, value)?;
-            sources.push(value.to_dtype(self.dtype())?);
+            sources.push(match crate::ops::copies_into(value.dtype(), self.dtype()) {
+                true => (*value).clone(),
+                false => value.to_dtype(self.dtype())?,
+            });
             views.push(self.range(&slot.range())?);
         }
         let pairs: Vec<(&Tensor, &Tensor)> = sources.iter().zip(&views).collect();

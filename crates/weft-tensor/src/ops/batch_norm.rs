@@ -110,7 +110,9 @@ pub fn batch_norm_train_forward(
 /// The gradients of the [`batch_norm_train_forward`]`(x, ..)` that gave the statistics
 /// `table` (its [`BatchNormOutput::table`]), from the output gradient `dy`; the input's only
 /// when `input_grad`. With the fused ReLU, `relu_output` is the forward's output `y` (its
-/// mask); without it, the output need not be kept at all.
+/// mask); without it, the output need not be kept at all. On channels-last CUDA data the mask
+/// is recomputed from `x` and `table` inside the backward kernels (the same values as `y`'s, no
+/// separate ReLU pass).
 pub fn batch_norm_train_backward(
     x: &Tensor,
     table: &Tensor,
@@ -126,13 +128,9 @@ pub fn batch_norm_train_backward(
             x.dims()
         );
     }
-    let dy = match relu_output {
-        Some(y) => relu_backward(y, dy)?,
-        None => dy.clone(),
-    };
     if channels_last_on_cuda(x) {
-        let (x, dy) = (nhwc(x)?, nhwc(&dy)?);
-        let op = |pass| BatchNormOp::nhwc(pass, eps, false);
+        let (x, dy) = (nhwc(x)?, nhwc(dy)?);
+        let op = |pass| BatchNormOp::nhwc(pass, eps, relu_output.is_some());
         let table = x.apply_op3_no_bwd(&dy, table, &op(BnPass::GradTable))?;
         let dx = match input_grad {
             true => Some(from_nhwc(&x.apply_op3_no_bwd(
@@ -148,7 +146,11 @@ pub fn batch_norm_train_backward(
             bias: table.get(5)?,
         });
     }
-    let (x, dy) = (x.contiguous()?, dy.contiguous()?);
+    let dy = match relu_output {
+        Some(y) => relu_backward(y, dy)?,
+        None => dy.contiguous()?,
+    };
+    let x = x.contiguous()?;
     let table = x.apply_op3_no_bwd(&dy, table, &BatchNormOp::new(BnPass::GradTable, eps, false))?;
     let dx = match input_grad {
         true => Some(input_gradient(&x, &dy, &table, eps)?),

@@ -42,7 +42,7 @@ impl BnShape {
     }
 
     fn finalize(&self) -> LaunchConfig {
-        one_thread_each(self.c)
+        one_warp_each(self.c)
     }
 
     /// One row of blocks per plane, each thread taking about four elements.
@@ -57,7 +57,17 @@ impl BnShape {
     }
 }
 
-/// One thread for each of `n` items (a finalize kernel's channels, a running statistic).
+/// One warp for each of `n` channels (the finalize kernels, which add a channel's partial sums
+/// across a warp).
+pub(super) fn one_warp_each(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u32 * 32).div_ceil(THREADS), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One thread for each of `n` items (a running statistic).
 pub(super) fn one_thread_each(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: ((n as u32).div_ceil(THREADS), 1, 1),

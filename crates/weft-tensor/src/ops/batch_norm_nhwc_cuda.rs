@@ -1,9 +1,10 @@
 //! Launches the channels-last batch-norm kernels of `kernels/batch_norm_nhwc.cu` on the NHWC
-//! storage of channels-last tensors (`rows = N*H*W` rows of `C` channels): the reductions as
-//! `splits x ceil(C/32)` blocks of 32 channels x 8 rows writing double partial sums, finished
-//! by batch_norm.cu's finalize kernels (with `hw = 1`); the element-wise passes as a grid-stride
-//! loop with every channel's coefficients in shared memory. The graph-free passes only (table,
-//! forward from a table, gradient table, input gradient).
+//! storage of channels-last tensors (`rows = N*H*W` rows of `C` channels). A thread owns one
+//! 16-byte vector of channels when `C` allows (one channel otherwise): the reductions run as
+//! splits of blocks of up to 32 such columns by rows, writing double partial sums finished by
+//! batch_norm.cu's finalize kernels (with `hw = 1`, a warp per channel); the element-wise
+//! passes as blocks of columns by rows. The graph-free passes only (table, forward from a table, gradient table, input
+//! gradient), the backward ones with the ReLU's mask when `relu`.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
@@ -11,21 +12,42 @@ use candle_core::{bail, DType, Layout, Result, WithDType};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 
-use super::batch_norm_cuda::{bn_views, one_thread_each};
+use super::batch_norm_cuda::{bn_views, one_warp_each};
 use super::batch_norm_op::BnPass;
 use super::cuda_launch::{
     device_of, function, launched, output, BATCH_NORM, BATCH_NORM_NHWC, THREADS,
 };
 
-const TILE_C: usize = 32;
-const TILE_R: usize = 8;
+/// Vectors of channels a reduction block spans (at most).
+const REDUCTION_COLUMNS: usize = 32;
 
-/// Blocks along the rows of a reduction: about a thousand blocks in all, each over at least
-/// a few hundred rows.
-fn splits(rows: usize, c: usize) -> usize {
-    (1024 / c.div_ceil(TILE_C))
-        .min(rows.div_ceil(TILE_R * 32))
-        .clamp(1, 65_535)
+/// A reduction's grid over `columns` vectors of `lanes` channels and `rows` rows: blocks of up
+/// to 32 columns by as many rows as fill them, about a thousand blocks in all along the rows
+/// (the splits), each thread over at least 16 rows; shared memory for each thread's 2 x lanes
+/// double sums.
+fn reduction_grid(columns: usize, lanes: usize, rows: usize) -> (usize, LaunchConfig) {
+    let across = columns.min(REDUCTION_COLUMNS);
+    let down = (THREADS as usize / across).max(1);
+    let column_blocks = columns.div_ceil(across);
+    let splits = (1024 / column_blocks)
+        .min(rows.div_ceil(down * 16))
+        .clamp(1, 65_535);
+    let config = LaunchConfig {
+        grid_dim: (splits as u32, column_blocks as u32, 1),
+        block_dim: (across as u32, down as u32, 1),
+        shared_mem_bytes: (across * down * 2 * lanes * std::mem::size_of::<f64>()) as u32,
+    };
+    (splits, config)
+}
+
+/// The vector width of a pass over `c` channels of `T` (16 bytes when `c` is a multiple) and
+/// the kernels' name suffix for it.
+fn lanes_of<T>(c: usize) -> (usize, &'static str) {
+    let lanes = 16 / std::mem::size_of::<T>();
+    match c % lanes {
+        0 => (lanes, "_vec"),
+        _ => (1, ""),
+    }
 }
 
 fn run<T, S>(
@@ -41,7 +63,7 @@ where
 {
     let device = device_of(args[0].0);
     let views = bn_views::<T, S>(args)?;
-    let (rows_i, c_i, total) = (rows as i64, c as i32, (rows * c) as i64);
+    let (rows_i, c_i) = (rows as i64, c as i32);
     let m = rows as f64;
     let relu = i32::from(relu);
     // SAFETY (every launch below): the arguments match the kernels' signatures in
@@ -50,14 +72,18 @@ where
     // tables 4 x C or 6 x C, `partial` splits x 2C doubles each written by one block).
     match pass {
         BnPass::Table | BnPass::GradTable => {
-            let splits = splits(rows, c);
+            let (lanes, vec) = lanes_of::<T>(c);
+            let (splits, config) = reduction_grid(c / lanes, lanes, rows);
             let partial = output::<f64>(&device, splits * 2 * c)?;
             let out = output::<S>(&device, out_len)?;
             let (partial_kernel, finalize_kernel) = match pass {
-                BnPass::Table => ("bn_nhwc_moments_partial", "bn_table_finalize"),
-                _ => ("bn_nhwc_grad_sums_partial", "bn_grad_table_finalize"),
+                BnPass::Table => (format!("bn_nhwc_moments_partial{vec}"), "bn_table_finalize"),
+                _ => (
+                    format!("bn_nhwc_grad_sums_partial{vec}"),
+                    "bn_grad_table_finalize",
+                ),
             };
-            let func = function(&device, &BATCH_NORM_NHWC, partial_kernel, T::DTYPE)?;
+            let func = function(&device, &BATCH_NORM_NHWC, &partial_kernel, T::DTYPE)?;
             let mut builder = func.builder();
             let inputs = match pass {
                 BnPass::Table => &views[..1],
@@ -67,12 +93,10 @@ where
                 v.push(&mut builder);
             }
             builder.arg(&partial).arg(&rows_i).arg(&c_i);
-            let config = LaunchConfig {
-                grid_dim: (splits as u32, c.div_ceil(TILE_C) as u32, 1),
-                block_dim: (TILE_C as u32, TILE_R as u32, 1),
-                shared_mem_bytes: 0,
-            };
-            launched(partial_kernel, unsafe { builder.launch(config) })?;
+            if let BnPass::GradTable = pass {
+                builder.arg(&eps).arg(&relu);
+            }
+            launched(&partial_kernel, unsafe { builder.launch(config) })?;
             let func = function(&device, &BATCH_NORM, finalize_kernel, T::DTYPE)?;
             let mut builder = func.builder();
             let (one, splits_i) = (1i32, splits as i32);
@@ -94,40 +118,49 @@ where
                         .arg(&eps);
                 }
             }
-            launched(finalize_kernel, unsafe {
-                builder.launch(one_thread_each(c))
-            })?;
+            launched(finalize_kernel, unsafe { builder.launch(one_warp_each(c)) })?;
             Ok(CudaStorage::wrap_cuda_slice(out, device))
         }
         BnPass::ForwardTable | BnPass::GradInput => {
             let out = output::<T>(&device, out_len)?;
-            let (kernel, coefficients) = match pass {
-                BnPass::ForwardTable => ("bn_nhwc_forward", 2),
-                _ => ("bn_nhwc_grad_input", 3),
+            // A thread owns 16 bytes of a row's channels when they divide into such vectors.
+            let (lanes, vec) = lanes_of::<T>(c);
+            let kernel = match pass {
+                BnPass::ForwardTable => format!("bn_nhwc_forward{vec}"),
+                _ => format!("bn_nhwc_grad_input{vec}"),
             };
-            let func = function(&device, &BATCH_NORM_NHWC, kernel, T::DTYPE)?;
+            let func = function(&device, &BATCH_NORM_NHWC, &kernel, T::DTYPE)?;
             let mut builder = func.builder();
             for v in &views {
                 v.push(&mut builder);
             }
-            builder.arg(&out).arg(&total).arg(&c_i);
+            let rows_u = rows as u32;
+            builder.arg(&out).arg(&rows_u).arg(&c_i);
             match pass {
                 BnPass::ForwardTable => builder.arg(&eps).arg(&relu),
-                _ => builder.arg(&m).arg(&eps),
+                _ => builder.arg(&m).arg(&eps).arg(&relu),
             };
-            let config = LaunchConfig {
-                grid_dim: (
-                    (total as u64).div_ceil(THREADS as u64).clamp(1, 1024) as u32,
-                    1,
-                    1,
-                ),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: (coefficients * c * std::mem::size_of::<S>()) as u32,
-            };
-            launched(kernel, unsafe { builder.launch(config) })?;
+            let config = columns_by_rows(c / lanes, rows);
+            launched(&kernel, unsafe { builder.launch(config) })?;
             Ok(CudaStorage::wrap_cuda_slice(out, device))
         }
         other => bail!("channels-last batch norm: pass {other:?} is not written for NHWC"),
+    }
+}
+
+/// The element-wise passes' grid: `columns` threads across a row (blocks of at most
+/// `THREADS`), as many rows per block as fill it, and each thread taking about four rows.
+fn columns_by_rows(columns: usize, rows: usize) -> LaunchConfig {
+    let across = columns.min(THREADS as usize);
+    let down = (THREADS as usize / across).max(1);
+    LaunchConfig {
+        grid_dim: (
+            columns.div_ceil(across) as u32,
+            rows.div_ceil(down * 4).clamp(1, 65_535) as u32,
+            1,
+        ),
+        block_dim: (across as u32, down as u32, 1),
+        shared_mem_bytes: 0,
     }
 }
 
@@ -140,8 +173,8 @@ pub(crate) fn run_cuda_nhwc(
     args: &[(&CudaStorage, &Layout, &'static str)],
     out_len: usize,
 ) -> Result<CudaStorage> {
-    if rows * c > i64::MAX as usize || c > 2048 {
-        bail!("channels-last batch norm: {rows} rows of {c} channels are beyond the kernels (at most 2048 channels)");
+    if rows > u32::MAX as usize || rows * c > i64::MAX as usize || c > 2048 {
+        bail!("channels-last batch norm: {rows} rows of {c} channels are beyond the kernels (at most 2^32 rows, 2048 channels)");
     }
     let settings = (eps, relu);
     match args[0].0.dtype() {

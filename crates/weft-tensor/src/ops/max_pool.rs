@@ -40,12 +40,16 @@ pub fn max_pool2d_forward(
 ) -> Result<Tensor> {
     let window = PoolWindow::new(kernel, stride, padding);
     window.output_shape(x.dims())?;
+    #[cfg(feature = "cuda")]
+    if let Some(y) = super::max_pool_nhwc::forward(x, window)? {
+        return Ok(y);
+    }
     let y = x.contiguous()?.apply_op1_no_bwd(&MaxPool2dOp { window })?;
     same_layout_as(x, y)
 }
 
-/// `t` channels-last when `like` is (the kernels pool NCHW planes; a channels-last input is
-/// copied in and its results out).
+/// `t` channels-last when `like` is (where the NHWC kernels do not apply, a channels-last input
+/// is pooled as NCHW planes, copied in and its results out).
 fn same_layout_as(like: &Tensor, t: Tensor) -> Result<Tensor> {
     match is_channels_last(like) {
         true => to_channels_last(&t),
@@ -63,6 +67,10 @@ pub fn max_pool2d_backward(
     padding: usize,
 ) -> Result<Tensor> {
     let window = PoolWindow::new(kernel, stride, padding);
+    #[cfg(feature = "cuda")]
+    if let Some(dx) = super::max_pool_nhwc::backward(x, y, dy, window)? {
+        return Ok(dx);
+    }
     let dx = x.contiguous()?.apply_op3_no_bwd(
         &y.contiguous()?,
         &dy.contiguous()?,

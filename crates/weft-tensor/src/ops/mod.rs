@@ -83,6 +83,8 @@ mod max_pool;
 mod max_pool_cpu;
 #[cfg(feature = "cuda")]
 mod max_pool_cuda;
+#[cfg(feature = "cuda")]
+mod max_pool_nhwc;
 mod multi_tensor;
 #[cfg(feature = "cuda")]
 mod multi_tensor_cuda;
@@ -120,7 +122,7 @@ pub use determinism::{deterministic, set_deterministic};
 pub use gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_derivative};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_reference};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
-pub use multi_tensor::copy_tensors;
+pub use multi_tensor::{copies_into, copy_tensors};
 pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::blend_into;

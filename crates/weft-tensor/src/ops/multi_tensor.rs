@@ -5,13 +5,20 @@
 //! one per tensor; on the CPU a loop over the tensors. (The optimizers' multi-tensor updates
 //! live with their rules, in weft-optim.)
 
-use candle_core::{bail, Result, Tensor};
+use candle_core::{bail, DType, Result, Tensor};
 
-/// Copies each `(source, destination)` pair: same dtype and number of elements, destination
-/// contiguous (a variable, or a slot of a flat buffer). Shapes may differ.
+/// Whether [`copy_tensors`] takes a `source` of dtype `from` into a destination of dtype `to`:
+/// the same dtype, or a 16-bit float widened (exactly) to f32.
+pub fn copies_into(from: DType, to: DType) -> bool {
+    from == to || (matches!(from, DType::BF16 | DType::F16) && to == DType::F32)
+}
+
+/// Copies each `(source, destination)` pair: same number of elements, dtypes as
+/// [`copies_into`] allows (a 16-bit source is widened to an f32 destination in the same pass),
+/// destination contiguous (a variable, or a slot of a flat buffer). Shapes may differ.
 pub fn copy_tensors(pairs: &[(&Tensor, &Tensor)]) -> Result<()> {
     for (i, (src, dst)) in pairs.iter().enumerate() {
-        if src.dtype() != dst.dtype() || src.elem_count() != dst.elem_count() {
+        if !copies_into(src.dtype(), dst.dtype()) || src.elem_count() != dst.elem_count() {
             bail!(
                 "copy_tensors: pair {i}: source {:?} {:?} and destination {:?} {:?} differ",
                 src.dims(),
@@ -38,10 +45,16 @@ pub fn copy_tensors(pairs: &[(&Tensor, &Tensor)]) -> Result<()> {
             .zip(pairs)
             .map(|(s, (_, d))| (s, *d))
             .collect();
-        return super::multi_tensor_cuda::copy(&pairs);
+        let (same, widened): (Vec<_>, Vec<_>) =
+            pairs.into_iter().partition(|(s, d)| s.dtype() == d.dtype());
+        super::multi_tensor_cuda::copy(&same)?;
+        return super::multi_tensor_cuda::widen(&widened);
     }
     for (src, dst) in pairs {
-        let src = src.reshape(dst.shape())?.contiguous()?;
+        let src = src
+            .reshape(dst.shape())?
+            .to_dtype(dst.dtype())?
+            .contiguous()?;
         if dst.rank() == 0 {
             dst.flatten_all()?.slice_set(&src.flatten_all()?, 0, 0)?;
         } else {

@@ -4,7 +4,7 @@
 //! [`device_address`] for why that is sound).
 
 use candle_core::cuda_backend::CudaDevice;
-use candle_core::{Result, Tensor};
+use candle_core::{bail, DType, Result, Tensor};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::cuda_launch::{device_address, function_named, launched, MULTI_TENSOR, THREADS};
@@ -82,6 +82,45 @@ pub(crate) fn copy(pairs: &[(&Tensor, &Tensor)]) -> Result<()> {
         launched("multi_copy", unsafe {
             builder.launch(config(chunk, 16 * THREADS as u64, chunk.len()))
         })?;
+    }
+    Ok(())
+}
+
+/// `dst ← src` widened to f32 for each pair of a 16-bit `src` (bf16 or f16, one dtype per
+/// call's run of pairs) and an f32 `dst` of as many elements (checked by the caller).
+pub(crate) fn widen(pairs: &[(&Tensor, &Tensor)]) -> Result<()> {
+    for dtype in [DType::BF16, DType::F16] {
+        let of_dtype: Vec<_> = pairs.iter().filter(|(s, _)| s.dtype() == dtype).collect();
+        let Some((first, _)) = of_dtype.first() else {
+            continue;
+        };
+        let kernel = match dtype {
+            DType::BF16 => "multi_widen_bf16",
+            _ => "multi_widen_f16",
+        };
+        let device = device(first)?;
+        let func = function_named(&device, &MULTI_TENSOR, kernel)?;
+        let entries = of_dtype
+            .iter()
+            .map(|(src, dst)| {
+                if dst.dtype() != DType::F32 {
+                    bail!("{kernel}: the destination is {:?}, not f32", dst.dtype());
+                }
+                let len = dst.elem_count() as u64;
+                Ok((device_address(dst)?, device_address(src)?, len))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for chunk in entries.chunks(MAX_TENSORS) {
+            let list = TensorList::new(chunk);
+            let mut builder = func.builder();
+            builder.arg(&list);
+            // SAFETY: every entry names `len` valid elements at both addresses (contiguous
+            // tensors of as many elements, 16-bit source and f32 destination, alive until the
+            // kernel has run: see the module docs).
+            launched(kernel, unsafe {
+                builder.launch(config(chunk, 8 * THREADS as u64, chunk.len()))
+            })?;
+        }
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! Launches the ReLU kernels of `kernels/relu.cu` on CUDA storages (grid-stride loops over the
-//! contiguous elements).
+//! contiguous elements in 16-byte vectors).
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
@@ -27,10 +27,12 @@ fn launch<T: CudaDType + DeviceRepr + WithDType>(
     }
     let n = len as i64;
     builder.arg(&out).arg(&n);
+    // A thread per 16-byte vector (the kernels' grid-stride loops take any grid).
+    let vectors = len.div_ceil(16 / std::mem::size_of::<T>());
     // SAFETY: the arguments match the kernel's signature in kernels/relu.cu; every input
     // holds `len` elements (same shapes, checked by the caller) and the output is `len` long.
     launched(op.kernel_name(), unsafe {
-        builder.launch(grid_stride(len))
+        builder.launch(grid_stride(vectors))
     })?;
     Ok(CudaStorage::wrap_cuda_slice(out, device))
 }

@@ -6,6 +6,7 @@ mod channels_last;
 mod conv2d;
 mod half;
 mod max_pool;
+mod multi_tensor;
 mod relu;
 mod running_average;
 mod support;
