@@ -6,6 +6,8 @@
 //   grad_sums_partial  (x, dy, table)      -> per-split double [sum(g * (x - mean)); sum(g)]
 //   forward            (x, [mean; var; weight; bias])            -> y (then max(y, 0) if relu)
 //   grad_input         (x, dy, [mean; var; weight; bias; sum(g*xhat); sum(g)]) -> dx
+//   forward_add_relu   (x, [mean; var; weight; bias], r) -> max(y + r, 0), y rounded to T first:
+//                      the forward and add_relu (relu.cu) of a residual block's end in one pass
 // With `relu`, the backward passes take the gradient of the ReLU's output: g is dy where the
 // forward's output, recomputed from x and the table exactly as the forward rounded it, is
 // positive, and 0 elsewhere (PyTorch's rule on the output, `y <= 0 ? 0 : dy`), so neither the
@@ -155,6 +157,32 @@ __device__ void forward(const T* x, const S* table, T* y, unsigned rows, int c, 
     }
 }
 
+// out = max(y + r, 0) with y the forward's output as it stores it and the sum in S, rounded
+// once, as relu.cu's add_relu_forward computes it.
+template <typename T, typename S, int N>
+__device__ void forward_add_relu(const T* x, const S* table, const T* residual, T* out,
+                                 unsigned rows, int c, double eps) {
+    const int col = first_channel<N>(c);
+    if (col < 0) return;
+    const bool vector = aligned16(x) && aligned16(residual) && aligned16(out);
+    S a[N], b[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) forward_coefficients(table, c, col + k, eps, a[k], b[k]);
+    for (unsigned r = blockIdx.y * blockDim.y + threadIdx.y; r < rows;
+         r += gridDim.y * blockDim.y) {
+        const size_t at = (size_t)r * c + col;
+        const Vec<T, N> xv = load<T, N>(x + at, vector), rv = load<T, N>(residual + at, vector);
+        Vec<T, N> o;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const T y = cvt<T>(normalised(a[k], b[k], xv.v[k], 0));
+            const T sum = cvt<T>(cvt<S>(y) + cvt<S>(rv.v[k]));
+            o.v[k] = cvt<S>(sum) < (S)0 ? cvt<T>((S)0) : sum;
+        }
+        store<T, N>(out + at, o, vector);
+    }
+}
+
 // dx = g * k + x * u + t (the NCHW kernel's coefficients), g as the header says.
 template <typename T, typename S, int N>
 __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsigned rows,
@@ -213,6 +241,11 @@ __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsig
                                                            int c, double m, double eps,          \
                                                            int relu) {                           \
         grad_input<T, S, N>(x, dy, table, dx, rows, c, m, eps, relu);                            \
+    }                                                                                            \
+    extern "C" __global__ void bn_nhwc_forward_add_relu_##SUFFIX(                                \
+        const T* x, const S* table, const T* residual, T* out, unsigned rows, int c,             \
+        double eps) {                                                                            \
+        forward_add_relu<T, S, N>(x, table, residual, out, rows, c, eps);                        \
     }
 
 BATCH_NORM_NHWC_KERNELS(float, float, f32)

@@ -62,6 +62,17 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
             error: pool_nhwc(gpu, dtype)?,
             tolerance: 1e-6,
         });
+        // The fused end of a residual block computes what the two passes compute, rounding
+        // for rounding.
+        for channels in [24, 6] {
+            checks.push(Check {
+                name: format!(
+                    "channels-last batch norm + add + ReLU = two passes, {channels} ch, {dtype:?}"
+                ),
+                error: bn_add_relu(gpu, dtype, channels)?,
+                tolerance: 0.0,
+            });
+        }
         checks.push(Check {
             name: format!("relu_backward and add_relu on unaligned views, {dtype:?}"),
             error: relu_on_views(gpu, dtype)?,
@@ -112,6 +123,28 @@ fn pool_nhwc(gpu: &Device, dtype: DType) -> Result<f64> {
         true => Ok(relative_error(&y, &gy)?.max(relative_error(&dx, &gdx)?)),
         false => Ok(f64::INFINITY),
     }
+}
+
+/// `batch_norm_train_forward_add_relu` on channels-last GPU tensors of `channels` channels
+/// against `batch_norm_train_forward` then `add_relu_forward` on the same tensors: the largest
+/// relative difference of the outputs and the tables.
+fn bn_add_relu(gpu: &Device, dtype: DType, channels: usize) -> Result<f64> {
+    let shape = (4, channels, 9, 9);
+    let draw = |shape: &[usize], mean: f32| -> Result<Tensor> {
+        Ok(Tensor::randn(mean, 1.0, shape, gpu)?.to_dtype(dtype)?)
+    };
+    let (x, residual) = (
+        ops::to_channels_last(&draw(&[4, channels, 9, 9], 0.0)?)?,
+        ops::to_channels_last(&draw(&[4, channels, 9, 9], 0.0)?)?,
+    );
+    let (weight, bias) = (draw(&[channels], 1.0)?, draw(&[channels], 0.0)?);
+    let fused = ops::batch_norm_train_forward_add_relu(&x, &weight, &bias, 1e-5, &residual)?;
+    let plain = ops::batch_norm_train_forward(&x, &weight, &bias, 1e-5, false)?;
+    let two_pass = ops::add_relu_forward(&plain.y, &residual)?;
+    if !ops::is_channels_last(&fused.y) || fused.y.dims() != [shape.0, shape.1, shape.2, shape.3] {
+        return Ok(f64::INFINITY);
+    }
+    Ok(relative_error(&two_pass, &fused.y)?.max(relative_error(&plain.table, &fused.table)?))
 }
 
 /// `relu_backward` and `add_relu_forward` on views that start one element into their buffers

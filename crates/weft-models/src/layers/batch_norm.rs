@@ -100,11 +100,36 @@ impl BatchNorm2d {
         relu: bool,
     ) -> Result<BatchNormOutput> {
         let out = ops::batch_norm_train_forward(x, &self.weight, &self.bias, self.eps, relu)?;
+        self.track_graph_free(x, mode, &out)?;
+        Ok(out)
+    }
+
+    /// [`BatchNorm2d::forward_graph_free`] without ReLU, then `max(y + residual, 0)` (the end
+    /// of a residual block, one pass on channels-last GPU data); the output is that sum's.
+    pub fn forward_graph_free_add_relu(
+        &self,
+        x: &Tensor,
+        mode: Mode,
+        residual: &Tensor,
+    ) -> Result<BatchNormOutput> {
+        let out = ops::batch_norm_train_forward_add_relu(
+            x,
+            &self.weight,
+            &self.bias,
+            self.eps,
+            residual,
+        )?;
+        self.track_graph_free(x, mode, &out)?;
+        Ok(out)
+    }
+
+    /// The running statistics' update of a graph-free forward of `x`, when `mode` asks.
+    fn track_graph_free(&self, x: &Tensor, mode: Mode, out: &BatchNormOutput) -> Result<()> {
         if mode.update_running_stats {
             let (n, _, h, w) = x.dims4()?;
             self.update_running_stats((n * h * w) as f64, &out.mean()?, &out.var()?)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The input gradient (if `input_grad`) and the weight and bias gradients, keyed by their

@@ -231,9 +231,12 @@ impl Block for Head {
     }
 
     fn forward(&self, x: &Tensor, _mode: Mode) -> weft_tensor::Result<Tensor> {
-        // Candle's means over the spatial axes want NCHW order (a small copy when the blocks
-        // ran channels-last).
-        let pooled = x.contiguous()?.mean(D::Minus1)?.mean(D::Minus1)?;
+        // The mean over the spatial axes in the order of x's storage: channels-last x as its
+        // N x (H*W) x C view, so neither the forward nor its gradient copies between layouts.
+        let pooled = match weft_tensor::ops::is_channels_last(x) {
+            true => x.permute((0, 2, 3, 1))?.flatten(1, 2)?.mean(1)?,
+            false => x.contiguous()?.mean(D::Minus1)?.mean(D::Minus1)?,
+        };
         self.fc.forward(&pooled)
     }
 

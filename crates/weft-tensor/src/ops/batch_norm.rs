@@ -7,7 +7,7 @@
 
 use super::batch_norm_op::{BatchNormOp, BnPass};
 use super::channels_last::{from_nhwc, is_channels_last, nhwc};
-use super::relu::{relu, relu_backward};
+use super::relu::{add_relu_forward, relu, relu_backward};
 use super::storage::{
     dims4, half_on_cpu, uses_cpu_kernels, uses_cuda_kernels_with_half, uses_kernels_with_half,
 };
@@ -105,6 +105,47 @@ pub fn batch_norm_train_forward(
     let table = x.apply_op3_no_bwd(&weight, &bias, &BatchNormOp::new(BnPass::Table, eps, false))?;
     let y = x.apply_op2_no_bwd(&table, &BatchNormOp::new(BnPass::ForwardTable, eps, relu))?;
     Ok(BatchNormOutput { y, table })
+}
+
+/// [`batch_norm_train_forward`] without ReLU followed by `max(y + residual, 0)` (the end of a
+/// residual block, [`super::add_relu_forward`]): one pass over channels-last CUDA data, where
+/// `y` is never stored; the two passes otherwise. The returned output is the block's
+/// (`max(y + residual, 0)`), the table the batch norm's; the results equal the two passes'.
+pub fn batch_norm_train_forward_add_relu(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    residual: &Tensor,
+) -> Result<BatchNormOutput> {
+    if residual.dims() != x.dims() {
+        bail!(
+            "batch_norm_train_forward_add_relu: residual has shape {:?}, x {:?}",
+            residual.dims(),
+            x.dims()
+        );
+    }
+    if !channels_last_on_cuda(x) {
+        let out = batch_norm_train_forward(x, weight, bias, eps, false)?;
+        return Ok(BatchNormOutput {
+            y: add_relu_forward(&out.y, residual)?,
+            table: out.table,
+        });
+    }
+    check_arguments(x, weight, bias, eps)?;
+    let (weight, bias) = (weight.contiguous()?, bias.contiguous()?);
+    let x = nhwc(x)?;
+    let table = x.apply_op3_no_bwd(
+        &weight,
+        &bias,
+        &BatchNormOp::nhwc(BnPass::Table, eps, false),
+    )?;
+    let op = BatchNormOp::nhwc(BnPass::ForwardTableAddRelu, eps, false);
+    let y = x.apply_op3_no_bwd(&table, &nhwc(residual)?, &op)?;
+    Ok(BatchNormOutput {
+        y: from_nhwc(&y)?,
+        table,
+    })
 }
 
 /// The gradients of the [`batch_norm_train_forward`]`(x, ..)` that gave the statistics

@@ -212,6 +212,9 @@ where
             launched(kernel, unsafe { builder.launch(shape.planes()) })?;
             Ok(CudaStorage::wrap_cuda_slice(out, device))
         }
+        BnPass::ForwardTableAddRelu => {
+            bail!("batch-norm kernel: the fused residual end is written for channels-last data")
+        }
     }
 }
 

@@ -121,12 +121,13 @@ where
             launched(finalize_kernel, unsafe { builder.launch(one_warp_each(c)) })?;
             Ok(CudaStorage::wrap_cuda_slice(out, device))
         }
-        BnPass::ForwardTable | BnPass::GradInput => {
+        BnPass::ForwardTable | BnPass::GradInput | BnPass::ForwardTableAddRelu => {
             let out = output::<T>(&device, out_len)?;
             // A thread owns 16 bytes of a row's channels when they divide into such vectors.
             let (lanes, vec) = lanes_of::<T>(c);
             let kernel = match pass {
                 BnPass::ForwardTable => format!("bn_nhwc_forward{vec}"),
+                BnPass::ForwardTableAddRelu => format!("bn_nhwc_forward_add_relu{vec}"),
                 _ => format!("bn_nhwc_grad_input{vec}"),
             };
             let func = function(&device, &BATCH_NORM_NHWC, &kernel, T::DTYPE)?;
@@ -138,6 +139,7 @@ where
             builder.arg(&out).arg(&rows_u).arg(&c_i);
             match pass {
                 BnPass::ForwardTable => builder.arg(&eps).arg(&relu),
+                BnPass::ForwardTableAddRelu => builder.arg(&eps),
                 _ => builder.arg(&m).arg(&eps).arg(&relu),
             };
             let config = columns_by_rows(c / lanes, rows);

@@ -33,6 +33,9 @@ pub(crate) enum BnPass {
     /// `(x, dy, [mean; var; weight; bias])` -> that table and `[sum(dy * xhat); sum(dy)]`,
     /// shape `6 x C` (graph-free path).
     GradTable,
+    /// `(x, [mean; var; weight; bias], residual)` -> `max(y + residual, 0)`, the end of a
+    /// residual block in one pass (graph-free path, channels-last CUDA data only).
+    ForwardTableAddRelu,
 }
 
 impl BnPass {
@@ -100,6 +103,9 @@ impl CpuKernel for BnKernel {
                 out.extend(grad_sums(x, dy, &table[..2 * c], l, eps));
                 out
             }
+            (BnPass::ForwardTableAddRelu, _) => {
+                bail!("batch-norm kernel: the fused residual end runs on channels-last CUDA data only")
+            }
             (pass, _) => bail!(
                 "batch-norm kernel {pass:?}: wrong argument count {}",
                 args.len()
@@ -143,12 +149,12 @@ impl BatchNormOp {
         };
         let table_rows = match self.pass {
             BnPass::GradInput => 6,
-            BnPass::ForwardTable | BnPass::GradTable => 4,
+            BnPass::ForwardTable | BnPass::GradTable | BnPass::ForwardTableAddRelu => 4,
             _ => 2,
         };
         for &(dims, name) in others {
             let expected: &[usize] = match name {
-                "dy" => x_dims,
+                "dy" | "residual" => x_dims,
                 "affine" | "stats" => &[2, channels],
                 "weight" | "bias" => &[channels],
                 _ => &[table_rows, channels],
@@ -164,7 +170,10 @@ impl BatchNormOp {
             BnPass::Moments | BnPass::GradSums => (2, channels).into(),
             BnPass::Table => (4, channels).into(),
             BnPass::GradTable => (6, channels).into(),
-            BnPass::Forward | BnPass::ForwardTable | BnPass::GradInput => Shape::from(x_dims),
+            BnPass::Forward
+            | BnPass::ForwardTable
+            | BnPass::GradInput
+            | BnPass::ForwardTableAddRelu => Shape::from(x_dims),
         };
         Ok((channels, h * w, shape))
     }
@@ -242,6 +251,7 @@ impl BatchNormOp {
             BnPass::GradSums => ("dy", "stats"),
             BnPass::Table => ("weight", "bias"),
             BnPass::ForwardTable => ("table", ""),
+            BnPass::ForwardTableAddRelu => ("table", "residual"),
             _ => ("dy", "table"),
         }
     }
@@ -255,6 +265,7 @@ impl BatchNormOp {
             BnPass::Table => "weft-batch-norm-table",
             BnPass::ForwardTable => "weft-batch-norm-from-table",
             BnPass::GradTable => "weft-batch-norm-grad-table",
+            BnPass::ForwardTableAddRelu => "weft-batch-norm-add-relu",
         }
     }
 }

@@ -105,7 +105,7 @@ pub use attention::{
 };
 pub use batch_norm::{
     batch_norm_relu_train, batch_norm_train, batch_norm_train_backward, batch_norm_train_forward,
-    BatchNormGrads, BatchNormOutput,
+    batch_norm_train_forward_add_relu, BatchNormGrads, BatchNormOutput,
 };
 pub use bias::add_bias;
 pub use channels_last::{is_channels_last, to_channels_last};

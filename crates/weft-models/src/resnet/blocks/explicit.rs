@@ -23,19 +23,34 @@ struct ConvBnSaved {
     relu_output: Option<Tensor>,
 }
 
+/// What follows a convolution + batch norm.
+#[derive(Clone, Copy)]
+enum After<'a> {
+    /// Nothing.
+    Nothing,
+    /// A ReLU (fused into the batch norm).
+    Relu,
+    /// The residual block's end, `max(y + shortcut, 0)` (fused into the batch norm where the
+    /// kernels allow).
+    AddRelu(&'a Tensor),
+}
+
 impl ConvBnSaved {
-    /// Runs the convolution and the batch norm (then a ReLU when `relu`) on `x`; returns the
+    /// Runs the convolution and the batch norm (then what `after` says) on `x`; returns the
     /// output and what the backward needs.
     fn forward(
         conv: &Conv2d,
         bn: &BatchNorm2d,
         x: &Tensor,
         mode: Mode,
-        relu: bool,
+        after: After<'_>,
     ) -> Result<(Tensor, Self)> {
         let z = conv.forward_graph_free(x)?;
-        let BatchNormOutput { y, table } = bn.forward_graph_free(&z, mode, relu)?;
-        let relu_output = relu.then(|| y.clone());
+        let BatchNormOutput { y, table } = match after {
+            After::AddRelu(shortcut) => bn.forward_graph_free_add_relu(&z, mode, shortcut)?,
+            _ => bn.forward_graph_free(&z, mode, matches!(after, After::Relu))?,
+        };
+        let relu_output = matches!(after, After::Relu).then(|| y.clone());
         let kept = Self {
             input: x.clone(),
             z,
@@ -124,7 +139,7 @@ impl ExplicitBackward for Stem {
             return Ok(None);
         }
         let x = self.in_layout(x)?;
-        let (h, conv_bn) = ConvBnSaved::forward(&self.conv1, &self.bn1, &x, mode, true)?;
+        let (h, conv_bn) = ConvBnSaved::forward(&self.conv1, &self.bn1, &x, mode, After::Relu)?;
         let mut saved = Vec::with_capacity(5);
         let y = if self.max_pool {
             let pooled = ops::max_pool2d_forward(&h, 3, 2, 1)?;
@@ -168,21 +183,28 @@ impl ExplicitBackward for Residual {
         let layers = self.branch.len() + usize::from(self.downsample.is_some());
         let mut saved = Vec::with_capacity(layers * 4 + 1);
         let last = self.branch.len() - 1;
+        // The shortcut first, so that the branch's last batch norm ends the block in its pass.
+        let (shortcut, down) = match &self.downsample {
+            Some((conv, bn)) => {
+                let (out, conv_bn) = ConvBnSaved::forward(conv, bn, x, mode, After::Nothing)?;
+                (out, Some(conv_bn))
+            }
+            None => (x.clone(), None),
+        };
         let mut h = x.clone();
         for (i, (conv, bn)) in self.branch.iter().enumerate() {
-            let (out, conv_bn) = ConvBnSaved::forward(conv, bn, &h, mode, i != last)?;
+            let after = match i == last {
+                true => After::AddRelu(&shortcut),
+                false => After::Relu,
+            };
+            let (out, conv_bn) = ConvBnSaved::forward(conv, bn, &h, mode, after)?;
             h = out;
             conv_bn.push_to(&mut saved);
         }
-        let shortcut = match &self.downsample {
-            Some((conv, bn)) => {
-                let (out, conv_bn) = ConvBnSaved::forward(conv, bn, x, mode, false)?;
-                conv_bn.push_to(&mut saved);
-                out
-            }
-            None => x.clone(),
-        };
-        let y = ops::add_relu_forward(&h, &shortcut)?;
+        if let Some(conv_bn) = down {
+            conv_bn.push_to(&mut saved);
+        }
+        let y = h;
         saved.push(y.clone());
         Ok(Some((y, saved)))
     }
