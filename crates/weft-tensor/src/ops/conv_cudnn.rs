@@ -120,11 +120,15 @@ fn plan(
             let workspace: CudaSlice<u8> = device.alloc::<u8>(SEARCH_WORKSPACE)?;
             let (ws, _) = workspace.device_ptr(&stream);
             let timed_on = (on, ws as *mut c_void, SEARCH_WORKSPACE);
-            plan.candidates(handle.0, key.0, Some(timed_on))
+            let rounds = (0..cudnn_search::SEARCH_ROUNDS)
+                .map(|_| plan.candidates(handle.0, key.0, Some(timed_on)))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(wrap("algorithm search"))?;
+            cudnn_search::best_of_rounds(rounds)
         } else {
             plan.candidates(handle.0, key.0, None)
-        }
-        .map_err(wrap("algorithm search"))?;
+                .map_err(wrap("algorithm search"))?
+        };
         let shape = format!("{:?} {:?}", key.1, key.2);
         cudnn_search::choose(&mut plan, handle.0, (key.0, &shape), mode, candidates)?;
         plan
