@@ -279,7 +279,11 @@ fn measure(
         )
         .args(["--precision", &args.precision])
         .args(["--grad-compression", &args.grad_compression])
-        .args(args.channels_last.then_some("--channels-last"))
+        // Explicit either way: the trainer's own default (`auto`) differs from PyTorch's.
+        .args([
+            "--channels-last",
+            if args.channels_last { "true" } else { "false" },
+        ])
         .arg("--out")
         .arg(&out)
         .args(["--name", &name])

@@ -39,6 +39,31 @@ impl Compression {
     }
 }
 
+/// Whether the ResNet's blocks run on channels-last tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChannelsLast {
+    /// On a GPU without `--sync-bn` (where weft's NHWC kernels and cuDNN's NHWC convolutions
+    /// are faster: BENCHMARKS.md), NCHW otherwise.
+    Auto,
+    /// Always (on the CPU the kernels compute NCHW inside).
+    True,
+    /// Never.
+    False,
+}
+
+impl ChannelsLast {
+    /// The choice for a run on `device`, with SyncBatchNorm when `sync_bn` (its blocks record
+    /// Candle's graph, which copies channels-last tensors into NCHW).
+    pub fn resolve(self, device: &candle_core::Device, sync_bn: bool) -> bool {
+        match self {
+            ChannelsLast::Auto => device.is_cuda() && !sync_bn,
+            ChannelsLast::True => true,
+            ChannelsLast::False => false,
+        }
+    }
+}
+
 /// Data augmentation preset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -59,9 +84,16 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = false)]
     pub cifar_stem: bool,
     /// Run the blocks on channels-last tensors (PyTorch's `channels_last`): on a GPU cuDNN's
-    /// NHWC convolutions and weft's NHWC batch-norm kernels, without transposes
-    #[arg(long, default_value_t = false)]
-    pub channels_last: bool,
+    /// NHWC convolutions and weft's NHWC kernels, without transposes. `auto`: on a GPU unless
+    /// --sync-bn; `--channels-last` alone means `true`
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub channels_last: ChannelsLast,
     /// synthetic | cifar10:PATH | imagefolder:PATH (a folder with train/ and val/ inside)
     #[arg(long, default_value = "synthetic")]
     pub data: String,

@@ -234,6 +234,23 @@ fn bad_flags_fail_before_any_work_naming_the_flag() {
     }
 }
 
+/// `--channels-last` is `auto` by default (channels-last on a GPU without --sync-bn, NCHW on
+/// the CPU), `true` when given alone, and takes an explicit value; a bad value is refused.
+#[test]
+fn channels_last_defaults_to_the_devices_choice() {
+    use weft_train::args::ChannelsLast;
+    let cpu = Device::Cpu;
+    assert_eq!(args(&[]).channels_last, ChannelsLast::Auto);
+    assert!(!ChannelsLast::Auto.resolve(&cpu, false));
+    assert_eq!(args(&["--channels-last"]).channels_last, ChannelsLast::True);
+    assert!(ChannelsLast::True.resolve(&cpu, true));
+    let off = args(&["--channels-last", "false"]).channels_last;
+    assert_eq!(off, ChannelsLast::False);
+    assert!(!off.resolve(&cpu, false));
+    let bad = ["train", "--channels-last", "maybe"];
+    assert!(Cli::try_parse_from(bad).is_err());
+}
+
 /// `--precision bf16-mixed` and `fp16-mixed` train a few steps on the CPU: finite losses near
 /// the fp32 run's first (the same model rounded to 16 bits: within 1 %), the loss scale logged
 /// on every fp16 step and the skipped steps counted per epoch; a bf16 checkpoint.
