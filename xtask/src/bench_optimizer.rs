@@ -90,7 +90,7 @@ pub fn run(args: &BenchOptimizerArgs) -> Result<()> {
             timed = 0.0;
         }
         let start = Instant::now();
-        optimizer.step(master.as_ref(), &grads, store, 0..n)?;
+        optimizer.step(master.as_ref(), &grads, store, 0..n, None)?;
         if i >= args.warmup && i + 1 == args.warmup + args.steps {
             device.synchronize()?;
         }

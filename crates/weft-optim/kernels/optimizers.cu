@@ -4,7 +4,10 @@
 // scale. The entries travel by value in the kernel's parameter block; block row blockIdx.y
 // serves entry y, its blocks walking the run with a grid-stride loop. The learning rate and
 // the step count are read from device memory, so a step captured in a CUDA graph follows the
-// schedule. Scalars are computed in double and rounded to the element type once, as the CPU
+// schedule; so is `skip` (a loss scaler's found-inf flag): where it is not 0 every kernel returns
+// at once, parameters, states and the step count untouched (PyTorch's fused optimizers'
+// `found_inf`). SGD's first step (the momentum buffer taking the gradient itself) is the one that
+// finds the step count at 1, so a skipped step does not count as one. Scalars are computed in double and rounded to the element type once, as the CPU
 // rules of weft-optim (src/sgd.rs, src/adamw_kernel.rs) do; the element-wise arithmetic is
 // theirs, operation for operation. Launched by src/device/launch.rs:
 //   increment_step         step[0] += 1 (before an SGD update)
@@ -39,12 +42,13 @@ __device__ __forceinline__ long long stride() {
     return (long long)gridDim.x * blockDim.x;
 }
 
-extern "C" __global__ void increment_step(double* step) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) step[0] += 1.0;
+extern "C" __global__ void increment_step(double* step, const float* skip) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && *skip == 0.0f) step[0] += 1.0;
 }
 
-extern "C" __global__ void advance_adamw(double* step, double beta1, double beta2) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+extern "C" __global__ void advance_adamw(double* step, double beta1, double beta2,
+                                         const float* skip) {
+    if (blockIdx.x != 0 || threadIdx.x != 0 || *skip != 0.0f) return;
     const double t = step[0] + 1.0;
     step[0] = t;
     step[1] = 1.0 - pow(beta1, t);
@@ -87,8 +91,9 @@ struct Mixed {
 template <typename T, typename W>
 __device__ __forceinline__ void sgd_run(const OptimList& list, unsigned int t, W w, const T* grads,
                                         T* momentum_buffer, const double* lr_value,
-                                        double momentum_d, double dampening_d, int nesterov,
-                                        int maximize, int first_step) {
+                                        const double* step_value, double momentum_d,
+                                        double dampening_d, int nesterov, int maximize) {
+    const bool first_step = step_value[0] == 1.0;
     const T neg_lr = (T)(-(lr_value[0] * list.lr_scale[t]));
     const T weight_decay = (T)list.weight_decay[t];
     const T momentum = (T)momentum_d;
@@ -110,12 +115,12 @@ __device__ __forceinline__ void sgd_run(const OptimList& list, unsigned int t, W
 }
 
 #define SGD_ARGS                                                                               \
-    const double *lr_value, double momentum_d, double dampening_d, int nesterov, int maximize, \
-        int first_step
-#define SGD_PASS lr_value, momentum_d, dampening_d, nesterov, maximize, first_step
+    const double *lr_value, const double *step_value, double momentum_d, double dampening_d,   \
+        int nesterov, int maximize, const float *skip
+#define SGD_PASS lr_value, step_value, momentum_d, dampening_d, nesterov, maximize
 #define ENTRY_OR_RETURN                                                                        \
     const unsigned int t = blockIdx.y;                                                         \
-    if (t >= list.count || first_index() >= (long long)list.len[t]) return;
+    if (*skip != 0.0f || t >= list.count || first_index() >= (long long)list.len[t]) return;
 
 #define MULTI_SGD(T, SUFFIX)                                                                   \
     extern "C" __global__ void multi_sgd_##SUFFIX(OptimList list, const T* grads,              \
@@ -191,7 +196,7 @@ __device__ __forceinline__ void adamw_run(const OptimList& list, unsigned int t,
 
 #define ADAMW_ARGS                                                                             \
     const double *lr_value, const double *step_value, double beta1, double beta2,              \
-        double eps_d, int amsgrad
+        double eps_d, int amsgrad, const float *skip
 #define ADAMW_PASS lr_value, step_value, beta1, beta2, eps_d, amsgrad
 
 #define MULTI_ADAMW(T, SUFFIX)                                                                 \

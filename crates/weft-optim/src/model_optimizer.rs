@@ -196,17 +196,33 @@ impl ModelOptimizer {
     /// Steps the parameters of `store` in `range` of the flat buffers with `grads`: through
     /// `master`, the flat master copy of the parameters over `range` (a 1-D tensor of the
     /// optimizer's dtype; then written into the store), or in place on the device. The
-    /// optimizer's state covers `range`, which must stay the same from step to step.
+    /// optimizer's state covers `range`, which must stay the same from step to step. Where
+    /// `skip` (one f32 on the gradients' device: a loss scaler's found-inf flag) is not 0,
+    /// nothing changes: decided on the device by a device optimizer, read on the host by a
+    /// host one.
     pub fn step(
         &mut self,
         master: Option<&Tensor>,
         grads: &FlatBuffer,
         store: &ParamStore,
         range: Range<usize>,
+        skip: Option<&Tensor>,
     ) -> Result<(), OptimError> {
         #[cfg(feature = "cuda")]
         if let ModelOptimizer::Device(opt) = self {
-            return opt.step(grads, store, range);
+            return opt.step(grads, store, range, skip);
+        }
+        if let Some(skip) = skip {
+            let flag = skip
+                .flatten_all()
+                .and_then(|s| s.to_vec1::<f32>())
+                .map_err(|e| OptimError::Tensor {
+                    optimizer: NAME,
+                    reason: format!("the skip flag: {e}"),
+                })?;
+            if flag.first().is_some_and(|&f| f != 0.0) {
+                return Ok(());
+            }
         }
         let master = master.ok_or(OptimError::Tensor {
             optimizer: NAME,

@@ -52,7 +52,8 @@ fn train(opt: &mut ModelOptimizer, store: &ParamStore, from: usize, to: usize) -
             .tensor()
             .slice_set(&Tensor::from_vec(g, len, &Device::Cpu).unwrap(), 0, 0)
             .unwrap();
-        opt.step(Some(&master), &grads, store, 0..len).unwrap();
+        opt.step(Some(&master), &grads, store, 0..len, None)
+            .unwrap();
     }
     master.to_vec1::<f64>().unwrap()
 }
@@ -146,4 +147,27 @@ fn bad_states_are_refused_naming_parameter_and_buffer_and_replace_nothing() {
         err.contains("`layer1.weight`") && err.contains("cuts"),
         "{err}"
     );
+}
+
+/// A step whose skip flag is set (a loss scaler's found-inf) changes neither the parameters nor
+/// the state: the steps after it continue as if it had not been taken.
+#[test]
+fn a_skipped_step_changes_nothing() {
+    for config in configs() {
+        let (a, b) = (store(0), store(0));
+        let (mut plain, mut skipping) = (optimizer(&config), optimizer(&config));
+        let layout = FlatLayout::parameters(&a);
+        let len = layout.len();
+        let grads = FlatBuffer::zeros(layout.clone(), DType::F64, &Device::Cpu).unwrap();
+        let inf = Tensor::full(f64::INFINITY, len, &Device::Cpu).unwrap();
+        grads.tensor().slice_set(&inf, 0, 0).unwrap();
+        let master = layout.read_range(&b, 0..len, DType::F64).unwrap();
+        let before = master.to_vec1::<f64>().unwrap();
+        let set = Tensor::new(&[1f32], &Device::Cpu).unwrap();
+        skipping
+            .step(Some(&master), &grads, &b, 0..len, Some(&set))
+            .unwrap();
+        assert_eq!(master.to_vec1::<f64>().unwrap(), before, "{config:?}");
+        assert_eq!(train(&mut plain, &a, 0, 3), train(&mut skipping, &b, 0, 3));
+    }
 }

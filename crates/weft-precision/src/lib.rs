@@ -8,6 +8,8 @@
 //!   a step whose gradients hold an inf or NaN is skipped and the scale halved, and the scale
 //!   doubles after a run of clean steps.
 //! - [`unscale`]: dividing gradients by the scale and finding inf/NaN in the same pass.
+//! - [`scale_on_device`]: [`ScaleOnDevice`], the scaler's state kept where the gradients are,
+//!   so that a step needs no host read to scale, unscale, skip and move the scale.
 //!
 //! The master weights themselves are optimizer state (weft-optim keeps them beside the
 //! moments, so ZeRO shards them together); the strategy of weft-parallel reduces the found-inf
@@ -15,10 +17,12 @@
 
 pub mod error;
 pub mod policy;
+pub mod scale_on_device;
 pub mod scaler;
 pub mod unscale;
 
 pub use error::PrecisionError;
 pub use policy::{PrecisionPolicy, PRESET_NAMES};
+pub use scale_on_device::ScaleOnDevice;
 pub use scaler::{DynamicLossScaler, LossScalerState, ScalerConfig, StepDecision};
 pub use unscale::unscale_and_check;

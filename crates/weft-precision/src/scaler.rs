@@ -139,6 +139,11 @@ impl DynamicLossScaler {
         StepDecision::Apply
     }
 
+    /// How the scale moves.
+    pub fn config(&self) -> &ScalerConfig {
+        &self.config
+    }
+
     pub fn state(&self) -> &LossScalerState {
         &self.state
     }

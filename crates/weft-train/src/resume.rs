@@ -171,7 +171,7 @@ pub fn save(
     if ctx.is_main() {
         let progress = Progress {
             step: at.step,
-            loss_scaler: trainer.loss_scaler().map(|s| s.state().clone()),
+            loss_scaler: trainer.loss_scaler_state()?,
             epoch_totals,
         };
         run_checkpoints::complete(&dir, &progress)?;
@@ -286,8 +286,8 @@ fn load(
             load_resplit(trainer, (dir, written_stages), holding, ctx)?
         }
     }
-    if let (Some(state), Some(scaler)) = (&progress.loss_scaler, trainer.loss_scaler_mut()) {
-        scaler.load_state(state.clone())?;
+    if let Some(state) = &progress.loss_scaler {
+        trainer.load_loss_scaler_state(state)?;
     }
     trainer.resume_at_step(progress.step as u64);
     Ok(())

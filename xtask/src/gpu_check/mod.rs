@@ -381,7 +381,12 @@ pub fn run() -> Result<()> {
     });
     checks.push(Check {
         name: "ResNet-18 f64 6 steps: CUDA graph = eager".into(),
-        error: compare_graph_replay(&gpu)?,
+        error: compare_graph_replay(&gpu, false)?,
+        tolerance: 1e-12,
+    });
+    checks.push(Check {
+        name: "ResNet-18 f64 6 steps with a loss scaler: CUDA graph = eager".into(),
+        error: compare_graph_replay(&gpu, true)?,
         tolerance: 1e-12,
     });
     checks.push(Check {

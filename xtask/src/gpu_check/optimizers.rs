@@ -122,7 +122,7 @@ fn one_step(
     let g = Tensor::from_vec(values, len, device)?.to_dtype(gradients.dtype())?;
     gradients.tensor().slice_set(&g, 0, 0)?;
     optimizer.set_lr(0.1 / (1 + step) as f64)?;
-    optimizer.step(master, gradients, store, 0..len)?;
+    optimizer.step(master, gradients, store, 0..len, None)?;
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use weft_models::{resnet, ResNetConfig};
 use weft_optim::ModelOptimizer;
 use weft_optim::{OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::Trainer;
+use weft_precision::{DynamicLossScaler, LossScalerState, ScalerConfig};
 use weft_tensor::Checkpointing;
 
 use super::single_ops::relative_error;
@@ -185,12 +186,18 @@ struct Resnet18Run<'a> {
     optimizer_device: &'a Device,
     graph: bool,
     steps: usize,
+    /// With a dynamic loss scaler starting near f64's largest power of two and growing every
+    /// step: steps that overflow (skipped, the scale backed off) and steps that apply.
+    scaled: bool,
 }
 
 /// ResNet-18 in f64 on `gpu`, trained with SGD (momentum, weight decay) on one fixed batch,
 /// the learning rate changing every step: its parameters afterwards (on the CPU) and the steps
-/// replayed from a CUDA graph.
-fn train_resnet18(gpu: &Device, run: Resnet18Run) -> Result<(Tensor, usize)> {
+/// replayed from a CUDA graph, and the loss scaler's final state (with one).
+fn train_resnet18(
+    gpu: &Device,
+    run: Resnet18Run,
+) -> Result<(Tensor, usize, Option<LossScalerState>)> {
     let images = Tensor::randn(0f64, 1.0, (4, 3, 64, 64), gpu)?;
     let labels = Tensor::new(&[1u32, 7, 3, 9], gpu)?;
     let model = resnet(&ResNetConfig::from_name("resnet18", 10)?, DType::F64, gpu)?;
@@ -207,6 +214,13 @@ fn train_resnet18(gpu: &Device, run: Resnet18Run) -> Result<(Tensor, usize)> {
         DType::F64,
     )?;
     let mut trainer = Trainer::new(model, Box::new(Classification), sgd, Checkpointing::None)?;
+    if run.scaled {
+        trainer = trainer.with_loss_scaler(DynamicLossScaler::new(ScalerConfig {
+            init_scale: 2f64.powi(1010),
+            growth_interval: 1,
+            ..ScalerConfig::default()
+        })?);
+    }
     if run.graph {
         trainer = trainer.with_cuda_graph();
     }
@@ -221,25 +235,29 @@ fn train_resnet18(gpu: &Device, run: Resnet18Run) -> Result<(Tensor, usize)> {
         .into_iter()
         .map(|id| store.entries()[id].tensor().flatten_all())
         .collect::<candle_core::Result<_>>()?;
-    Ok((Tensor::cat(&params, 0)?.to_device(&Device::Cpu)?, replayed))
+    let params = Tensor::cat(&params, 0)?.to_device(&Device::Cpu)?;
+    Ok((params, replayed, trainer.loss_scaler_state()?))
 }
 
 /// ResNet-18 in f64 trained for 6 steps by an eager trainer and by one replaying a CUDA graph
 /// after its warm-up: the largest relative difference of the parameters after the steps (the
 /// same kernels run in the same order, so it should be 0), or infinity when fewer than 3 steps
-/// were replayed. Both draw the same batch (the generator is seeded per run).
-pub(super) fn compare_graph_replay(gpu: &Device) -> Result<f64> {
+/// were replayed. Both draw the same batch (the generator is seeded per run). With `scaled`,
+/// the loss scaler's decisions are taken on the device inside the graph: the skipped steps and
+/// the final scale must match too.
+pub(super) fn compare_graph_replay(gpu: &Device, scaled: bool) -> Result<f64> {
     let run = |graph| Resnet18Run {
         optimizer_device: gpu,
         graph,
         steps: 6,
+        scaled,
     };
     gpu.set_seed(0)?;
-    let (eager, _) = train_resnet18(gpu, run(false))?;
+    let (eager, _, eager_scaler) = train_resnet18(gpu, run(false))?;
     gpu.set_seed(0)?;
-    let (graphed, replayed) = train_resnet18(gpu, run(true))?;
-    println!("CUDA graph: {replayed} of 6 steps replayed");
-    if replayed < 3 {
+    let (graphed, replayed, graphed_scaler) = train_resnet18(gpu, run(true))?;
+    println!("CUDA graph: {replayed} of 6 steps replayed, loss scaler {graphed_scaler:?}");
+    if replayed < 3 || eager_scaler != graphed_scaler {
         return Ok(f64::INFINITY);
     }
     relative_error(&eager, &graphed)
@@ -253,11 +271,12 @@ pub(super) fn compare_offload(gpu: &Device) -> Result<f64> {
         optimizer_device,
         graph: false,
         steps: 3,
+        scaled: false,
     };
     gpu.set_seed(0)?;
-    let (on_gpu, _) = train_resnet18(gpu, run(gpu))?;
+    let (on_gpu, ..) = train_resnet18(gpu, run(gpu))?;
     gpu.set_seed(0)?;
-    let (offloaded, _) = train_resnet18(gpu, run(&Device::Cpu))?;
+    let (offloaded, ..) = train_resnet18(gpu, run(&Device::Cpu))?;
     relative_error(&on_gpu, &offloaded)
 }
 

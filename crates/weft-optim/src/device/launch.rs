@@ -125,40 +125,47 @@ const SINGLE: LaunchConfig = LaunchConfig {
     shared_mem_bytes: 0,
 };
 
-/// `step[0] += 1` on the device (`step`: three f64, see [`advance_adamw`]).
-pub(crate) fn increment_step(step: &Tensor) -> Result<()> {
+/// `step[0] += 1` on the device (`step`: three f64, see [`advance_adamw`]) unless `skip` (one
+/// f32 on the device) is not 0.
+pub(crate) fn increment_step(step: &Tensor, skip: &Tensor) -> Result<()> {
     let device = step.device().as_cuda_device()?;
     let func = function_named(device, &OPTIMIZERS, "increment_step")?;
-    let at = device_address(step)?;
+    let (at, skip_at) = (device_address(step)?, device_address(skip)?);
     let mut builder = func.builder();
-    builder.arg(&at);
-    // SAFETY: `at` is the address of three f64 on the device.
+    builder.arg(&at).arg(&skip_at);
+    // SAFETY: `at` is the address of three f64 on the device, `skip_at` of one f32.
     launched("increment_step", unsafe { builder.launch(SINGLE) })
 }
 
 /// `step[0] += 1`, then AdamW's bias corrections of that step into `step[1]` (`1 − β1^t`) and
-/// `step[2]` (`sqrt(1 − β2^t)`), once per step on the device.
-pub(crate) fn advance_adamw(step: &Tensor, config: &AdamWConfig) -> Result<()> {
+/// `step[2]` (`sqrt(1 − β2^t)`), once per step on the device, unless `skip` is not 0.
+pub(crate) fn advance_adamw(step: &Tensor, config: &AdamWConfig, skip: &Tensor) -> Result<()> {
     let device = step.device().as_cuda_device()?;
     let func = function_named(device, &OPTIMIZERS, "advance_adamw")?;
-    let at = device_address(step)?;
+    let (at, skip_at) = (device_address(step)?, device_address(skip)?);
     let mut builder = func.builder();
-    builder.arg(&at).arg(&config.betas.0).arg(&config.betas.1);
-    // SAFETY: `at` is the address of three f64 on the device.
+    builder
+        .arg(&at)
+        .arg(&config.betas.0)
+        .arg(&config.betas.1)
+        .arg(&skip_at);
+    // SAFETY: `at` is the address of three f64 on the device, `skip_at` of one f32.
     launched("advance_adamw", unsafe { builder.launch(SINGLE) })
 }
 
 /// One SGD step of `runs` (inside the flat `grads` and `momentum`, of the runs' dtype, or
 /// fp32 with `master`: the fp32 master weights of 16-bit parameters; `lr` one f64 on the
-/// device).
+/// device, `step` the step count incremented by [`increment_step`], the first step the one
+/// finding it at 1), nothing where `skip` is not 0.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn sgd(
     runs: &[Run],
     grads: &Tensor,
     master: Option<(&Tensor, DType)>,
     momentum: &Tensor,
-    lr: &Tensor,
+    (lr, step): (&Tensor, &Tensor),
     config: &SgdConfig,
-    first_step: bool,
+    skip: &Tensor,
 ) -> Result<()> {
     let device = grads.device().as_cuda_device()?;
     let func = function_named(
@@ -167,23 +174,26 @@ pub(crate) fn sgd(
         &kernel_name("multi_sgd", grads, master)?,
     )?;
     let master_at = master.map(|(m, _)| device_address(m)).transpose()?;
-    let (grads_at, momentum_at, lr_at) = (
+    let (grads_at, momentum_at, lr_at, step_at, skip_at) = (
         device_address(grads)?,
         device_address(momentum)?,
         device_address(lr)?,
+        device_address(step)?,
+        device_address(skip)?,
     );
-    let flags = [config.nesterov, config.maximize, first_step].map(i32::from);
+    let flags = [config.nesterov, config.maximize].map(i32::from);
     for chunk in runs.chunks(MAX_ENTRIES) {
         let list = OptimList::new(chunk);
         let mut builder = leading_args(&func, &list, &grads_at, &master_at);
         builder
             .arg(&momentum_at)
             .arg(&lr_at)
+            .arg(&step_at)
             .arg(&config.momentum)
             .arg(&config.dampening)
             .arg(&flags[0])
             .arg(&flags[1])
-            .arg(&flags[2]);
+            .arg(&skip_at);
         // SAFETY: the arguments match `multi_sgd_*`; each run holds `len` elements of the
         // gradients' dtype and lies, at its offset, inside both flat buffers (checked by the
         // caller).
@@ -200,15 +210,17 @@ pub(crate) struct AdamWState<'a> {
 }
 
 /// One AdamW step of `runs` at step `step` (three f64 on the device, advanced by
-/// [`advance_adamw`]), with fp32 master weights for 16-bit parameters when `master`.
+/// [`advance_adamw`]), with fp32 master weights for 16-bit parameters when `master`; nothing
+/// where `skip` is not 0.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn adamw(
     runs: &[Run],
     grads: &Tensor,
     master: Option<(&Tensor, DType)>,
     state: &AdamWState<'_>,
-    lr: &Tensor,
-    step: &Tensor,
+    (lr, step): (&Tensor, &Tensor),
     config: &AdamWConfig,
+    skip: &Tensor,
 ) -> Result<()> {
     let device = grads.device().as_cuda_device()?;
     let func = function_named(
@@ -222,12 +234,13 @@ pub(crate) fn adamw(
         // Never read or written without amsgrad.
         None => device_address(state.exp_avg_sq)?,
     };
-    let (grads_at, avg_at, sq_at, lr_at, step_at) = (
+    let (grads_at, avg_at, sq_at, lr_at, step_at, skip_at) = (
         device_address(grads)?,
         device_address(state.exp_avg)?,
         device_address(state.exp_avg_sq)?,
         device_address(lr)?,
         device_address(step)?,
+        device_address(skip)?,
     );
     let amsgrad = i32::from(config.amsgrad);
     for chunk in runs.chunks(MAX_ENTRIES) {
@@ -242,7 +255,8 @@ pub(crate) fn adamw(
             .arg(&config.betas.0)
             .arg(&config.betas.1)
             .arg(&config.eps)
-            .arg(&amsgrad);
+            .arg(&amsgrad)
+            .arg(&skip_at);
         // SAFETY: the arguments match `multi_adamw_*`; each run holds `len` elements of the
         // gradients' dtype and lies, at its offset, inside the flat gradient and state
         // buffers (checked by the caller).

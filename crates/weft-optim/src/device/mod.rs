@@ -88,6 +88,8 @@ pub struct DeviceOptimizer {
     /// Master weights loaded from a checkpoint, taken in place of the parameters' values
     /// when the master copy is made at the next step.
     loaded_master: Option<Tensor>,
+    /// A zero f32 on the device: the skip flag of steps without one.
+    no_skip: Option<Tensor>,
 }
 
 impl DeviceOptimizer {
@@ -109,6 +111,7 @@ impl DeviceOptimizer {
             range: None,
             master: None,
             loaded_master: None,
+            no_skip: None,
         })
     }
 
@@ -254,13 +257,15 @@ impl DeviceOptimizer {
     }
 
     /// One update of the parameters of `store` in `range` of the flat buffers, with `grads`
-    /// (of the parameters' dtype, on their CUDA device). The range must stay the same from
-    /// step to step. On error nothing is launched.
+    /// (of the parameters' dtype, on their CUDA device); none, on the device, where `skip`
+    /// (one f32 there: a loss scaler's found-inf flag) is not 0. The range must stay the same
+    /// from step to step. On error nothing is launched.
     pub fn step(
         &mut self,
         grads: &FlatBuffer,
         store: &ParamStore,
         range: Range<usize>,
+        skip: Option<&Tensor>,
     ) -> Result<(), OptimError> {
         let optimizer = self.rule.name();
         let err = tensor_error(optimizer);
@@ -291,7 +296,20 @@ impl DeviceOptimizer {
             reason: e.to_string(),
         })?;
         let device = flat.device().clone();
-        let first_step = self.state.is_empty() && self.issued == 0;
+        if let Some(skip) = skip.filter(|s| s.dtype() != DType::F32 || s.elem_count() != 1) {
+            return Err(OptimError::Tensor {
+                optimizer,
+                reason: format!(
+                    "the skip flag must be one f32, got {:?} {:?}",
+                    skip.dims(),
+                    skip.dtype()
+                ),
+            });
+        }
+        if self.no_skip.is_none() {
+            self.no_skip = Some(Tensor::zeros(1, DType::F32, &device).map_err(&err)?);
+        }
+        let skip = skip.or(self.no_skip.as_ref()).expect("made above");
         if self.state.is_empty() {
             self.state = self
                 .rule
@@ -314,22 +332,23 @@ impl DeviceOptimizer {
         );
         match &self.rule {
             DeviceRule::Sgd(config) => {
-                launch::increment_step(step).map_err(&err)?;
+                launch::increment_step(step, skip).map_err(&err)?;
                 // Without momentum the buffer is never read or written.
                 let momentum = self.state.first().unwrap_or(&flat);
                 let master = self.master.as_ref().map(|(m, d)| (m, *d));
-                launch::sgd(&runs, &flat, master, momentum, lr, config, first_step)
+                launch::sgd(&runs, &flat, master, momentum, (lr, step), config, skip)
                     .map_err(&err)?;
             }
             DeviceRule::AdamW(config) => {
-                launch::advance_adamw(step, config).map_err(&err)?;
+                launch::advance_adamw(step, config, skip).map_err(&err)?;
                 let state = AdamWState {
                     exp_avg: &self.state[0],
                     exp_avg_sq: &self.state[1],
                     max_exp_avg_sq: self.state.get(2),
                 };
                 let master = self.master.as_ref().map(|(m, d)| (m, *d));
-                launch::adamw(&runs, &flat, master, &state, lr, step, config).map_err(&err)?;
+                launch::adamw(&runs, &flat, master, &state, (lr, step), config, skip)
+                    .map_err(&err)?;
             }
         }
         self.issued += 1;

@@ -126,7 +126,7 @@ impl PipelineTrainer {
             let norm = norm.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?[0];
             step.metrics.push(("grad_norm", norm));
         }
-        self.trainer.report_scaling(&mut step);
+        self.trainer.report_scaling(&mut step)?;
         let (loss_sum, samples) =
             self.last_stage_sums(step.loss * step.samples as f64, step.samples)?;
         step.loss = loss_sum / samples.max(1) as f64;

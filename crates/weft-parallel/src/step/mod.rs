@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Tensor};
 use weft_optim::ModelOptimizer;
-use weft_precision::DynamicLossScaler;
+use weft_precision::{DynamicLossScaler, LossScalerState, ScaleOnDevice};
 use weft_tensor::ops::dropout::derive_seed;
 use weft_tensor::tape::{self, TapeOptions};
 use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Objective, Timeline};
@@ -57,10 +57,10 @@ pub struct Trainer {
     strategy: Box<dyn Strategy>,
     /// Clip the gradients to this global norm before each update.
     clip_grad_norm: Option<f64>,
-    /// Dynamic loss scaling (fp16 training).
+    /// Dynamic loss scaling (fp16 training): its configuration and the state it starts from.
     scaler: Option<DynamicLossScaler>,
-    /// Whether the last step was skipped by the loss scaler.
-    skipped_last: bool,
+    /// The scaler's state where the gradients are, made at the first step.
+    scale_on_device: Option<ScaleOnDevice>,
     /// The seed every step's dropout masks derive from, and the steps taken so far: micro-batch
     /// `i` of step `s` draws from `(seed, s, i)`, whichever rank or stage computes it.
     dropout_seed: u64,
@@ -121,7 +121,7 @@ impl Trainer {
             strategy,
             clip_grad_norm: None,
             scaler: None,
-            skipped_last: false,
+            scale_on_device: None,
             dropout_seed: 0,
             steps_taken: 0,
             synchronized_timings: false,
@@ -156,7 +156,6 @@ impl Trainer {
         #[cfg(feature = "cuda")]
         if self.model.store().device().is_cuda()
             && self.strategy.capturable()
-            && self.scaler.is_none()
             && self.master_dtype.is_none()
         {
             self.graph = Some(cuda_graph::StepGraph::default());
@@ -224,24 +223,42 @@ impl Trainer {
     /// Scales the loss with `scaler` before backward and unscales the gradients before the
     /// update (and before clipping); a step whose gradients hold an inf or NaN on any rank is
     /// skipped by every rank ([`Strategy::reduce_found_inf`]) and the scale lowered. The
-    /// decision is read on the host, so such a step runs eagerly (no CUDA graph).
+    /// scaler's state lives on the gradients' device ([`ScaleOnDevice`]) and the optimizer
+    /// skips on the device, so the step needs no host read and a CUDA graph captures it.
     pub fn with_loss_scaler(mut self, scaler: DynamicLossScaler) -> Self {
         self.scaler = Some(scaler);
-        #[cfg(feature = "cuda")]
-        {
-            self.graph = None;
-        }
+        self.scale_on_device = None;
         self
     }
 
-    /// The loss scaler, if the step scales the loss.
-    pub fn loss_scaler(&self) -> Option<&DynamicLossScaler> {
-        self.scaler.as_ref()
+    /// The loss scaler's state (scale, growth tracker, skipped steps) after the last step, if
+    /// the step scales the loss (read from the device).
+    pub fn loss_scaler_state(&self) -> Result<Option<LossScalerState>> {
+        match (&self.scale_on_device, &self.scaler) {
+            (Some(on_device), _) => Ok(Some(on_device.read()?.0)),
+            (None, Some(scaler)) => Ok(Some(scaler.state().clone())),
+            (None, None) => Ok(None),
+        }
     }
 
-    /// The loss scaler, to restore its state when resuming.
-    pub fn loss_scaler_mut(&mut self) -> Option<&mut DynamicLossScaler> {
-        self.scaler.as_mut()
+    /// Restores the loss scaler's state (resuming a run); without a scaler nothing changes.
+    pub fn load_loss_scaler_state(&mut self, state: &LossScalerState) -> Result<()> {
+        if let Some(scaler) = self.scaler.as_mut() {
+            scaler.load_state(state.clone())?;
+        }
+        if let Some(on_device) = &self.scale_on_device {
+            on_device.load(state)?;
+        }
+        Ok(())
+    }
+
+    /// The scaler's state on the gradients' device, made from the scaler at the first step.
+    pub(crate) fn make_scale_on_device(&mut self) -> Result<()> {
+        if let (Some(scaler), None) = (&self.scaler, &self.scale_on_device) {
+            let device = self.model.store().device().clone();
+            self.scale_on_device = Some(ScaleOnDevice::new(scaler, &device)?);
+        }
+        Ok(())
     }
 
     /// Optimizer steps taken so far (what each step's dropout masks derive from).
@@ -406,7 +423,9 @@ impl Trainer {
         if let Some(mut graph) = self.graph.take() {
             let result = graph.step(self, (inputs, targets, lr), meanwhile);
             self.graph = Some(graph);
-            return result;
+            let mut out = result?;
+            self.report_scaling(&mut out)?;
+            return Ok(out);
         }
         self.step_accumulated_then(&[(inputs.clone(), targets.clone())], lr, meanwhile)
     }
@@ -476,16 +495,19 @@ impl Trainer {
         meanwhile();
         self.wait_for_device()?;
         let mut out = outcome(&results, timings)?;
-        self.report_scaling(&mut out);
+        self.report_scaling(&mut out)?;
         Ok(out)
     }
 
-    /// Adds the loss scale and whether the update was skipped to `out` (with a loss scaler).
-    pub(crate) fn report_scaling(&self, out: &mut StepOutcome) {
-        if let Some(scaler) = &self.scaler {
-            out.loss_scale = Some(scaler.scale());
-            out.skipped = self.skipped_last;
+    /// Adds the loss scale and whether the update was skipped to `out` (with a loss scaler; read
+    /// from the device once the step is done).
+    pub(crate) fn report_scaling(&self, out: &mut StepOutcome) -> Result<()> {
+        if let Some(on_device) = &self.scale_on_device {
+            let (state, skipped) = on_device.read()?;
+            out.loss_scale = Some(state.scale);
+            out.skipped = skipped;
         }
+        Ok(())
     }
 
     /// The objective the last block's output is scored with.

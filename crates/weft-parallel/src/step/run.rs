@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use candle_core::Tensor;
-use weft_precision::{unscale_and_check, StepDecision};
 use weft_tensor::tape::{self, BackwardHooks, Seed, Tape, TapeOptions};
 use weft_tensor::{BlockGrads, BlockModel, FlatBuffer, Slot};
 
@@ -59,7 +58,7 @@ impl Trainer {
         if self.params.is_none() {
             self.reload_master_weights()?;
         }
-        Ok(())
+        self.make_scale_on_device()
     }
 
     /// After the last backward of a step: the strategy's gradient sync, the loss scale undone
@@ -79,21 +78,18 @@ impl Trainer {
             .as_ref()
             .map(|t| t.open("optimizer", "optimizer", "compute"));
         let range = self.strategy.optimizer_range(self.grads.layout().len());
-        self.skipped_last = false;
-        if let Some(scaler) = self.scaler.as_mut() {
-            let found = unscale_and_check(
-                self.grads.tensor(),
-                self.grads.local(&range)?,
-                scaler.inverse_scale(),
-            )?;
-            let found = self.strategy.reduce_found_inf(found)?;
-            let found = found.flatten_all()?.to_vec1::<f32>()?[0] != 0.0;
-            if scaler.update(found) == StepDecision::Skip {
-                self.skipped_last = true;
-                timings.optimizer = self.lap(start)?;
-                return Ok(None);
+        // With a loss scaler: the found-inf flag of every rank, on the device, where it moves
+        // the scale and where the optimizer reads it (no host read: a CUDA graph captures this).
+        let skip = match &self.scale_on_device {
+            Some(on_device) => {
+                let local = self.grads.local(&range)?;
+                let found = on_device.unscale_and_check(self.grads.tensor(), local)?;
+                let found = self.strategy.reduce_found_inf(found)?;
+                on_device.update(&found)?;
+                Some(found)
             }
-        }
+            None => None,
+        };
         let norm = match self.clip_grad_norm {
             Some(max_norm) => Some(clip_grad_norm(
                 &self.grads,
@@ -104,13 +100,20 @@ impl Trainer {
             None => None,
         };
         if self.delays_this_update() {
-            self.delayed_update(range)?;
+            // The delayed update runs on the host later: it reads the flag here.
+            let skipped = match &skip {
+                Some(found) => found.flatten_all()?.to_vec1::<f32>()?[0] != 0.0,
+                None => false,
+            };
+            if !skipped {
+                self.delayed_update(range)?;
+            }
         } else {
             self.strategy.before_update(&self.model)?;
             self.settle()?;
             let optimizer = self.optimizer.as_mut().ok_or_else(super::lost_optimizer)?;
             let (params, grads) = (self.params.as_ref(), &self.grads);
-            optimizer.step(params, grads, self.model.store(), range)?;
+            optimizer.step(params, grads, self.model.store(), range, skip.as_ref())?;
             self.strategy.after_step(&self.model)?;
         }
         self.record_memory("optimizer", 0)?;
@@ -181,19 +184,26 @@ impl Trainer {
         targets: &Tensor,
         weight: f64,
     ) -> Result<(BatchResult, BackwardSeed)> {
-        let factor = weight * self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        // The loss scale multiplies the seed on the device (a power of two with the default
+        // rule: the same bits as folding it into `weight`).
+        let scale = |t: Tensor| -> Result<Tensor> {
+            match &self.scale_on_device {
+                Some(on_device) => Ok(t.broadcast_mul(&on_device.scale_as(t.dtype())?)?),
+                None => Ok(t),
+            }
+        };
         let direct = self
             .objective
-            .loss_and_output_grad(tape.output(), targets, factor)?;
+            .loss_and_output_grad(tape.output(), targets, weight)?;
         let (output, seed) = match direct {
-            Some((output, grad)) => (output, BackwardSeed::OutputGrad(grad)),
+            Some((output, grad)) => (output, BackwardSeed::OutputGrad(scale(grad)?)),
             None => {
                 let output = self.objective.loss(tape.output(), targets)?;
-                let scaled = match factor != 1.0 {
-                    true => output.loss.affine(factor, 0.0)?,
+                let weighted = match weight != 1.0 {
+                    true => output.loss.affine(weight, 0.0)?,
                     false => output.loss.clone(),
                 };
-                (output, BackwardSeed::Loss(scaled))
+                (output, BackwardSeed::Loss(scale(weighted)?))
             }
         };
         let result = BatchResult {

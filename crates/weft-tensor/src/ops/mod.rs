@@ -19,7 +19,9 @@
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
 //! - [`add_bias`] and [`column_sums`]: a bias added to every row, and its gradient, graph-free
 //!   (one pass, and one GEMV).
-//! - [`unscale_and_check`]: the loss scale undone in place with an inf/NaN check, one pass.
+//! - [`unscale_and_check`]: the loss scale undone in place with an inf/NaN check, one pass
+//!   ([`unscale_and_check_by`] reading the scale on the device; [`update_loss_scale`] the
+//!   scaler's rule on its state there).
 //! - [`dropout`]: dropout masks from a seed and each element's place (reproducible on
 //!   recomputation and across the ranks of a tensor-parallel group).
 //! - `cuda_launch` (feature `cuda`): loading PTX modules and launching kernels on a device's
@@ -78,6 +80,7 @@ mod im2col;
 mod layer_norm;
 #[cfg(feature = "cuda")]
 mod layer_norm_cuda;
+mod loss_scale;
 mod matmul;
 mod max_pool;
 mod max_pool_cpu;
@@ -121,13 +124,14 @@ pub use cudnn_search::{
 pub use determinism::{deterministic, set_deterministic};
 pub use gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_derivative};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_reference};
+pub use loss_scale::{update_loss_scale, ScaleRule, LOSS_SCALE_STATE_LEN};
 pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
 pub use multi_tensor::{copies_into, copy_tensors};
 pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::blend_into;
 pub use storage::{has_kernels, set_cuda_kernels};
-pub use unscale::unscale_and_check;
+pub use unscale::{unscale_and_check, unscale_and_check_by};
 
 #[cfg(test)]
 mod tests;
