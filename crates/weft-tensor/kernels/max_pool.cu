@@ -94,24 +94,22 @@ __device__ __forceinline__ Covering covering(int r, int c, Geometry g) {
             min(g.ow - 1, (c + g.padding) / g.stride)};
 }
 
-// The gradient of input (r, c) of a plane (pixels `pitch` elements apart; x, y and dy point
-// at the plane's first element): the sum, in output order, of the gradients of the windows
-// whose first maximum it is.
+// The gradient of input (r, c) of an NCHW plane (x, y and dy point at the plane's first
+// element): the sum, in output order, of the gradients of the windows whose first maximum it is.
 template <typename T>
-__device__ T input_gradient(const T* xp, const T* yp, const T* gp, int r, int c, Geometry g,
-                            int pitch) {
+__device__ T input_gradient(const T* xp, const T* yp, const T* gp, int r, int c, Geometry g) {
     typedef typename Wide<T>::type S;
     const int at = r * g.w + c;
-    const S v = cvt<S>(xp[(size_t)at * pitch]);
+    const S v = cvt<S>(xp[at]);
     const Covering w = covering(r, c, g);
     S sum = (S)0;
     for (int orow = w.lo_r; orow <= w.hi_r; ++orow)
         for (int ocol = w.lo_c; ocol <= w.hi_c; ++ocol) {
-            const size_t o = (size_t)(orow * g.ow + ocol) * pitch;
+            const int o = orow * g.ow + ocol;
             const S best = cvt<S>(yp[o]);
             // Only an input equal to the pooled value can be its window's first maximum.
             if (!(v == best || (is_nan(v) && is_nan(best)))) continue;
-            if (first_max(xp, best, orow, ocol, g, pitch) == at) sum += cvt<S>(gp[o]);
+            if (first_max(xp, best, orow, ocol, g, 1) == at) sum += cvt<S>(gp[o]);
         }
     return cvt<T>(sum);
 }
@@ -124,7 +122,7 @@ __device__ void backward(const T* x, const T* y, const T* dy, T* dx, long long t
         const long long plane = idx / in_plane;
         const int at = (int)(idx - plane * in_plane);
         dx[idx] = input_gradient(x + plane * in_plane, y + plane * out_plane,
-                                 dy + plane * out_plane, at / g.w, at % g.w, g, 1);
+                                 dy + plane * out_plane, at / g.w, at % g.w, g);
     }
 }
 
