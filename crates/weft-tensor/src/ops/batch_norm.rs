@@ -89,12 +89,7 @@ pub fn batch_norm_train_forward(
     }
     let (weight, bias) = (weight.contiguous()?, bias.contiguous()?);
     if channels_last_on_cuda(x) {
-        let x = nhwc(x)?;
-        let table = x.apply_op3_no_bwd(
-            &weight,
-            &bias,
-            &BatchNormOp::nhwc(BnPass::Table, eps, false),
-        )?;
+        let (x, table) = nhwc_table(x, &weight, &bias, eps)?;
         let y = x.apply_op2_no_bwd(&table, &BatchNormOp::nhwc(BnPass::ForwardTable, eps, relu))?;
         return Ok(BatchNormOutput {
             y: from_nhwc(&y)?,
@@ -133,19 +128,21 @@ pub fn batch_norm_train_forward_add_relu(
         });
     }
     check_arguments(x, weight, bias, eps)?;
-    let (weight, bias) = (weight.contiguous()?, bias.contiguous()?);
-    let x = nhwc(x)?;
-    let table = x.apply_op3_no_bwd(
-        &weight,
-        &bias,
-        &BatchNormOp::nhwc(BnPass::Table, eps, false),
-    )?;
+    let (x, table) = nhwc_table(x, &weight.contiguous()?, &bias.contiguous()?, eps)?;
     let op = BatchNormOp::nhwc(BnPass::ForwardTableAddRelu, eps, false);
     let y = x.apply_op3_no_bwd(&table, &nhwc(residual)?, &op)?;
     Ok(BatchNormOutput {
         y: from_nhwc(&y)?,
         table,
     })
+}
+
+/// The NHWC view of channels-last `x` and its `[mean; var; weight; bias]` table (contiguous
+/// `weight` and `bias`).
+fn nhwc_table(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    let x = nhwc(x)?;
+    let table = x.apply_op3_no_bwd(weight, bias, &BatchNormOp::nhwc(BnPass::Table, eps, false))?;
+    Ok((x, table))
 }
 
 /// The gradients of the [`batch_norm_train_forward`]`(x, ..)` that gave the statistics
