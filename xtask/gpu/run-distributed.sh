@@ -103,27 +103,7 @@ if [ -n "${WEFT_DDP_NCCL_CHANNELS:-}" ]; then
   NCCL_MAX_NCHANNELS=$WEFT_DDP_NCCL_CHANNELS timeout 200 $G/xtask $DDP --cuda-graph true --no-anchor 2>&1 | tee -a "$T/bench-ddp.log"
 fi
 kill $sampler 2>/dev/null
-python3 - "$T/bench-ddp.mem" "$T/bench-ddp.log" <<'EOF'
-# Peak nvidia-smi memory per GPU in each phase that bench-ddp announced ("phase NAME at UNIX").
-import collections, datetime, sys
-phases = []
-for line in open(sys.argv[2]):
-    if line.startswith("phase "):
-        _, name, _, at = line.split()
-        phases.append((float(at), name))
-peak = collections.defaultdict(int)
-for line in open(sys.argv[1]):
-    try:
-        stamp, index, used = (x.strip() for x in line.split(","))
-        t = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
-    except ValueError:
-        continue
-    current = [name for at, name in phases if at <= t]
-    if current:
-        peak[(current[-1], int(index))] = max(peak[(current[-1], int(index))], int(used))
-for (name, index), used in sorted(peak.items()):
-    print(f"peak device memory (nvidia-smi) phase {name} GPU {index}: {used} MiB")
-EOF
+python3 "$B/python/peak_by_phase.py" "$T/bench-ddp.mem" "$T/bench-ddp.log"
 for run in target/bench-runs/bench-ddp-*; do
   [ -f "$run/metrics.jsonl" ] && cp "$run/metrics.jsonl" "$OUT/metrics-$(basename "$run" | cut -d- -f3).jsonl"
 done

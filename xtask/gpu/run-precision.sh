@@ -16,6 +16,8 @@
 #            e.g. "--channels-last"; PROFILE_BATCH and PROFILE_PRECISION change the step)
 #   torch-profile  torch.profiler over PyTorch's AMP bf16 (PROFILE_AMP=none: fp32) channels-last step,
 #            eager and compiled
+#   memory   the trainer on one GPU (bench-ddp --world-sizes 1, its CUDA graph) beside PyTorch,
+#            channels-last, bf16-mixed at batch 128 and fp32 at batch 32: nvidia-smi's peak per phase
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -92,5 +94,19 @@ if want torch-profile; then
     echo "== torch.profiler, PyTorch AMP bf16 channels-last batch ${PROFILE_BATCH:-128} $extra"
     timeout 300 python3 "$B/python/torch_step_profile.py" --batch-size ${PROFILE_BATCH:-128} --amp ${PROFILE_AMP:-bf16} \
       --channels-last $extra --steps 3 2>&1 | grep -v Warning | tee -a "$OUT/torch-profile.txt"
+  done
+fi
+
+if want memory; then
+  for run in "bf16-mixed 128" "fp32 32"; do
+    set -- $run
+    echo "== the trainer's device memory on one GPU, $1 batch $2, beside PyTorch"
+    nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader,nounits -lms 100 > /tmp/mem.csv &
+    sampler=$!
+    timeout 300 "$X" bench-ddp --device cuda --model resnet50 --image-size 224 --num-classes 1000 \
+      --batch-size $2 --precision $1 --channels-last --cuda-graph true --world-sizes 1 --steps 20 \
+      --warmup 6 2>&1 | grep -v Warning | tee "$OUT/memory-$1.log"
+    kill $sampler 2>/dev/null
+    python3 "$B/python/peak_by_phase.py" /tmp/mem.csv "$OUT/memory-$1.log" | tee -a "$OUT/memory-$1.log"
   done
 fi

@@ -18,24 +18,7 @@ sampler=$!
 timeout 500 $G/xtask bench-ddp --device cuda --model resnet50 --batch-size 32 --image-size 224 \
   --num-classes 1000 --lr 0.1 --momentum 0.9 --weight-decay 1e-4 --steps ${STEPS:-16} --warmup ${WARMUP:-6} --world-sizes 2,4 ${EXTRA:-} 2>&1 | tee "$OUT/reference.log"
 kill $sampler 2>/dev/null
-python3 - /tmp/mem.csv "$OUT/reference.log" <<'PY' | tee -a "$OUT/reference.log"
-# Peak nvidia-smi memory per GPU in each phase that bench-ddp announced ("phase NAME at UNIX").
-import collections, datetime, sys
-phases = [(float(l.split()[3]), l.split()[1]) for l in open(sys.argv[2]) if l.startswith("phase ")]
-peak = collections.defaultdict(int)
-for line in open(sys.argv[1]):
-    try:
-        stamp, index, used = (x.strip() for x in line.split(","))
-        t = datetime.datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
-    except ValueError:
-        continue
-    current = [name for at, name in phases if at <= t]
-    if current:
-        key = (current[-1], int(index))
-        peak[key] = max(peak[key], int(used))
-for (name, index), used in sorted(peak.items()):
-    print(f"peak device memory (nvidia-smi) phase {name} GPU {index}: {used} MiB")
-PY
+python3 "$B/python/peak_by_phase.py" /tmp/mem.csv "$OUT/reference.log" | tee -a "$OUT/reference.log"
 python3 - "$OUT" <<'PY'
 # One Chrome trace of the 4-GPU run, every rank a process; metrics of each run beside it.
 import glob, json, os, shutil, sys

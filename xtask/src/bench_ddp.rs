@@ -40,7 +40,8 @@ pub struct BenchDdpArgs {
     momentum: f64,
     #[arg(long, default_value_t = 1e-4)]
     weight_decay: f64,
-    /// GPU counts of the data-parallel runs, each set against 1 GPU (GPU only; default --nproc)
+    /// GPU counts of the data-parallel runs, each set against 1 GPU (GPU only; default --nproc;
+    /// 1 alone: the one-GPU run only, e.g. for its memory beside PyTorch's)
     #[arg(long, value_delimiter = ',')]
     world_sizes: Vec<usize>,
     /// Skip the PyTorch DDP anchor (GPU only)
@@ -157,7 +158,7 @@ fn run_gpu(args: &BenchDdpArgs) -> Result<()> {
     );
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut weft = Vec::new();
-    for &world in std::iter::once(&1).chain(&worlds) {
+    for &world in std::iter::once(&1).chain(worlds.iter().filter(|&&w| w != 1)) {
         let tag = format!("{world}gpu");
         announce_phase(&format!("weft-{tag}"));
         weft.push((

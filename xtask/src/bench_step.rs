@@ -301,6 +301,11 @@ fn measure_weft(args: &BenchStepArgs, policy: &PrecisionPolicy) -> Result<Measur
     }
     let shape = (args.batch_size, 3, args.image_size, args.image_size);
     let images = Tensor::randn(0f32, 1.0, shape, &device)?.to_dtype(policy.compute)?;
+    // Handed over channels-last where the model runs so, as the PyTorch anchor's batch is.
+    let images = match args.channels_last {
+        true => weft_tensor::ops::to_channels_last(&images)?,
+        false => images,
+    };
     let labels = Tensor::from_vec(
         (0..args.batch_size as u32)
             .map(|i| i % args.num_classes as u32)

@@ -263,3 +263,26 @@ BLEND_KERNEL(float, float, f32)
 BLEND_KERNEL(double, double, f64)
 BLEND_KERNEL(bf16, float, bf16)
 BLEND_KERNEL(f16, float, f16)
+
+// One batch norm's running statistics in one launch: the mean blended with the batch's, the
+// variance with the batch's times `var_scale` (both as bn_blend_running), and the batch
+// counted by thread 0.
+#define UPDATE_RUNNING_KERNEL(T, S, SUFFIX)                                                      \
+    extern "C" __global__ void bn_update_running_##SUFFIX(                                       \
+        T* mean, T* var, long long* count, const S* batch_mean, const S* batch_var, int n,       \
+        double momentum, double var_scale) {                                                     \
+        const int i = blockIdx.x * blockDim.x + threadIdx.x;                                     \
+        if (i == 0)                                                                              \
+            *count += 1;                                                                         \
+        if (i < n) {                                                                             \
+            mean[i] = cvt<T>((1.0 - momentum) * cvt<double>(mean[i]) +                          \
+                             momentum * (double)batch_mean[i]);                                  \
+            var[i] = cvt<T>((1.0 - momentum) * cvt<double>(var[i]) +                            \
+                            momentum * var_scale * (double)batch_var[i]);                        \
+        }                                                                                        \
+    }
+
+UPDATE_RUNNING_KERNEL(float, float, f32)
+UPDATE_RUNNING_KERNEL(double, double, f64)
+UPDATE_RUNNING_KERNEL(bf16, float, bf16)
+UPDATE_RUNNING_KERNEL(f16, float, f16)

@@ -6,17 +6,20 @@
 //   max_pool_backward  (x, y, dy)   -> dx, one thread per input: it sums, in output order, the
 //                                      gradients of the windows whose first maximum it is, so
 //                                      the result is the CPU's, bit for bit, and needs no atomics.
-// The `_nhwc` twins do the same over channels-last (NHWC) storage, one thread per pixel and
-// channel (neighbouring threads read neighbouring channels), with 32-bit indices (the launcher
-// keeps the element counts below 2^32); their backward takes two passes:
-//   max_pool_first_max_nhwc  (x, y)       -> each window's first maximum, as its row-major
-//                                            position in the window (a byte: kernel <= 15)
+// The `_nhwc` twins do the same over channels-last (NHWC) storage, a thread per pixel and N
+// channels (neighbouring threads read neighbouring channels; N fills 16 bytes in the `_vec`
+// kernels, which the launcher picks when the channels divide, and is 1 otherwise), with 32-bit
+// indices (the launcher keeps the element counts below 2^32). Each window's first maximum is
+// kept as its row-major position in the window (a byte: kernel <= 15):
+//   max_pool_forward_nhwc    (x)          -> y, and the first maxima when `first` is not null
+//   max_pool_first_max_nhwc  (x, y)       -> the first maxima, for a backward from (x, y, dy)
 //   max_pool_backward_nhwc   (first, dy)  -> dx, one thread per input, the same sums in the same
 //                                            order as the one-pass kernel, without rescanning.
 // f32, f64, bf16 and f16; 16-bit values are compared and summed in f32 (widening is exact, so the
 // pooled values are the inputs' own).
 
 #include "float_types.cuh"
+#include "vector.cuh"
 
 struct Geometry {
     int h, w, oh, ow, kernel, stride, padding;
@@ -70,16 +73,6 @@ __device__ void forward(const T* x, T* y, long long total, Geometry g) {
     }
 }
 
-template <typename T>
-__device__ void forward_nhwc(const T* x, T* y, unsigned total, int channels, Geometry g) {
-    const unsigned out_plane = (unsigned)g.oh * g.ow, in_image = (unsigned)g.h * g.w * channels;
-    for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += gridDim.x * blockDim.x) {
-        const unsigned ch = idx % channels, pixel = idx / channels;
-        const unsigned image = pixel / out_plane, o = pixel - image * out_plane;
-        y[idx] = pooled(x + (size_t)image * in_image + ch, o / g.ow, o % g.ow, g, channels);
-    }
-}
 
 // The output windows covering input (r, c), rows lo_r..=hi_r and columns lo_c..=hi_c:
 // o * stride - padding <= r < o * stride - padding + kernel.
@@ -129,6 +122,53 @@ __device__ void backward(const T* x, const T* y, const T* dy, T* dx, long long t
 // The top-left corner (unclamped) of output window o along an axis.
 __device__ __forceinline__ int window_start(int o, Geometry g) { return o * g.stride - g.padding; }
 
+// N channels of output pixels (`total` = outputs / N threads' worth): the pooled values and,
+// with `first`, each window's first maximum, in one pass over the window. A lane keeps the
+// first NaN's position and the first position of the running maximum (strictly greater
+// replaces), which is the first input equal to the pooled value, as `first_max` finds it.
+template <typename T, int N>
+__device__ void forward_nhwc(const T* x, T* y, unsigned char* first, unsigned total, int channels,
+                             Geometry g) {
+    typedef typename Wide<T>::type S;
+    const bool vec = N > 1 && aligned16(x) && aligned16(y);
+    const unsigned groups = channels / N, out_plane = (unsigned)g.oh * g.ow;
+    const unsigned in_image = (unsigned)g.h * g.w * channels;
+    for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += gridDim.x * blockDim.x) {
+        const unsigned ch = (idx % groups) * N, pixel = idx / groups;
+        const unsigned image = pixel / out_plane, o = pixel - image * out_plane;
+        const int rs = window_start(o / g.ow, g), cs = window_start(o % g.ow, g);
+        const T* xp = x + (size_t)image * in_image + ch;
+        S best[N];
+        int at_best[N], at_nan[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) best[k] = -INFINITY, at_best[k] = -1, at_nan[k] = -1;
+        for (int i = max(rs, 0); i < min(rs + g.kernel, g.h); ++i)
+            for (int j = max(cs, 0); j < min(cs + g.kernel, g.w); ++j) {
+                const Vec<T, N> v = load<T, N>(xp + (size_t)(i * g.w + j) * channels, vec);
+                const int at = (i - rs) * g.kernel + (j - cs);
+#pragma unroll
+                for (int k = 0; k < N; ++k) {
+                    const S s = cvt<S>(v.v[k]);
+                    if (is_nan(s)) {
+                        if (at_nan[k] < 0) at_nan[k] = at;
+                    } else if (at_best[k] < 0 || s > best[k]) {
+                        best[k] = s, at_best[k] = at;
+                    }
+                }
+            }
+        Vec<T, N> out;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const bool nan = at_nan[k] >= 0;
+            out.v[k] = cvt<T>(nan ? (S)NAN : best[k]);
+            const int at = nan ? at_nan[k] : at_best[k];
+            if (first) first[(size_t)idx * N + k] = at < 0 ? 255 : (unsigned char)at;
+        }
+        store<T, N>(y + (size_t)idx * N, out, vec);
+    }
+}
+
 template <typename T>
 __device__ void first_max_nhwc(const T* x, const T* y, unsigned char* first, unsigned total,
                                int channels, Geometry g) {
@@ -147,27 +187,38 @@ __device__ void first_max_nhwc(const T* x, const T* y, unsigned char* first, uns
     }
 }
 
-template <typename T>
+// N channels of input pixels (`total` = inputs / N threads' worth).
+template <typename T, int N>
 __device__ void backward_nhwc(const unsigned char* first, const T* dy, T* dx, unsigned total,
                               int channels, Geometry g) {
     typedef typename Wide<T>::type S;
+    const bool vec = N > 1 && aligned16(dy) && aligned16(dx);
+    const unsigned groups = channels / N;
     const unsigned in_plane = (unsigned)g.h * g.w, out_plane = (unsigned)g.oh * g.ow;
     for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += gridDim.x * blockDim.x) {
-        const unsigned ch = idx % channels, pixel = idx / channels;
+        const unsigned ch = (idx % groups) * N, pixel = idx / groups;
         const unsigned image = pixel / in_plane, at = pixel - image * in_plane;
         const int r = at / g.w, c = at % g.w;
         const size_t out_at = (size_t)image * out_plane * channels + ch;
         const Covering w = covering(r, c, g);
-        S sum = (S)0;
+        S sum[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) sum[k] = (S)0;
         for (int orow = w.lo_r; orow <= w.hi_r; ++orow)
             for (int ocol = w.lo_c; ocol <= w.hi_c; ++ocol) {
                 const size_t o = out_at + (size_t)(orow * g.ow + ocol) * channels;
                 const int in_window =
                     (r - window_start(orow, g)) * g.kernel + (c - window_start(ocol, g));
-                if (first[o] == in_window) sum += cvt<S>(dy[o]);
+                const Vec<T, N> d = load<T, N>(dy + o, vec);
+#pragma unroll
+                for (int k = 0; k < N; ++k)
+                    if (first[o + k] == in_window) sum[k] += cvt<S>(d.v[k]);
             }
-        dx[idx] = cvt<T>(sum);
+        Vec<T, N> out;
+#pragma unroll
+        for (int k = 0; k < N; ++k) out.v[k] = cvt<T>(sum[k]);
+        store<T, N>(dx + (size_t)idx * N, out, vec);
     }
 }
 
@@ -180,9 +231,13 @@ __device__ void backward_nhwc(const unsigned char* first, const T* dy, T* dx, un
                                                           T* dx, long long total, Geometry g) { \
         backward<T>(x, y, dy, dx, total, g);                                                   \
     }                                                                                          \
-    extern "C" __global__ void max_pool_forward_nhwc_##SUFFIX(const T* x, T* y, unsigned total, \
-                                                              int channels, Geometry g) {      \
-        forward_nhwc<T>(x, y, total, channels, g);                                             \
+    extern "C" __global__ void max_pool_forward_nhwc_##SUFFIX(                                 \
+        const T* x, T* y, unsigned char* first, unsigned total, int channels, Geometry g) {    \
+        forward_nhwc<T, 1>(x, y, first, total, channels, g);                                   \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_forward_nhwc_vec_##SUFFIX(                             \
+        const T* x, T* y, unsigned char* first, unsigned total, int channels, Geometry g) {    \
+        forward_nhwc<T, Lanes<T>::n>(x, y, first, total, channels, g);                         \
     }                                                                                          \
     extern "C" __global__ void max_pool_first_max_nhwc_##SUFFIX(                               \
         const T* x, const T* y, unsigned char* first, unsigned total, int channels, Geometry g) { \
@@ -191,7 +246,12 @@ __device__ void backward_nhwc(const unsigned char* first, const T* dy, T* dx, un
     extern "C" __global__ void max_pool_backward_nhwc_##SUFFIX(                                \
         const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
         Geometry g) {                                                                          \
-        backward_nhwc<T>(first, dy, dx, total, channels, g);                                   \
+        backward_nhwc<T, 1>(first, dy, dx, total, channels, g);                                \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_backward_nhwc_vec_##SUFFIX(                            \
+        const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
+        Geometry g) {                                                                          \
+        backward_nhwc<T, Lanes<T>::n>(first, dy, dx, total, channels, g);                      \
     }
 
 MAX_POOL_KERNELS(float, f32)

@@ -57,11 +57,16 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
     // comparisons and the same order of additions as the CPU, so equal up to the last bit
     // (1e-6 as the NCHW max-pool rows).
     for dtype in [DType::F32, DType::BF16] {
-        checks.push(Check {
-            name: format!("channels-last max_pool2d with ties, forward and backward, {dtype:?}"),
-            error: pool_nhwc(gpu, dtype)?,
-            tolerance: 1e-6,
-        });
+        // 24 channels take the vector kernels, 6 the per-channel ones.
+        for channels in [24, 6] {
+            checks.push(Check {
+                name: format!(
+                    "channels-last max_pool2d with ties, forward and backward, {channels} ch, {dtype:?}"
+                ),
+                error: pool_nhwc(gpu, dtype, channels)?,
+                tolerance: 1e-6,
+            });
+        }
         // The fused end of a residual block computes what the two passes compute, rounding
         // for rounding.
         for channels in [24, 6] {
@@ -97,13 +102,15 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
 
 /// `max_pool2d_forward` and `max_pool2d_backward` (3x3, stride 2, padding 1) of a ReLU's output
 /// (ties at zero) on channels-last GPU tensors, whose results must stay channels-last, against
-/// the CPU on NCHW: the largest relative error of `y` and `dx` (infinite if the layout is lost).
-fn pool_nhwc(gpu: &Device, dtype: DType) -> Result<f64> {
+/// the CPU on NCHW, and the same through `max_pool2d_forward_saving` and
+/// `max_pool2d_backward_saved`: the largest relative error of `y` and `dx` (infinite if the
+/// layout is lost, or if the GPU did not keep the first maxima as bytes).
+fn pool_nhwc(gpu: &Device, dtype: DType, channels: usize) -> Result<f64> {
     let cpu = Device::Cpu;
-    let x = Tensor::randn(0f32, 1.0, (4, 24, 15, 15), &cpu)?
+    let x = Tensor::randn(0f32, 1.0, (4, channels, 15, 15), &cpu)?
         .relu()?
         .to_dtype(dtype)?;
-    let dy = Tensor::randn(0f32, 1.0, (4, 24, 8, 8), &cpu)?.to_dtype(dtype)?;
+    let dy = Tensor::randn(0f32, 1.0, (4, channels, 8, 8), &cpu)?.to_dtype(dtype)?;
     let run = |device: &Device| -> Result<(Tensor, Tensor, bool)> {
         let put = |t: &Tensor| -> Result<Tensor> {
             let t = t.to_device(device)?;
@@ -115,8 +122,16 @@ fn pool_nhwc(gpu: &Device, dtype: DType) -> Result<f64> {
         let (x, dy) = (put(&x)?, put(&dy)?);
         let y = ops::max_pool2d_forward(&x, 3, 2, 1)?;
         let dx = ops::max_pool2d_backward(&x, &y, &dy, 3, 2, 1)?;
-        let kept = ops::is_channels_last(&y) && ops::is_channels_last(&dx);
-        Ok((y.to_device(&cpu)?, dx.to_device(&cpu)?, kept))
+        let (y_saving, saved) = ops::max_pool2d_forward_saving(&x, 3, 2, 1)?;
+        let dx_saved = ops::max_pool2d_backward_saved(&x, &saved, &dy, 3, 2, 1)?;
+        let kept = [&y, &dx, &y_saving, &dx_saved]
+            .iter()
+            .all(|t| ops::is_channels_last(t))
+            && (device.is_cpu() || saved.dtype() == DType::U8);
+        let both = |a: &Tensor, b: &Tensor| Tensor::cat(&[a.flatten_all()?, b.flatten_all()?], 0);
+        let y = both(&y, &y_saving)?.to_device(&cpu)?;
+        let dx = both(&dx, &dx_saved)?.to_device(&cpu)?;
+        Ok((y, dx, kept))
     };
     let ((y, dx, _), (gy, gdx, kept)) = (run(&cpu)?, run(gpu)?);
     match kept {

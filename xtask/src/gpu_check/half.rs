@@ -12,7 +12,7 @@ use weft_tensor::ops;
 
 use super::single_ops::{
     compare_blend, compare_conv_backward_add, compare_graph_free_batch_norm, compare_op,
-    relative_error,
+    compare_update_running, relative_error,
 };
 use super::Check;
 
@@ -103,6 +103,12 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
             // and the CPU's two roundings; rounded to 16 bits that is one unit at most (seen
             // once in bf16: 6.2e-4 relative to the largest value; exact in every other call).
             tolerance: unit,
+        });
+        checks.push(Check {
+            name: format!("{dtype:?} running statistics and count in one launch"),
+            error: compare_update_running(gpu, dtype)?,
+            // As the blend's row, twice over: a unit per blend at most.
+            tolerance: 2.0 * unit,
         });
     }
     Ok(())

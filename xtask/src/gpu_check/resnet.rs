@@ -9,7 +9,7 @@ use weft_optim::ModelOptimizer;
 use weft_optim::{OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::Trainer;
 use weft_precision::{DynamicLossScaler, LossScalerState, ScalerConfig};
-use weft_tensor::Checkpointing;
+use weft_tensor::{ops, Checkpointing};
 
 use super::single_ops::relative_error;
 
@@ -186,10 +186,18 @@ struct Resnet18Run<'a> {
     optimizer_device: &'a Device,
     graph: bool,
     steps: usize,
-    /// With a dynamic loss scaler starting near f64's largest power of two and growing every
-    /// step: steps that overflow (skipped, the scale backed off) and steps that apply.
+    /// With a dynamic loss scaler growing every clean step, and a NaN batch at the steps of
+    /// [`POISONED_STEPS`] (both replayed from the graph), which the scaler must skip.
     scaled: bool,
+    /// In f32 with the model and its batch channels-last (cuDNN's NHWC convolutions), instead
+    /// of f64 NCHW.
+    channels_last: bool,
 }
+
+/// The steps at which a scaled run's batch is all NaN: its gradients are, and the step is
+/// skipped (ResNet-18's f64 gradients stay below 2 in magnitude, so no finite scale overflows
+/// them: a scale grown to f64's largest power of two still applied every step).
+const POISONED_STEPS: [usize; 2] = [3, 4];
 
 /// ResNet-18 in f64 on `gpu`, trained with SGD (momentum, weight decay) on one fixed batch,
 /// the learning rate changing every step: its parameters afterwards (on the CPU) and the steps
@@ -198,25 +206,29 @@ fn train_resnet18(
     gpu: &Device,
     run: Resnet18Run,
 ) -> Result<(Tensor, usize, Option<LossScalerState>)> {
-    let images = Tensor::randn(0f64, 1.0, (4, 3, 64, 64), gpu)?;
+    let dtype = match run.channels_last {
+        true => DType::F32,
+        false => DType::F64,
+    };
+    let images = Tensor::randn(0f64, 1.0, (4, 3, 64, 64), gpu)?.to_dtype(dtype)?;
+    let images = match run.channels_last {
+        true => ops::to_channels_last(&images)?,
+        false => images,
+    };
     let labels = Tensor::new(&[1u32, 7, 3, 9], gpu)?;
-    let model = resnet(&ResNetConfig::from_name("resnet18", 10)?, DType::F64, gpu)?;
+    let config = ResNetConfig::from_name("resnet18", 10)?.with_channels_last(run.channels_last);
+    let model = resnet(&config, dtype, gpu)?;
     let sgd = OptimizerConfig::Sgd(SgdConfig {
         lr: 0.01,
         momentum: 0.9,
         weight_decay: 1e-4,
         ..SgdConfig::default()
     });
-    let sgd = ModelOptimizer::new(
-        sgd,
-        ParamGroups::default(),
-        run.optimizer_device,
-        DType::F64,
-    )?;
+    let sgd = ModelOptimizer::new(sgd, ParamGroups::default(), run.optimizer_device, dtype)?;
     let mut trainer = Trainer::new(model, Box::new(Classification), sgd, Checkpointing::None)?;
     if run.scaled {
         trainer = trainer.with_loss_scaler(DynamicLossScaler::new(ScalerConfig {
-            init_scale: 2f64.powi(1010),
+            init_scale: 2f64.powi(10),
             growth_interval: 1,
             ..ScalerConfig::default()
         })?);
@@ -225,8 +237,13 @@ fn train_resnet18(
         trainer = trainer.with_cuda_graph();
     }
     let mut replayed = 0;
+    let poisoned = (&images * f64::NAN)?;
     for step in 0..run.steps {
-        let outcome = trainer.step(&images, &labels, 0.01 / (1 + step) as f64)?;
+        let batch = match run.scaled && POISONED_STEPS.contains(&step) {
+            true => &poisoned,
+            false => &images,
+        };
+        let outcome = trainer.step(batch, &labels, 0.01 / (1 + step) as f64)?;
         replayed += usize::from(outcome.graphed);
     }
     let store = trainer.model().store();
@@ -244,20 +261,24 @@ fn train_resnet18(
 /// same kernels run in the same order, so it should be 0), or infinity when fewer than 3 steps
 /// were replayed. Both draw the same batch (the generator is seeded per run). With `scaled`,
 /// the loss scaler's decisions are taken on the device inside the graph: the skipped steps and
-/// the final scale must match too.
-pub(super) fn compare_graph_replay(gpu: &Device, scaled: bool) -> Result<f64> {
+/// the final scale must match too, and exactly the poisoned steps must have been skipped
+/// (else infinity).
+pub(super) fn compare_graph_replay(gpu: &Device, scaled: bool, channels_last: bool) -> Result<f64> {
     let run = |graph| Resnet18Run {
         optimizer_device: gpu,
         graph,
         steps: 6,
         scaled,
+        channels_last,
     };
     gpu.set_seed(0)?;
     let (eager, _, eager_scaler) = train_resnet18(gpu, run(false))?;
     gpu.set_seed(0)?;
     let (graphed, replayed, graphed_scaler) = train_resnet18(gpu, run(true))?;
     println!("CUDA graph: {replayed} of 6 steps replayed, loss scaler {graphed_scaler:?}");
-    if replayed < 3 || eager_scaler != graphed_scaler {
+    let skipped = graphed_scaler.as_ref().map_or(0, |s| s.skipped_steps);
+    let skipped_as_poisoned = !scaled || skipped == POISONED_STEPS.len() as u64;
+    if replayed < 3 || eager_scaler != graphed_scaler || !skipped_as_poisoned {
         return Ok(f64::INFINITY);
     }
     relative_error(&eager, &graphed)
@@ -272,6 +293,7 @@ pub(super) fn compare_offload(gpu: &Device) -> Result<f64> {
         graph: false,
         steps: 3,
         scaled: false,
+        channels_last: false,
     };
     gpu.set_seed(0)?;
     let (on_gpu, ..) = train_resnet18(gpu, run(gpu))?;

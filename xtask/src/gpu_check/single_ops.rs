@@ -98,6 +98,38 @@ pub(super) fn compare_blend(gpu: &Device, dtype: DType) -> Result<f64> {
     relative_error(&run(&Device::Cpu)?, &run(gpu)?)
 }
 
+/// `update_running_stats` (one launch on the GPU) against the CPU's blends and add, twice:
+/// the largest relative error of the running mean and variance of `dtype` (from f32 batch
+/// statistics, rows of a table), or infinity when the batch counts differ.
+pub(super) fn compare_update_running(gpu: &Device, dtype: DType) -> Result<f64> {
+    let running = Tensor::randn(0f32, 1.0, (2, 300), &Device::Cpu)?.to_dtype(dtype)?;
+    let table = Tensor::randn(0f32, 1.0, (2, 300), &Device::Cpu)?;
+    let run = |device: &Device| -> Result<(Tensor, i64)> {
+        let (mean, var) = (
+            running.get(0)?.to_device(device)?,
+            running.get(1)?.to_device(device)?,
+        );
+        let (mean, var) = (mean.copy()?, var.copy()?);
+        let count = Tensor::new(5i64, device)?;
+        let table = table.to_device(device)?;
+        for _ in 0..2 {
+            let stats = ops::RunningStats {
+                mean: &mean,
+                var: &var,
+                count: &count,
+            };
+            ops::update_running_stats(stats, &table.get(0)?, &table.get(1)?, 0.1, 1.01)?;
+        }
+        let both = Tensor::stack(&[mean, var], 0)?.to_device(&Device::Cpu)?;
+        Ok((both, count.to_device(&Device::Cpu)?.to_scalar::<i64>()?))
+    };
+    let ((cpu, cpu_count), (on_gpu, gpu_count)) = (run(&Device::Cpu)?, run(gpu)?);
+    match cpu_count == gpu_count {
+        true => relative_error(&cpu, &on_gpu),
+        false => Ok(f64::INFINITY),
+    }
+}
+
 /// `conv2d_backward_add` (the input gradient added in place, cuDNN's beta = 1) on the GPU
 /// against the CPU, for tensors of `dtype`: the largest relative error of the tensor added into
 /// and of the weight gradient.

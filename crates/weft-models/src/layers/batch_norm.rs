@@ -217,12 +217,18 @@ impl BatchNorm2d {
     /// Blends a batch's mean and its variance times `var_scale` (the unbiasing factor) into the
     /// running statistics (momentum) and counts the batch.
     fn blend_running_stats(&self, mean: &Tensor, var: &Tensor, var_scale: f64) -> Result<()> {
-        let m = self.momentum;
-        ops::blend_into(self.running_mean.as_tensor(), mean, m, 1.0)?;
-        ops::blend_into(self.running_var.as_tensor(), var, m, var_scale)?;
-        let tracked = (self.num_batches_tracked.as_tensor().to_dtype(DType::I64)? + 1.0)?;
-        self.num_batches_tracked.set(&tracked)?;
-        Ok(())
+        let stats = ops::RunningStats {
+            mean: self.running_mean.as_tensor(),
+            var: self.running_var.as_tensor(),
+            count: self.num_batches_tracked.as_tensor(),
+        };
+        Ok(ops::update_running_stats(
+            stats,
+            mean,
+            var,
+            self.momentum,
+            var_scale,
+        )?)
     }
 }
 

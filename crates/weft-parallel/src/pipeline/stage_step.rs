@@ -30,7 +30,9 @@ struct InFlight {
 pub(super) struct Measured {
     /// Time in the stage's forwards and backwards.
     compute: Duration,
-    /// From the first action to the last.
+    /// The schedule's wall time, the same span on every stage: from a barrier of all stages
+    /// before the first action to one after every stage's last (a stage idle while another
+    /// finishes its backwards is in the bubble, as in the plan's simulation).
     wall: Duration,
     pub peak_in_flight: usize,
     pub peak_activation_bytes: usize,
@@ -109,11 +111,13 @@ impl PipelineTrainer {
             backwards_done: 0,
             measured: Measured::default(),
         };
+        self.all_stages_here()?;
         let (stage, started) = (self.stage(), Instant::now());
         for &action in &plan.actions[stage] {
             match action {
                 Action::RecvActivation(i) => {
                     let x = self.links.recv_activation(dtype, &device)?;
+                    self.arrived()?;
                     st.received.insert(i, x);
                 }
                 Action::Forward(i) => self.forward(&mut st, i, timings)?,
@@ -126,6 +130,7 @@ impl PipelineTrainer {
                         return Err(missing(stage, action, i, "forward"));
                     };
                     let grad = self.links.recv_grad(&sent.output_shape, dtype, &device)?;
+                    self.arrived()?;
                     st.output_grads.insert(i, grad);
                 }
                 Action::Backward(i) => self.backward(&mut st, i, plan.microbatches, timings)?,
@@ -135,8 +140,9 @@ impl PipelineTrainer {
                 }
             }
         }
-        st.measured.wall = started.elapsed();
         self.links.finish()?;
+        self.all_stages_here()?;
+        st.measured.wall = started.elapsed();
         st.results.sort_by_key(|(i, _)| *i);
         let results = st.results.into_iter().map(|(_, r)| r).collect();
         Ok((results, st.measured))
@@ -217,6 +223,19 @@ impl PipelineTrainer {
         timings.backward += spent;
         st.measured.compute += spent;
         Ok(())
+    }
+
+    /// Returns once every stage has called it (a barrier on the pipeline axis).
+    fn all_stages_here(&self) -> Result<()> {
+        self.stages.barrier().wait()?;
+        Ok(())
+    }
+
+    /// Waits until a received tensor is on the device. On NCCL a receive's `wait` only orders
+    /// the compute stream after the transfer, so without this the wait for the neighbour would
+    /// fall inside the next forward's or backward's span and be counted as compute, not bubble.
+    fn arrived(&self) -> Result<()> {
+        Ok(self.trainer.model().store().device().synchronize()?)
     }
 
     /// Time since `start` of a forward or backward, once the device has run it: the bubble is

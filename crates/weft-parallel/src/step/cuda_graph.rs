@@ -16,7 +16,7 @@ use candle_core::cuda_backend::cudarc::driver::sys::{
 };
 use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::{Device, Tensor};
-use weft_tensor::ops::copy_tensors;
+use weft_tensor::ops::{copy_tensors, is_channels_last};
 
 use super::outcome::{outcome, BatchResult, StepOutcome, StepTimings};
 use super::Trainer;
@@ -44,11 +44,18 @@ impl Buffers {
             && targets.shape() == self.targets.shape()
             && inputs.dtype() == self.inputs.dtype()
             && targets.dtype() == self.targets.dtype()
+            && is_channels_last(inputs) == is_channels_last(&self.inputs)
     }
 
-    /// The batch's values, in the static input buffers (device-to-device copies).
+    /// The batch's values, in the static input buffers (device-to-device copies). Channels-last
+    /// images (whose buffer is channels-last too) travel as their NHWC storage.
     fn load(&self, inputs: &Tensor, targets: &Tensor) -> Result<()> {
-        copy_tensors(&[(inputs, &self.inputs), (targets, &self.targets)])?;
+        let storage_order = |t: &Tensor| match is_channels_last(t) {
+            true => t.permute((0, 2, 3, 1)),
+            false => Ok(t.clone()),
+        };
+        let (inputs, buffer) = (storage_order(inputs)?, storage_order(&self.inputs)?);
+        copy_tensors(&[(&inputs, &buffer), (targets, &self.targets)])?;
         Ok(())
     }
 }

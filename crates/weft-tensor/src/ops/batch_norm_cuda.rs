@@ -68,7 +68,7 @@ pub(super) fn one_warp_each(n: usize) -> LaunchConfig {
 }
 
 /// One thread for each of `n` items (a running statistic).
-pub(super) fn one_thread_each(n: usize) -> LaunchConfig {
+pub(crate) fn one_thread_each(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: ((n as u32).div_ceil(THREADS), 1, 1),
         block_dim: (THREADS, 1, 1),

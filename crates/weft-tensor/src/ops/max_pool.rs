@@ -48,6 +48,50 @@ pub fn max_pool2d_forward(
     same_layout_as(x, y)
 }
 
+/// [`max_pool2d_forward`] and what [`max_pool2d_backward_saved`] needs of it: where the
+/// channels-last kernels ran, each window's first maximum as a byte (U8, NHWC; then neither
+/// `x`'s values nor the output need to be kept for the backward), elsewhere the output itself.
+pub fn max_pool2d_forward_saving(
+    x: &Tensor,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<(Tensor, Tensor)> {
+    let window = PoolWindow::new(kernel, stride, padding);
+    window.output_shape(x.dims())?;
+    #[cfg(feature = "cuda")]
+    if let Some(pooled) = super::max_pool_nhwc::forward_saving(x, window)? {
+        return Ok(pooled);
+    }
+    let y = max_pool2d_forward(x, kernel, stride, padding)?;
+    Ok((y.clone(), y))
+}
+
+/// The input gradient of [`max_pool2d_forward_saving`]`(x) = (y, saved)` given `dy`: from the
+/// first maxima when `saved` holds them (U8), else `saved` is `y` and `x` is read again.
+pub fn max_pool2d_backward_saved(
+    x: &Tensor,
+    saved: &Tensor,
+    dy: &Tensor,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    if saved.dtype() != DType::U8 {
+        return max_pool2d_backward(x, saved, dy, kernel, stride, padding);
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(dx) = super::max_pool_nhwc::backward_from_first(
+        x,
+        saved,
+        dy,
+        PoolWindow::new(kernel, stride, padding),
+    )? {
+        return Ok(dx);
+    }
+    bail!("max_pool2d: first maxima were saved for an input the channels-last kernels do not take")
+}
+
 /// `t` channels-last when `like` is (where the NHWC kernels do not apply, a channels-last input
 /// is pooled as NCHW planes, copied in and its results out).
 fn same_layout_as(like: &Tensor, t: Tensor) -> Result<Tensor> {

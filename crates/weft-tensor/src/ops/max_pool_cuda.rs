@@ -1,6 +1,6 @@
-//! Launches the max-pool kernels of `kernels/max_pool.cu` on CUDA storages: the forward pass
-//! one thread per output, the backward pass one thread per input (no atomics), over NCHW planes
-//! or (`run_nhwc`) channels-last storage.
+//! Launches the max-pool kernels of `kernels/max_pool.cu` on CUDA storages over NCHW planes:
+//! the forward pass one thread per output, the backward pass one thread per input (no atomics).
+//! The channels-last kernels are launched by `max_pool_nhwc_cuda`.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
@@ -13,7 +13,7 @@ use super::max_pool_cpu::{PoolPlanes, PoolWindow};
 /// `struct Geometry` of kernels/max_pool.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Geometry {
+pub(super) struct Geometry {
     h: i32,
     w: i32,
     oh: i32,
@@ -26,7 +26,7 @@ struct Geometry {
 // SAFETY: a plain `repr(C)` struct of integers, laid out as the kernel's `Geometry`.
 unsafe impl DeviceRepr for Geometry {}
 
-fn geometry(window: PoolWindow, planes: PoolPlanes) -> Result<Geometry> {
+pub(super) fn geometry(window: PoolWindow, planes: PoolPlanes) -> Result<Geometry> {
     let int = |v: usize| {
         i32::try_from(v).map_err(|_| {
             candle_core::Error::Msg(format!(
@@ -96,92 +96,4 @@ pub(crate) fn run(
         DType::F16 => launch::<half::f16>(window, planes, args),
         other => bail!("max_pool2d: dtype {other:?} is not supported on CUDA"),
     }
-}
-
-/// The NHWC kernels: forward (`args = [x]`) or backward (`args = [x, y, dy]`, returns `dx`) on
-/// the NHWC storage of tensors whose NCHW dims are `nchw` (element counts below 2^32).
-pub(crate) fn run_nhwc(
-    window: PoolWindow,
-    nchw: [usize; 4],
-    args: &[(&CudaStorage, &Layout, &'static str)],
-) -> Result<CudaStorage> {
-    match args[0].0.dtype() {
-        DType::F32 => launch_nhwc::<f32>(window, nchw, args),
-        DType::F64 => launch_nhwc::<f64>(window, nchw, args),
-        DType::BF16 => launch_nhwc::<half::bf16>(window, nchw, args),
-        DType::F16 => launch_nhwc::<half::f16>(window, nchw, args),
-        other => bail!("max_pool2d: dtype {other:?} is not supported on CUDA"),
-    }
-}
-
-fn launch_nhwc<T: CudaDType + DeviceRepr + WithDType>(
-    window: PoolWindow,
-    [n, c, h, w]: [usize; 4],
-    args: &[(&CudaStorage, &Layout, &'static str)],
-) -> Result<CudaStorage> {
-    let (_, _, oh, ow) = window.output_shape(&[n, c, h, w])?;
-    let planes = PoolPlanes {
-        count: n * c,
-        input: (h, w),
-        output: (oh, ow),
-    };
-    let (inputs, outputs) = (n * h * w * c, n * oh * ow * c);
-    let count = |total: usize| {
-        u32::try_from(total).map_err(|_| {
-            candle_core::Error::Msg(format!(
-                "max_pool2d (NHWC): {total} elements are beyond 2^32"
-            ))
-        })
-    };
-    let (inputs_u, outputs_u) = (count(inputs)?, count(outputs)?);
-    if window.kernel > 15 {
-        bail!(
-            "max_pool2d (NHWC): a {0}x{0} window is beyond the kernels (at most 15)",
-            window.kernel
-        );
-    }
-    let channels = i32::try_from(c).map_err(|_| {
-        candle_core::Error::Msg(format!("max_pool2d (NHWC): {c} channels are too many"))
-    })?;
-    let device = device_of(args[0].0);
-    let views = args
-        .iter()
-        .map(|(storage, layout, name)| view::<T>(storage, layout, name))
-        .collect::<Result<Vec<_>>>()?;
-    let geometry = geometry(window, planes)?;
-    // SAFETY (each launch): the arguments match the kernel's signature in kernels/max_pool.cu;
-    // `x` and `dx` hold n x h x w x c elements, `y`, `dy`, `first` and the forward output
-    // n x oh x ow x c, as checked by the caller's shape validation.
-    if args.len() == 1 {
-        let y = output::<T>(&device, outputs)?;
-        let func = function(&device, &MAX_POOL, "max_pool_forward_nhwc", T::DTYPE)?;
-        let mut builder = func.builder();
-        builder
-            .arg(&views[0])
-            .arg(&y)
-            .arg(&outputs_u)
-            .arg(&channels)
-            .arg(&geometry);
-        launched("max_pool_forward_nhwc", unsafe {
-            builder.launch(grid_stride(outputs))
-        })?;
-        return Ok(CudaStorage::wrap_cuda_slice(y, device));
-    }
-    let first = output::<u8>(&device, outputs)?;
-    let func = function(&device, &MAX_POOL, "max_pool_first_max_nhwc", T::DTYPE)?;
-    let mut builder = func.builder();
-    builder.arg(&views[0]).arg(&views[1]).arg(&first);
-    builder.arg(&outputs_u).arg(&channels).arg(&geometry);
-    launched("max_pool_first_max_nhwc", unsafe {
-        builder.launch(grid_stride(outputs))
-    })?;
-    let dx = output::<T>(&device, inputs)?;
-    let func = function(&device, &MAX_POOL, "max_pool_backward_nhwc", T::DTYPE)?;
-    let mut builder = func.builder();
-    builder.arg(&first).arg(&views[2]).arg(&dx);
-    builder.arg(&inputs_u).arg(&channels).arg(&geometry);
-    launched("max_pool_backward_nhwc", unsafe {
-        builder.launch(grid_stride(inputs))
-    })?;
-    Ok(CudaStorage::wrap_cuda_slice(dx, device))
 }

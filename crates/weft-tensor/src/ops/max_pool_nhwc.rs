@@ -1,24 +1,25 @@
 //! Max pooling of channels-last CUDA tensors on their NHWC storage (`kernels/max_pool.cu`'s
 //! `_nhwc` kernels), with the rules of [`super::max_pool2d`]: no copies into NCHW planes and
-//! back around the kernels. Applies to channels-last tensors on a GPU whose element counts fit
-//! the kernels' 32-bit indices, with windows up to 15x15; [`forward`] and [`backward`] say
-//! `None` otherwise. Built with
-//! the `cuda` feature only.
+//! back around the kernels. The forward can keep each window's first maximum as a byte, from
+//! which the backward gathers the gradients without reading `x` and `y` again. Applies to
+//! channels-last tensors on a GPU whose element counts fit the kernels' 32-bit indices, with
+//! windows up to 15x15; the functions say `None` otherwise. Built with the `cuda` feature only.
 
-use candle_core::{
-    bail, CpuStorage, CudaStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor,
-};
+use candle_core::op::BackpropOp;
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 
 use super::channels_last::{from_nhwc, is_channels_last, nhwc};
 use super::max_pool_cpu::PoolWindow;
+use super::max_pool_nhwc_cuda::{run_backward, run_backward_from_first, run_forward};
 
 /// `y = max_pool(x)` on the NHWC storage of a channels-last `x`, viewed channels-last.
 pub(super) fn forward(x: &Tensor, window: PoolWindow) -> Result<Option<Tensor>> {
-    if !applies(x, window) {
-        return Ok(None);
-    }
-    let y = nhwc(x)?.apply_op1_no_bwd(&PoolNhwc { window })?;
-    Ok(Some(from_nhwc(&y)?))
+    Ok(pool(x, window, false)?.map(|(y, _)| y))
+}
+
+/// [`forward`] and each window's first maximum (U8, NHWC), for [`backward_from_first`].
+pub(super) fn forward_saving(x: &Tensor, window: PoolWindow) -> Result<Option<(Tensor, Tensor)>> {
+    Ok(pool(x, window, true)?.and_then(|(y, first)| first.map(|f| (y, f))))
 }
 
 /// The input gradient of [`forward`]`(x) = y` given `dy`, viewed channels-last.
@@ -33,6 +34,65 @@ pub(super) fn backward(
     }
     let dx = nhwc(x)?.apply_op3_no_bwd(&nhwc(y)?, &nhwc(dy)?, &PoolNhwcBackward { window })?;
     Ok(Some(from_nhwc(&dx)?))
+}
+
+/// The input gradient of [`forward_saving`]`(x) = (y, first)` given `dy`, viewed channels-last
+/// (`x` gives the shape only).
+pub(super) fn backward_from_first(
+    x: &Tensor,
+    first: &Tensor,
+    dy: &Tensor,
+    window: PoolWindow,
+) -> Result<Option<Tensor>> {
+    if !applies(x, window) {
+        return Ok(None);
+    }
+    let (n, c, h, w) = x.dims4()?;
+    let (nchw, out) = shapes(window, &[n, h, w, c])?;
+    let dy = nhwc(dy)?;
+    if dy.shape() != &out || first.shape() != &out || first.dtype() != DType::U8 {
+        bail!(
+            "max_pool2d (NHWC): dy {:?} and first maxima {:?} {:?} do not match the output {:?}",
+            dy.dims(),
+            first.dims(),
+            first.dtype(),
+            out.dims()
+        );
+    }
+    let (first_storage, first_layout) = first.storage_and_layout();
+    let (dy_storage, dy_layout) = dy.storage_and_layout();
+    let (Storage::Cuda(f), Storage::Cuda(d)) = (&*first_storage, &*dy_storage) else {
+        bail!("max_pool2d (NHWC): CUDA tensors only");
+    };
+    let dx = run_backward_from_first(
+        window,
+        nchw,
+        (f, first_layout, "first maxima"),
+        (d, dy_layout, "dy"),
+    )?;
+    let [n, c, h, w] = nchw;
+    let dx = Tensor::from_storage(Storage::Cuda(dx), (n, h, w, c), BackpropOp::none(), false);
+    Ok(Some(from_nhwc(&dx)?))
+}
+
+/// The pooled `x` viewed channels-last and, with `keep_first`, the first maxima (NHWC).
+fn pool(
+    x: &Tensor,
+    window: PoolWindow,
+    keep_first: bool,
+) -> Result<Option<(Tensor, Option<Tensor>)>> {
+    if !applies(x, window) {
+        return Ok(None);
+    }
+    let x = nhwc(x)?;
+    let (nchw, out) = shapes(window, x.dims())?;
+    let (storage, layout) = x.storage_and_layout();
+    let Storage::Cuda(cuda) = &*storage else {
+        bail!("max_pool2d (NHWC): CUDA tensors only");
+    };
+    let (y, first) = run_forward(window, nchw, (cuda, layout, "x"), keep_first)?;
+    let wrap = |s| Tensor::from_storage(Storage::Cuda(s), out.clone(), BackpropOp::none(), false);
+    Ok(Some((from_nhwc(&wrap(y))?, first.map(wrap))))
 }
 
 /// Channels-last on a GPU, element counts within 32 bits, and windows whose positions fit the
@@ -53,30 +113,9 @@ fn shapes(window: PoolWindow, dims: &[usize]) -> Result<([usize; 4], Shape)> {
     Ok(([n, c, h, w], Shape::from((n, oh, ow, c))))
 }
 
-/// The forward pass: arg `x` (NHWC).
-struct PoolNhwc {
-    window: PoolWindow,
-}
-
 /// The input gradient: args `(x, y, dy)` (NHWC).
 struct PoolNhwcBackward {
     window: PoolWindow,
-}
-
-impl CustomOp1 for PoolNhwc {
-    fn name(&self) -> &'static str {
-        "weft-max-pool2d-nhwc"
-    }
-
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        bail!("max_pool2d (NHWC): CUDA tensors only")
-    }
-
-    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (nchw, out) = shapes(self.window, layout.dims())?;
-        let y = super::max_pool_cuda::run_nhwc(self.window, nchw, &[(storage, layout, "x")])?;
-        Ok((y, out))
-    }
 }
 
 impl CustomOp3 for PoolNhwcBackward {
@@ -98,13 +137,13 @@ impl CustomOp3 for PoolNhwcBackward {
 
     fn cuda_fwd(
         &self,
-        s1: &CudaStorage,
+        s1: &candle_core::CudaStorage,
         l1: &Layout,
-        s2: &CudaStorage,
+        s2: &candle_core::CudaStorage,
         l2: &Layout,
-        s3: &CudaStorage,
+        s3: &candle_core::CudaStorage,
         l3: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (nchw, out) = shapes(self.window, l1.dims())?;
         for (name, layout) in [("y", l2), ("dy", l3)] {
             if layout.shape() != &out {
@@ -115,8 +154,11 @@ impl CustomOp3 for PoolNhwcBackward {
                 );
             }
         }
-        let args = [(s1, l1, "x"), (s2, l2, "y"), (s3, l3, "dy")];
-        let dx = super::max_pool_cuda::run_nhwc(self.window, nchw, &args)?;
+        let dx = run_backward(
+            self.window,
+            nchw,
+            [(s1, l1, "x"), (s2, l2, "y"), (s3, l3, "dy")],
+        )?;
         Ok((dx, l1.shape().clone()))
     }
 }

@@ -88,6 +88,8 @@ mod max_pool_cpu;
 mod max_pool_cuda;
 #[cfg(feature = "cuda")]
 mod max_pool_nhwc;
+#[cfg(feature = "cuda")]
+mod max_pool_nhwc_cuda;
 mod multi_tensor;
 #[cfg(feature = "cuda")]
 mod multi_tensor_cuda;
@@ -96,6 +98,8 @@ mod relu;
 #[cfg(feature = "cuda")]
 mod relu_cuda;
 mod running_average;
+#[cfg(feature = "cuda")]
+mod running_average_cuda;
 mod scratch;
 mod storage;
 mod unscale;
@@ -125,11 +129,14 @@ pub use determinism::{deterministic, set_deterministic};
 pub use gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_derivative};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_reference};
 pub use loss_scale::{update_loss_scale, ScaleRule, LOSS_SCALE_STATE_LEN};
-pub use max_pool::{max_pool2d, max_pool2d_backward, max_pool2d_forward};
+pub use max_pool::{
+    max_pool2d, max_pool2d_backward, max_pool2d_backward_saved, max_pool2d_forward,
+    max_pool2d_forward_saving,
+};
 pub use multi_tensor::{copies_into, copy_tensors};
 pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
-pub use running_average::blend_into;
+pub use running_average::{blend_into, update_running_stats, RunningStats};
 pub use storage::{has_kernels, set_cuda_kernels};
 pub use unscale::{unscale_and_check, unscale_and_check_by};
 

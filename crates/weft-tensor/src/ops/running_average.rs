@@ -2,6 +2,8 @@
 //! in one pass: batch norm's running statistics (`scale` turns the biased batch variance into
 //! the unbiased one). Arithmetic in f64 on CPU and GPU alike (`kernels/batch_norm.cu`). 16-bit
 //! running statistics take f32 batch statistics (batch norm's own for 16-bit data).
+//! [`update_running_stats`] does a batch norm's whole update (mean, variance, batch count): on
+//! CUDA in one launch.
 
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
@@ -15,9 +17,56 @@ fn blends(running: DType, batch: DType) -> bool {
     running == batch || (matches!(running, DType::BF16 | DType::F16) && batch == DType::F32)
 }
 
-/// Blends `batch` into `running` (same length; the same dtype, or f32 for 16-bit `running`) in
-/// place.
-pub fn blend_into(running: &Tensor, batch: &Tensor, momentum: f64, scale: f64) -> Result<()> {
+/// One batch norm's running statistics, updated in place by [`update_running_stats`].
+pub struct RunningStats<'a> {
+    pub mean: &'a Tensor,
+    pub var: &'a Tensor,
+    /// The batches counted so far (`num_batches_tracked`: one i64).
+    pub count: &'a Tensor,
+}
+
+/// A training batch's statistics into `stats`: the mean blended with `batch_mean`, the
+/// variance with `batch_var` times `var_scale` (each as [`blend_into`]), the count raised by
+/// one. On CUDA one launch; elsewhere the two blends and an add.
+pub fn update_running_stats(
+    stats: RunningStats,
+    batch_mean: &Tensor,
+    batch_var: &Tensor,
+    momentum: f64,
+    var_scale: f64,
+) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if super::storage::uses_cuda_kernels_with_half(&[stats.mean, stats.var, batch_mean, batch_var])
+        && stats.count.device().is_cuda()
+        && stats.mean.dtype() == stats.var.dtype()
+        && stats.count.dtype() == DType::I64
+    {
+        let as_batch = |running: &Tensor, batch: &Tensor| {
+            check_blend(running, batch)?;
+            let batch = match running.dtype() {
+                DType::BF16 | DType::F16 => batch.to_dtype(DType::F32)?,
+                _ => batch.clone(),
+            };
+            batch.contiguous()
+        };
+        let batch_mean = as_batch(stats.mean, batch_mean)?;
+        let batch_var = as_batch(stats.var, batch_var)?;
+        return super::running_average_cuda::update_running(
+            &stats,
+            &batch_mean,
+            &batch_var,
+            momentum,
+            var_scale,
+        );
+    }
+    blend_into(stats.mean, batch_mean, momentum, 1.0)?;
+    blend_into(stats.var, batch_var, momentum, var_scale)?;
+    let count = stats.count.reshape(1)?;
+    count.slice_set(&(&count + 1.0)?, 0, 0)
+}
+
+/// The error of `running` and `batch` that cannot be blended.
+fn check_blend(running: &Tensor, batch: &Tensor) -> Result<()> {
     if running.elem_count() != batch.elem_count() || !blends(running.dtype(), batch.dtype()) {
         bail!(
             "blend_into: running {:?} {:?} and batch {:?} {:?} differ",
@@ -27,6 +76,13 @@ pub fn blend_into(running: &Tensor, batch: &Tensor, momentum: f64, scale: f64) -
             batch.dtype()
         );
     }
+    Ok(())
+}
+
+/// Blends `batch` into `running` (same length; the same dtype, or f32 for 16-bit `running`) in
+/// place.
+pub fn blend_into(running: &Tensor, batch: &Tensor, momentum: f64, scale: f64) -> Result<()> {
+    check_blend(running, batch)?;
     if uses_kernels_with_half(&[running, batch]) {
         // The kernels read 16-bit running statistics' batch statistics in f32.
         let batch = match running.dtype() {

@@ -142,8 +142,8 @@ impl ExplicitBackward for Stem {
         let (h, conv_bn) = ConvBnSaved::forward(&self.conv1, &self.bn1, &x, mode, After::Relu)?;
         let mut saved = Vec::with_capacity(5);
         let y = if self.max_pool {
-            let pooled = ops::max_pool2d_forward(&h, 3, 2, 1)?;
-            saved.push(pooled.clone());
+            let (pooled, pool_saved) = ops::max_pool2d_forward_saving(&h, 3, 2, 1)?;
+            saved.push(pool_saved);
             pooled
         } else {
             h
@@ -154,14 +154,16 @@ impl ExplicitBackward for Stem {
 
     fn backward(&self, saved: Saved, dy: &Tensor, input_grad: bool) -> Result<ExplicitGrads> {
         let mut saved = saved.into_iter();
-        let pooled = if self.max_pool {
+        let pool_saved = if self.max_pool {
             Some(saved.next().ok_or_else(|| incomplete("stem"))?)
         } else {
             None
         };
         let conv_bn = ConvBnSaved::take_from(&mut saved, "stem", true)?;
-        let dy = match (pooled, &conv_bn.relu_output) {
-            (Some(pooled), Some(h)) => ops::max_pool2d_backward(h, &pooled, dy, 3, 2, 1)?,
+        let dy = match (pool_saved, &conv_bn.relu_output) {
+            (Some(pool_saved), Some(h)) => {
+                ops::max_pool2d_backward_saved(h, &pool_saved, dy, 3, 2, 1)?
+            }
             _ => dy.clone(),
         };
         let mut params = Vec::with_capacity(3);

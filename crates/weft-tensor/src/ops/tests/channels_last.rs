@@ -3,8 +3,8 @@
 
 use super::support::{seeded, values};
 use crate::ops::{
-    add_relu_forward, is_channels_last, max_pool2d_backward, max_pool2d_forward, relu_backward,
-    to_channels_last,
+    add_relu_forward, is_channels_last, max_pool2d_backward, max_pool2d_backward_saved,
+    max_pool2d_forward, max_pool2d_forward_saving, relu_backward, to_channels_last,
 };
 use candle_core::Result;
 
@@ -50,5 +50,11 @@ fn element_wise_passes_and_max_pool_keep_the_layout_of_their_input() -> Result<(
         values(&dx),
         values(&max_pool2d_backward(&a, &y_nchw, &dy, 3, 2, 1)?)
     );
+    // Through what the forward saves (on the CPU, the output itself).
+    let (y_saving, saved) = max_pool2d_forward_saving(&cl, 3, 2, 1)?;
+    assert_eq!(values(&y_saving), values(&y));
+    let dx_saved = max_pool2d_backward_saved(&cl, &saved, &dy, 3, 2, 1)?;
+    assert!(is_channels_last(&dx_saved));
+    assert_eq!(values(&dx_saved), values(&dx));
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! `blend_into` against hand-computed values, on a view with an offset (a row of a statistics
-//! table), and its errors.
+//! table), and its errors; `update_running_stats` the same, counting the batches in place.
 
 use super::support::values;
-use crate::ops::blend_into;
+use crate::ops::{blend_into, update_running_stats, RunningStats};
 use candle_core::{DType, Device, Result, Tensor};
 
 #[test]
@@ -32,5 +32,29 @@ fn mismatched_tensors_are_errors() -> Result<()> {
     )
     .is_err());
     assert!(blend_into(&running, &Tensor::new(&[1f64, 2.], &Device::Cpu)?, 0.1, 1.0).is_err());
+    Ok(())
+}
+
+#[test]
+fn updates_mean_variance_and_count_in_place() -> Result<()> {
+    for dtype in [DType::F32, DType::F64] {
+        let mean = Tensor::new(&[1f64, 2.], &Device::Cpu)?.to_dtype(dtype)?;
+        let var = Tensor::new(&[4f64, 8.], &Device::Cpu)?.to_dtype(dtype)?;
+        let count = Tensor::new(3i64, &Device::Cpu)?;
+        let table = Tensor::new(&[[3f64, 5.], [10., 20.]], &Device::Cpu)?.to_dtype(dtype)?;
+        let stats = RunningStats {
+            mean: &mean,
+            var: &var,
+            count: &count,
+        };
+        update_running_stats(stats, &table.get(0)?, &table.get(1)?, 0.1, 2.0)?;
+        // 0.9 * 1 + 0.1 * 3, 0.9 * 2 + 0.1 * 5; 0.9 * 4 + 0.1 * 2 * 10, 0.9 * 8 + 0.1 * 2 * 20.
+        let (m, v) = (values(&mean), values(&var));
+        let expected = [(m[0], 1.2), (m[1], 2.3), (v[0], 5.6), (v[1], 11.2)];
+        for (got, want) in expected {
+            assert!((got - want).abs() < 1e-5, "{dtype:?}: {m:?} {v:?}");
+        }
+        assert_eq!(count.to_scalar::<i64>()?, 4, "{dtype:?}");
+    }
     Ok(())
 }
