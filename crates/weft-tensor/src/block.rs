@@ -25,6 +25,9 @@ pub struct Mode {
     /// parts, see [`crate::ops::dropout`]): set per step and micro-batch by the trainer, kept
     /// when a checkpointed block is recomputed, so that it drops what it dropped before.
     pub dropout_seed: u64,
+    /// Whether the forward must be differentiable. False only for inference
+    /// ([`Mode::INFER`]), where layers may run graph-free kernels that keep no temporaries.
+    pub differentiable: bool,
 }
 
 impl Default for Mode {
@@ -38,11 +41,20 @@ impl Mode {
         train: true,
         update_running_stats: true,
         dropout_seed: 0,
+        differentiable: true,
     };
+    /// Evaluation mode (running statistics), still differentiable: a model may be trained
+    /// with its batch norms frozen.
     pub const EVAL: Mode = Mode {
         train: false,
         update_running_stats: false,
         dropout_seed: 0,
+        differentiable: true,
+    };
+    /// Evaluation mode for inference: nothing will be differentiated.
+    pub const INFER: Mode = Mode {
+        differentiable: false,
+        ..Mode::EVAL
     };
 
     /// The same mode with dropout masks derived from `seed`.

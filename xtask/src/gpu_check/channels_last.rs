@@ -79,6 +79,16 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
             });
         }
         checks.push(Check {
+            name: format!("channels-last batch norm in inference (+ ReLU), {dtype:?}"),
+            error: bn_eval(gpu, dtype)?,
+            // The same f32 arithmetic on both sides, up to fused multiply-adds: a last-bit
+            // difference, one unit once rounded to bf16.
+            tolerance: match dtype {
+                DType::BF16 => 2f64.powi(-8),
+                _ => 1e-6,
+            },
+        });
+        checks.push(Check {
             name: format!("relu_backward and add_relu on unaligned views, {dtype:?}"),
             error: relu_on_views(gpu, dtype)?,
             tolerance: 1e-6,
@@ -136,6 +146,46 @@ fn pool_nhwc(gpu: &Device, dtype: DType, channels: usize) -> Result<f64> {
     let ((y, dx, _), (gy, gdx, kept)) = (run(&cpu)?, run(gpu)?);
     match kept {
         true => Ok(relative_error(&y, &gy)?.max(relative_error(&dx, &gdx)?)),
+        false => Ok(f64::INFINITY),
+    }
+}
+
+/// `batch_norm_eval` with and without its ReLU on channels-last GPU tensors (24 channels)
+/// against the CPU on NCHW: the largest relative error, or infinity if the layout is lost.
+fn bn_eval(gpu: &Device, dtype: DType) -> Result<f64> {
+    let cpu = Device::Cpu;
+    let x = Tensor::randn(0.5f32, 2.0, (4, 24, 9, 9), &cpu)?.to_dtype(dtype)?;
+    let per_channel = |mean: f32, std: f32| -> Result<Tensor> {
+        Ok(Tensor::randn(mean, std, 24, &cpu)?.to_dtype(dtype)?)
+    };
+    let (mean, weight, bias) = (
+        per_channel(0.5, 1.0)?,
+        per_channel(1.0, 0.3)?,
+        per_channel(0.0, 0.5)?,
+    );
+    let var = per_channel(0.0, 1.0)?.sqr()?.affine(1.0, 0.5)?;
+    let run = |device: &Device| -> Result<(Tensor, bool)> {
+        let on = |t: &Tensor| t.to_device(device);
+        let x = match device.is_cuda() {
+            true => ops::to_channels_last(&on(&x)?)?,
+            false => x.clone(),
+        };
+        let (mean, var, weight, bias) = (on(&mean)?, on(&var)?, on(&weight)?, on(&bias)?);
+        let stats = || ops::EvalStats {
+            running_mean: &mean,
+            running_var: &var,
+            weight: &weight,
+            bias: &bias,
+        };
+        let y = ops::batch_norm_eval(&x, stats(), 1e-5, false)?;
+        let relu = ops::batch_norm_eval(&x, stats(), 1e-5, true)?;
+        let kept = ops::is_channels_last(&y) && ops::is_channels_last(&relu);
+        let both = Tensor::cat(&[y.flatten_all()?, relu.flatten_all()?], 0)?;
+        Ok((both.to_device(&Device::Cpu)?, kept))
+    };
+    let ((cpu_out, _), (gpu_out, kept)) = (run(&cpu)?, run(gpu)?);
+    match kept {
+        true => relative_error(&cpu_out, &gpu_out),
         false => Ok(f64::INFINITY),
     }
 }

@@ -54,6 +54,9 @@ impl BatchNorm2d {
     }
 
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        if let Some(y) = self.infer(x, mode, false)? {
+            return Ok(y);
+        }
         if !mode.train {
             return self.normalize_with(
                 x,
@@ -74,6 +77,9 @@ impl BatchNorm2d {
 
     /// `relu(forward(x))`, fused into one pass in local training mode.
     pub fn forward_relu(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        if let Some(y) = self.infer(x, mode, true)? {
+            return Ok(y);
+        }
         if !mode.train || self.sync.get().is_some() {
             return Ok(ops::relu(&self.forward(x, mode)?)?);
         }
@@ -198,6 +204,22 @@ impl BatchNorm2d {
             self.blend_running_stats(&mean.detach(), &unbiased, 1.0)?;
         }
         Ok(y)
+    }
+
+    /// Inference (evaluation mode, nothing to differentiate) on tensors weft's kernels take:
+    /// one graph-free pass with the running statistics (then a ReLU when `relu`), in `x`'s
+    /// layout; `None` elsewhere.
+    fn infer(&self, x: &Tensor, mode: Mode, relu: bool) -> Result<Option<Tensor>> {
+        if mode.train || mode.differentiable || !ops::has_kernels(x) {
+            return Ok(None);
+        }
+        let stats = ops::EvalStats {
+            running_mean: self.running_mean.as_tensor(),
+            running_var: self.running_var.as_tensor(),
+            weight: self.weight.as_tensor(),
+            bias: self.bias.as_tensor(),
+        };
+        Ok(Some(ops::batch_norm_eval(x, stats, self.eps, relu)?))
     }
 
     /// `(x - mean) / sqrt(var + eps) * weight + bias` with per-channel `mean` and `var`.

@@ -60,6 +60,12 @@ impl Stem {
     }
 }
 
+/// Whether a block's forward on `x` may use the graph-free kernels: inference (nothing to
+/// differentiate) on tensors they take; they keep channels-last data channels-last.
+fn graph_free(x: &Tensor, mode: Mode) -> bool {
+    !mode.differentiable && ops::has_kernels(x)
+}
+
 impl Block for Stem {
     fn name(&self) -> &str {
         "stem"
@@ -68,10 +74,10 @@ impl Block for Stem {
     fn forward(&self, x: &Tensor, mode: Mode) -> weft_tensor::Result<Tensor> {
         let x = self.in_layout(x)?;
         let h = self.bn1.forward_relu(&self.conv1.forward(&x)?, mode)?;
-        Ok(if self.max_pool {
-            ops::max_pool2d(&h, 3, 2, 1)?
-        } else {
-            h
+        Ok(match (self.max_pool, graph_free(&h, mode)) {
+            (true, true) => ops::max_pool2d_forward(&h, 3, 2, 1)?,
+            (true, false) => ops::max_pool2d(&h, 3, 2, 1)?,
+            (false, _) => h,
         })
     }
 
@@ -191,7 +197,10 @@ impl Block for Residual {
             Some((conv, bn)) => bn.forward(&conv.forward(x)?, mode)?,
             None => x.clone(),
         };
-        Ok(ops::add_relu(&h, &shortcut)?)
+        Ok(match graph_free(&h, mode) {
+            true => ops::add_relu_forward(&h, &shortcut)?,
+            false => ops::add_relu(&h, &shortcut)?,
+        })
     }
 
     fn entries(&self) -> Range<EntryId> {

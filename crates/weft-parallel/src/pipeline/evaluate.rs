@@ -56,7 +56,7 @@ impl PipelineTrainer {
                         true => inputs[i].clone(),
                         false => received.remove(&i).ok_or_else(missing)?,
                     };
-                    let output = tape::infer(self.trainer.model(), &x, Mode::EVAL)?;
+                    let output = tape::infer(self.trainer.model(), &x, Mode::INFER)?;
                     if !self.is_last() {
                         outputs.insert(i, output);
                         continue;

@@ -127,13 +127,16 @@ impl StepGraph {
             }
             State::WarmingUp(_) => {
                 let _cache = cuda.enable_cuda_graph_htod_cache();
+                // The warm-up steps' freed memory, cached by the pool, back to the device
+                // before the graph maps its own: else the device holds both at the capture.
+                weft_tensor::cuda_runtime::release_cached_memory(inputs.device())?;
                 match capture(trainer, &batch, buffers, inputs.device()) {
                     Ok(graph) => {
                         graph.launch().map_err(|e| cuda_error("graph launch", e))?;
                         meanwhile();
                         trainer.wait_for_device()?;
-                        // The warm-up steps' freed memory, cached by the pool, is not needed
-                        // any more: the graph allocates from its own.
+                        // What the capture itself left cached in the pool, likewise: the
+                        // graph allocates from its own.
                         weft_tensor::cuda_runtime::release_cached_memory(inputs.device())?;
                         // One sample of the captured step (replays take none): its memory is
                         // the graph's own.

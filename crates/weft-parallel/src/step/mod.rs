@@ -536,7 +536,7 @@ impl Trainer {
     /// Under ZeRO-3 each block's parameters are gathered before it runs, and released after.
     pub fn evaluate(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<EvalOutcome> {
         let (model, strategy) = (&self.model, &mut self.strategy);
-        let output = tape::infer_with(model, inputs, Mode::EVAL, |block| {
+        let output = tape::infer_with(model, inputs, Mode::INFER, |block| {
             strategy.before_block_forward(model, block)
         })?;
         self.strategy.release_parameters(&self.model)?;

@@ -241,12 +241,12 @@ fn input_gradient(x: &Tensor, dy: &Tensor, table: &Tensor, eps: f64) -> Result<T
 }
 
 /// Whether the graph-free passes take `x` as channels-last data (its NHWC storage, on CUDA).
-fn channels_last_on_cuda(x: &Tensor) -> bool {
+pub(super) fn channels_last_on_cuda(x: &Tensor) -> bool {
     x.device().is_cuda() && is_channels_last(x)
 }
 
 /// Checks the shapes of `x`, `weight` and `bias` and the value of `eps`.
-fn check_arguments(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<()> {
+pub(super) fn check_arguments(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<()> {
     let (n, c, h, w) = dims4(x.dims(), "batch_norm_train", "x")?;
     if n * h * w == 0 || c == 0 {
         bail!(

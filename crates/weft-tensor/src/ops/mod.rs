@@ -47,6 +47,7 @@ mod batch_norm;
 mod batch_norm_cpu;
 #[cfg(feature = "cuda")]
 mod batch_norm_cuda;
+mod batch_norm_eval;
 #[cfg(feature = "cuda")]
 mod batch_norm_nhwc_cuda;
 mod batch_norm_op;
@@ -114,6 +115,7 @@ pub use batch_norm::{
     batch_norm_relu_train, batch_norm_train, batch_norm_train_backward, batch_norm_train_forward,
     batch_norm_train_forward_add_relu, BatchNormGrads, BatchNormOutput,
 };
+pub use batch_norm_eval::{batch_norm_eval, EvalStats};
 pub use bias::add_bias;
 pub use channels_last::{is_channels_last, to_channels_last};
 pub use conv2d::{conv2d, conv2d_backward, conv2d_forward, set_conv_nhwc};

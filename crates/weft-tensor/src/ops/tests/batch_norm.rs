@@ -1,10 +1,22 @@
 //! `batch_norm_train` against hand-computed values, finite differences, and the
-//! Candle-ops composition with its autograd.
+//! Candle-ops composition with its autograd; `batch_norm_eval` against hand-computed values.
 
 use super::support::{assert_close, autograd, finite_differences, seeded, values};
 use crate::ops::batch_norm::batch_norm_train_candle;
-use crate::ops::batch_norm_train;
+use crate::ops::{batch_norm_eval, batch_norm_train, EvalStats};
 use candle_core::{DType, Device, Result, Tensor};
+
+/// `x` (2 x 2 x 1 x 2, row-major) normalised by hand with eps 1: channel 0 by mean 4 and
+/// variance 5 (so divided by sqrt(6)), weight 2, bias 0.5; channel 1 by mean 3 and variance 3
+/// (divided by 2), weight -1, bias 1.
+fn normalised_by_hand(x: [f64; 8]) -> Vec<f64> {
+    let c0 = |v: f64| (v - 4.) / 6f64.sqrt() * 2. + 0.5;
+    let c1 = |v: f64| -(v - 3.) / 2. + 1.;
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| if (i / 2) % 2 == 0 { c0(v) } else { c1(v) })
+        .collect()
+}
 
 #[test]
 fn forward_matches_hand_computed_values() -> Result<()> {
@@ -19,18 +31,7 @@ fn forward_matches_hand_computed_values() -> Result<()> {
     let (y, mean, var) = batch_norm_train(&x, &weight, &bias, 1.0)?;
     assert_eq!(values(&mean), [4., 3.]);
     assert_eq!(values(&var), [5., 3.]);
-    let c0 = |v: f64| (v - 4.) / 6f64.sqrt() * 2. + 0.5;
-    let c1 = |v: f64| -(v - 3.) / 2. + 1.;
-    let expected = [
-        c0(1.),
-        c0(3.),
-        c1(2.),
-        c1(2.),
-        c0(5.),
-        c0(7.),
-        c1(2.),
-        c1(6.),
-    ];
+    let expected = normalised_by_hand([1., 3., 2., 2., 5., 7., 2., 6.]);
     assert_close(&values(&y), &expected, 1e-15, "y");
     assert!(
         !mean.track_op() && !var.track_op(),
@@ -103,4 +104,37 @@ fn bad_parameters_are_errors() {
         batch_norm_train(&x.flatten_all().unwrap(), &weight, &bias, 1e-5).is_err(),
         "rank"
     );
+}
+
+#[test]
+fn evaluation_uses_the_running_statistics() -> Result<()> {
+    let x = Tensor::new(
+        &[[[[1f64, 3.]], [[2., -2.]]], [[[5., 7.]], [[2., 6.]]]],
+        &Device::Cpu,
+    )?;
+    let t = |v: [f64; 2]| Tensor::new(&v, &Device::Cpu);
+    let (mean, var, weight, bias) = (t([4., 3.])?, t([5., 3.])?, t([2., -1.])?, t([0.5, 1.])?);
+    let stats = || EvalStats {
+        running_mean: &mean,
+        running_var: &var,
+        weight: &weight,
+        bias: &bias,
+    };
+    let expected = normalised_by_hand([1., 3., 2., -2., 5., 7., 2., 6.]);
+    let y = batch_norm_eval(&x, stats(), 1.0, false)?;
+    let relu = batch_norm_eval(&x, stats(), 1.0, true)?;
+    for ((got, rectified), want) in values(&y).iter().zip(values(&relu)).zip(expected) {
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+        assert!(
+            (rectified - want.max(0.)).abs() < 1e-12,
+            "{rectified} vs {want}"
+        );
+    }
+    let short = t([1., 1.])?.narrow(0, 0, 1)?;
+    let bad = EvalStats {
+        running_mean: &short,
+        ..stats()
+    };
+    assert!(batch_norm_eval(&x, bad, 1.0, false).is_err());
+    Ok(())
 }
