@@ -225,6 +225,22 @@ pub fn release_cached_memory(device: &Device) -> Result<()> {
         .map_err(|e| cuda_error("trimming the memory pool", e))
 }
 
+/// Returns to the device the physical memory CUDA graphs keep mapped between launches, once
+/// the device has finished every queued launch (it waits for them): the graphs' temporaries,
+/// idle until the next launch, which maps them again. Eager work between launches (a
+/// validation pass) then runs in that memory instead of beside it.
+pub fn release_graph_memory(device: &Device) -> Result<()> {
+    if !device.is_cuda() {
+        return Ok(());
+    }
+    device.synchronize()?;
+    let cu_device = device.as_cuda_device()?.cuda_stream().context().cu_device();
+    // SAFETY: a valid device; blocks of a graph still executing or queued are kept.
+    unsafe { sys::cuDeviceGraphMemTrim(cu_device) }
+        .result()
+        .map_err(|e| cuda_error("trimming the graphs' memory", e))
+}
+
 /// Restarts the peak counters of [`memory_usage`] from the current values.
 pub fn reset_peak_memory(device: &Device) -> Result<()> {
     if !device.is_cuda() {

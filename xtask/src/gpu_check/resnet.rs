@@ -199,6 +199,10 @@ struct Resnet18Run<'a> {
 /// them: a scale grown to f64's largest power of two still applied every step).
 const POISONED_STEPS: [usize; 2] = [3, 4];
 
+/// The step after which both runs evaluate the batch: the graph run's memory goes back to the
+/// device for it and the next replay maps it again.
+const EVALUATED_AFTER: usize = 4;
+
 /// ResNet-18 in f64 on `gpu`, trained with SGD (momentum, weight decay) on one fixed batch,
 /// the learning rate changing every step: its parameters afterwards (on the CPU) and the steps
 /// replayed from a CUDA graph, and the loss scaler's final state (with one).
@@ -245,6 +249,9 @@ fn train_resnet18(
         };
         let outcome = trainer.step(batch, &labels, 0.01 / (1 + step) as f64)?;
         replayed += usize::from(outcome.graphed);
+        if step == EVALUATED_AFTER {
+            trainer.evaluate(&images, &labels)?;
+        }
     }
     let store = trainer.model().store();
     let params: Vec<Tensor> = store
@@ -262,7 +269,8 @@ fn train_resnet18(
 /// were replayed. Both draw the same batch (the generator is seeded per run). With `scaled`,
 /// the loss scaler's decisions are taken on the device inside the graph: the skipped steps and
 /// the final scale must match too, and exactly the poisoned steps must have been skipped
-/// (else infinity).
+/// (else infinity). Both runs evaluate between two steps: a replay after the graph's memory
+/// went back to the device for the evaluation must compute the same step.
 pub(super) fn compare_graph_replay(gpu: &Device, scaled: bool, channels_last: bool) -> Result<f64> {
     let run = |graph| Resnet18Run {
         optimizer_device: gpu,

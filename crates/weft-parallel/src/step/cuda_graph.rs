@@ -72,6 +72,8 @@ enum State {
 pub struct StepGraph {
     state: State,
     buffers: Option<Buffers>,
+    /// The graph's memory went back to the device for eager work since the last launch.
+    released: bool,
 }
 
 impl Default for StepGraph {
@@ -79,11 +81,24 @@ impl Default for StepGraph {
         Self {
             state: State::WarmingUp(0),
             buffers: None,
+            released: false,
         }
     }
 }
 
 impl StepGraph {
+    /// Before eager work between replays (evaluation): the captured step's temporaries go
+    /// back to the device, so that the eager pass does not hold its memory beside theirs.
+    /// Once per pause; the next launch maps them again, after the eager pool has returned
+    /// what it cached.
+    pub fn release_for_eager_work(&mut self, device: &Device) -> Result<()> {
+        if matches!(self.state, State::Ready(_)) && !self.released {
+            weft_tensor::cuda_runtime::release_graph_memory(device)?;
+            self.released = true;
+        }
+        Ok(())
+    }
+
     /// One step of `trainer` on the batch: eager while warming up, then captured once and
     /// replayed; `meanwhile` runs on the host once the step is queued, before its results are
     /// read.
@@ -155,6 +170,9 @@ impl StepGraph {
                 }
             }
             State::Ready(graph) => {
+                if std::mem::take(&mut self.released) {
+                    weft_tensor::cuda_runtime::release_cached_memory(inputs.device())?;
+                }
                 // The replay's launch as one span (its blocks record nothing; the GPU runs it
                 // after the launch returns).
                 let timeline = trainer.options.timeline.as_ref();

@@ -534,7 +534,13 @@ impl Trainer {
     /// The loss and metrics of one batch in evaluation mode, through the blocks' graph-free
     /// inference path (no autograd graph is kept).
     /// Under ZeRO-3 each block's parameters are gathered before it runs, and released after.
+    /// A captured training step's memory goes back to the device first (see
+    /// [`cuda_graph::StepGraph::release_for_eager_work`]).
     pub fn evaluate(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<EvalOutcome> {
+        #[cfg(feature = "cuda")]
+        if let Some(graph) = self.graph.as_mut() {
+            graph.release_for_eager_work(inputs.device())?;
+        }
         let (model, strategy) = (&self.model, &mut self.strategy);
         let output = tape::infer_with(model, inputs, Mode::INFER, |block| {
             strategy.before_block_forward(model, block)
