@@ -187,7 +187,7 @@ impl GptArgs {
         }
         if pp > config.num_blocks() {
             bail!(
-                "--pp {pp} exceeds the {} blocks of {} (embeddings, {} layers, head)",
+                "--pp {pp} exceeds the {} blocks of {} (embeddings, {} layers of two halves, head)",
                 config.num_blocks(),
                 self.model,
                 config.n_layer

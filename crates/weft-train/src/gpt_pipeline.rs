@@ -21,7 +21,8 @@ use crate::gpt_args::{GptArgs, PipelineBalance};
 
 /// Each pipeline stage's blocks: `--pp-split`, or balanced by parameter count, or (with
 /// `--pp-balance time`) by each block's measured forward and backward: the embeddings, one
-/// layer (standing for every layer: they are alike) and the head of a one-layer GPT, timed on
+/// layer's attention and MLP halves (standing for every layer's: they are alike) and the head
+/// of a one-layer GPT, timed on
 /// `device` on the first `rows` training sequences and averaged over the job's ranks, so that
 /// every rank cuts alike.
 pub fn stage_blocks(
@@ -48,8 +49,10 @@ pub fn stage_blocks(
     let loss = |output: &Tensor| Ok(objective.loss(output, &targets)?.loss);
     let times = measured_block_times(&model, &inputs, loss, 3)?;
     let mut weights = vec![times[0] as f64];
-    weights.extend(std::iter::repeat_n(times[1] as f64, config.n_layer));
-    weights.push(times[2] as f64);
+    for _ in 0..config.n_layer {
+        weights.extend([times[1] as f64, times[2] as f64]);
+    }
+    weights.push(times[3] as f64);
     ctx.sum(&mut weights)?;
     let world = ctx.world_size as f64;
     let weights: Vec<u64> = weights.iter().map(|w| (w / world).round() as u64).collect();

@@ -137,8 +137,8 @@ fn bad_flags_are_one_line_errors_naming_the_flag() {
             "--tp 2 x --pp 1 must divide the 3 ranks",
         ),
         (
-            &["--pp", "7"][..],
-            "--pp 7 exceeds the 6 blocks of gpt-tiny",
+            &["--pp", "11"][..],
+            "--pp 11 exceeds the 10 blocks of gpt-tiny",
         ),
         (
             &["--dp", "2", "--tp", "2", "--pp", "2", "--nproc", "4"][..],
@@ -154,7 +154,7 @@ fn bad_flags_are_one_line_errors_naming_the_flag() {
         ),
         (
             &["--pp", "2", "--pp-split", "1,2"][..],
-            "the split [1, 2] covers 3 blocks, the model has 6",
+            "the split [1, 2] covers 3 blocks, the model has 10",
         ),
         (
             &["--pp", "2", "--pp-split", "6"][..],

@@ -1,5 +1,7 @@
-//! The blocks of a GPT: the embeddings, one block per transformer layer (`h.0`, …) and the
-//! head (final LayerNorm and the tied language-model head).
+//! The blocks of a GPT: the embeddings, two blocks per transformer layer (its attention half
+//! `h.0.attn` and its MLP half `h.0.mlp`, …) and the head (final LayerNorm and the tied
+//! language-model head). Half layers let a pipeline cut between a layer's attention and its
+//! MLP, to balance its stages more finely than whole layers allow.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -79,16 +81,12 @@ impl Block for Embeddings {
     }
 }
 
-/// A pre-LayerNorm transformer layer:
-/// `h + attn(ln_1(h))`, then `h + mlp(ln_2(h))` with a GELU (tanh) MLP of 4× width.
-pub struct TransformerBlock {
+/// The attention half of a pre-LayerNorm transformer layer: `h + attn(ln_1(h))`.
+pub struct AttentionBlock {
     pub(super) name: String,
     pub(super) ln_1: LayerNorm,
     pub(super) c_attn: Box<dyn Projection>,
     pub(super) attn_proj: Box<dyn Projection>,
-    pub(super) ln_2: LayerNorm,
-    pub(super) c_fc: Box<dyn Projection>,
-    pub(super) mlp_proj: Box<dyn Projection>,
     pub(super) head_dim: usize,
     /// The model's heads, and the first of them this block's projections hold (all of them
     /// from 0 unless tensor parallelism split them): where its attention weights sit among
@@ -99,7 +97,7 @@ pub struct TransformerBlock {
     pub(super) entries: Range<EntryId>,
 }
 
-impl Block for TransformerBlock {
+impl Block for AttentionBlock {
     fn name(&self) -> &str {
         &self.name
     }
@@ -132,6 +130,38 @@ impl Block for TransformerBlock {
         let attended = attended.reshape((b * t, ()))?;
         let projected = self.attn_proj.forward(&attended)?;
         let h = (h + dropout(projected, p, mode, &self.name, Site::AttentionOutput)?)?;
+        Ok(h.reshape((b, t, c))?)
+    }
+
+    fn entries(&self) -> Range<EntryId> {
+        self.entries.clone()
+    }
+}
+
+/// The MLP half of a pre-LayerNorm transformer layer: `h + mlp(ln_2(h))`, a GELU (tanh) MLP
+/// of 4× width.
+pub struct MlpBlock {
+    pub(super) name: String,
+    pub(super) ln_2: LayerNorm,
+    pub(super) c_fc: Box<dyn Projection>,
+    pub(super) mlp_proj: Box<dyn Projection>,
+    pub(super) dropout: f64,
+    pub(super) entries: Range<EntryId>,
+}
+
+impl Block for MlpBlock {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
+    }
+
+    fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let (b, t, c) = x.dims3()?;
+        let h = x.reshape((b * t, c))?;
+        let p = if mode.train { self.dropout } else { 0.0 };
         let up = ops::gelu_tanh(&self.c_fc.forward(&self.ln_2.forward(&h)?)?)?;
         let down = self.mlp_proj.forward(&up)?;
         let h = (&h + dropout(down, p, mode, &self.name, Site::MlpOutput)?)?;

@@ -89,22 +89,22 @@ impl GptConfig {
         self.n_embd / self.n_head
     }
 
-    /// Blocks of the model: the embeddings, one per layer, the head.
+    /// Blocks of the model: the embeddings, two per layer (attention, MLP), the head.
     pub fn num_blocks(&self) -> usize {
-        self.n_layer + 2
+        2 * self.n_layer + 2
     }
 
     /// Trainable values of each block (a pipeline's balance): the embeddings' two tables, each
-    /// layer's, and the head's LayerNorm plus the token table it multiplies by (its copy on a
-    /// last stage, and the work of the logits either way).
+    /// layer's attention half (`ln_1`, `c_attn`, `c_proj`: 4C² + 6C) and MLP half (`ln_2`,
+    /// `c_fc`, `c_proj`: 8C² + 7C), and the head's LayerNorm plus the token table it multiplies
+    /// by (its copy on a last stage, and the work of the logits either way).
     pub fn block_parameter_counts(&self) -> Vec<u64> {
         let c = self.n_embd;
         let table = self.padded_vocab() * c;
         let mut counts = vec![(table + self.context * c) as u64];
-        counts.extend(std::iter::repeat_n(
-            (12 * c * c + 13 * c) as u64,
-            self.n_layer,
-        ));
+        for _ in 0..self.n_layer {
+            counts.extend([(4 * c * c + 6 * c) as u64, (8 * c * c + 7 * c) as u64]);
+        }
         counts.push((table + 2 * c) as u64);
         counts
     }

@@ -1,10 +1,10 @@
-//! The transformer layer's own backward ([`ExplicitBackward`]): its forward runs graph-free
+//! The transformer layer's halves' own backward ([`ExplicitBackward`]): each forward runs graph-free
 //! through weft-tensor's fused kernels (LayerNorm, attention, GELU) and matmuls, keeping the
-//! nine tensors its backward reads, and its backward is written out, each gradient computed
+//! tensors its backward reads, and its backward is written out, each gradient computed
 //! once. Under Candle's autograd every intermediate gradient is first added into a zero-filled
 //! accumulator, a pass over each activation that this avoids.
 //!
-//! It applies when the layer's projections are affine ([`Affine`]: whole Conv1Ds, or
+//! It applies when a half's projections are affine ([`Affine`]: whole Conv1Ds, or
 //! tensor-parallel slices whose sums over the ranks it issues itself: one all-reduce after each
 //! row-split projection forward, one of each column-split projection's input gradient
 //! backward), nothing is dropped, and the fused kernels cover the tensors (f32/f64 on the CPU,
@@ -12,9 +12,9 @@
 
 use candle_core::{Tensor, D};
 use weft_tensor::{ops, Mode, Result};
-use weft_tensor::{ExplicitBackward, ExplicitGrads, Saved};
+use weft_tensor::{ExplicitBackward, ExplicitGrads, Saved, TensorError};
 
-use super::blocks::TransformerBlock;
+use super::blocks::{AttentionBlock, MlpBlock};
 use super::parts::{Affine, AffineSplit};
 
 /// `x W + b` over rows (a row-split product summed over the ranks first).
@@ -57,28 +57,37 @@ fn merge_heads(y: &Tensor) -> Result<Tensor> {
     Ok(y.transpose(1, 2)?.contiguous()?.reshape((b * t, h * d))?)
 }
 
-impl TransformerBlock {
-    /// The four projections as affine maps, when they are.
-    fn affines(&self) -> Option<[Affine<'_>; 4]> {
-        Some([
-            self.c_attn.affine()?,
-            self.attn_proj.affine()?,
-            self.c_fc.affine()?,
-            self.mlp_proj.affine()?,
-        ])
+/// The saved tensors of `block`'s forward, as the array its backward reads.
+fn unpack<const N: usize>(saved: Saved, block: &str) -> Result<[Tensor; N]> {
+    saved.try_into().map_err(|_| TensorError::Block {
+        block: block.into(),
+        message: "its backward got the wrong saved tensors".into(),
+    })
+}
+
+/// `[B, T, C]` to `[B·T, C]` rows, contiguous.
+fn rows(x: &Tensor) -> Result<Tensor> {
+    let (b, t, c) = x.dims3()?;
+    Ok(x.reshape((b * t, c))?.contiguous()?)
+}
+
+impl AttentionBlock {
+    /// The two projections as affine maps, when they are.
+    fn affines(&self) -> Option<[Affine<'_>; 2]> {
+        Some([self.c_attn.affine()?, self.attn_proj.affine()?])
     }
 }
 
-impl ExplicitBackward for TransformerBlock {
+impl ExplicitBackward for AttentionBlock {
     fn forward_saving(&self, x: &Tensor, mode: Mode) -> Result<Option<(Tensor, Saved)>> {
-        let Some([c_attn, attn_proj, c_fc, mlp_proj]) = self.affines() else {
+        let Some([c_attn, attn_proj]) = self.affines() else {
             return Ok(None);
         };
         if mode.train && self.dropout > 0.0 {
             return Ok(None);
         }
         let (b, t, c) = x.dims3()?;
-        let h = x.reshape((b * t, c))?.contiguous()?;
+        let h = rows(x)?;
         let (w1, b1) = (self.ln_1.weight().detach(), self.ln_1.bias().detach());
         let ln_1 = ops::layer_norm(&h, &w1, &b1, self.ln_1.eps())?;
         let qkv = affine(&ln_1, c_attn)?;
@@ -89,39 +98,20 @@ impl ExplicitBackward for TransformerBlock {
             return Ok(None);
         };
         let attended = merge_heads(&attended)?;
-        let h_2 = (&h + affine(&attended, attn_proj)?)?;
-        let (w2, b2) = (self.ln_2.weight().detach(), self.ln_2.bias().detach());
-        let ln_2 = ops::layer_norm(&h_2, &w2, &b2, self.ln_2.eps())?;
-        let up = affine(&ln_2, c_fc)?;
-        let act = ops::gelu_tanh(&up)?;
-        let out = (&h_2 + affine(&act, mlp_proj)?)?;
+        let out = (&h + affine(&attended, attn_proj)?)?;
         let [q, k, v]: [Tensor; 3] = heads.try_into().expect("three parts");
-        let saved = vec![h, ln_1, q, k, v, packed, attended, h_2, ln_2, up, act];
+        let saved = vec![h, ln_1, q, k, v, packed, attended];
         Ok(Some((out.reshape((b, t, c))?, saved)))
     }
 
     fn backward(&self, saved: Saved, dy: &Tensor, input_grad: bool) -> Result<ExplicitGrads> {
-        let [c_attn, attn_proj, c_fc, mlp_proj] = self
+        let [c_attn, attn_proj] = self
             .affines()
             .expect("forward_saving kept tensors only for affine projections");
-        let [h, ln_1, q, k, v, packed, attended, h_2, ln_2, up, act]: [Tensor; 11] = saved
-            .try_into()
-            .map_err(|_| weft_tensor::TensorError::Block {
-                block: self.name.clone(),
-                message: "its backward got the wrong saved tensors".into(),
-            })?;
+        let [h, ln_1, q, k, v, packed, attended] = unpack(saved, &self.name)?;
         let (b, t, c) = dy.dims3()?;
-        let d_out = dy.reshape((b * t, c))?.contiguous()?;
-        // h_2 + mlp(ln_2(h_2)): the MLP's gradients, then h_2's from both paths.
-        let (d_act, d_w_down, d_b_down) = affine_backward(&act, mlp_proj, &d_out)?;
-        let d_up = ops::gelu_tanh_backward(&up, &d_act)?;
-        let (d_ln_2, d_w_up, d_b_up) = affine_backward(&ln_2, c_fc, &d_up)?;
-        let (w2, b2) = (self.ln_2.weight().detach(), self.ln_2.bias().detach());
-        let (d_h_2, d_w2, d_b2) =
-            ops::layer_norm_backward(&h_2, &w2, &b2, &d_ln_2, self.ln_2.eps())?;
-        let d_h_2 = (d_h_2 + &d_out)?;
-        // h + attn(ln_1(h)).
-        let (d_attended, d_w_proj, d_b_proj) = affine_backward(&attended, attn_proj, &d_h_2)?;
+        let d_out = rows(dy)?;
+        let (d_attended, d_w_proj, d_b_proj) = affine_backward(&attended, attn_proj, &d_out)?;
         let (bh, heads, _, hd) = q.dims4()?;
         let d_attended = d_attended
             .reshape((bh, t, heads, hd))?
@@ -136,7 +126,7 @@ impl ExplicitBackward for TransformerBlock {
         let (w1, b1) = (self.ln_1.weight().detach(), self.ln_1.bias().detach());
         let (d_h, d_w1, d_b1) = ops::layer_norm_backward(&h, &w1, &b1, &d_ln_1, self.ln_1.eps())?;
         let input = match input_grad {
-            true => Some((d_h + d_h_2)?.reshape((b, t, c))?),
+            true => Some((d_h + d_out)?.reshape((b, t, c))?),
             false => None,
         };
         let params = vec![
@@ -146,6 +136,53 @@ impl ExplicitBackward for TransformerBlock {
             (c_attn.bias.id(), d_b_qkv),
             (attn_proj.weight.id(), d_w_proj),
             (attn_proj.bias.id(), d_b_proj),
+        ];
+        Ok(ExplicitGrads { input, params })
+    }
+}
+
+impl MlpBlock {
+    /// The two projections as affine maps, when they are.
+    fn affines(&self) -> Option<[Affine<'_>; 2]> {
+        Some([self.c_fc.affine()?, self.mlp_proj.affine()?])
+    }
+}
+
+impl ExplicitBackward for MlpBlock {
+    fn forward_saving(&self, x: &Tensor, mode: Mode) -> Result<Option<(Tensor, Saved)>> {
+        let Some([c_fc, mlp_proj]) = self.affines() else {
+            return Ok(None);
+        };
+        if mode.train && self.dropout > 0.0 {
+            return Ok(None);
+        }
+        let (b, t, c) = x.dims3()?;
+        let h = rows(x)?;
+        let (w2, b2) = (self.ln_2.weight().detach(), self.ln_2.bias().detach());
+        let ln_2 = ops::layer_norm(&h, &w2, &b2, self.ln_2.eps())?;
+        let up = affine(&ln_2, c_fc)?;
+        let act = ops::gelu_tanh(&up)?;
+        let out = (&h + affine(&act, mlp_proj)?)?;
+        Ok(Some((out.reshape((b, t, c))?, vec![h, ln_2, up, act])))
+    }
+
+    fn backward(&self, saved: Saved, dy: &Tensor, input_grad: bool) -> Result<ExplicitGrads> {
+        let [c_fc, mlp_proj] = self
+            .affines()
+            .expect("forward_saving kept tensors only for affine projections");
+        let [h, ln_2, up, act] = unpack(saved, &self.name)?;
+        let (b, t, c) = dy.dims3()?;
+        let d_out = rows(dy)?;
+        let (d_act, d_w_down, d_b_down) = affine_backward(&act, mlp_proj, &d_out)?;
+        let d_up = ops::gelu_tanh_backward(&up, &d_act)?;
+        let (d_ln_2, d_w_up, d_b_up) = affine_backward(&ln_2, c_fc, &d_up)?;
+        let (w2, b2) = (self.ln_2.weight().detach(), self.ln_2.bias().detach());
+        let (d_h, d_w2, d_b2) = ops::layer_norm_backward(&h, &w2, &b2, &d_ln_2, self.ln_2.eps())?;
+        let input = match input_grad {
+            true => Some((d_h + d_out)?.reshape((b, t, c))?),
+            false => None,
+        };
+        let params = vec![
             (self.ln_2.weight().id(), d_w2),
             (self.ln_2.bias().id(), d_b2),
             (c_fc.weight.id(), d_w_up),

@@ -1,5 +1,5 @@
-//! A decoder-only transformer with GPT-2's architecture, as a block model: `embeddings`, one
-//! block per layer (`h.0`, …), `head`. Parameter names and order follow Hugging Face's
+//! A decoder-only transformer with GPT-2's architecture, as a block model: `embeddings`, two
+//! blocks per layer (`h.0.attn`, `h.0.mlp`, …), `head`. Parameter names and order follow Hugging Face's
 //! `GPT2LMHeadModel.state_dict()` (`transformer.h.0.attn.c_attn.weight`, Conv1D's `[in, out]`
 //! layout; the head tied to `transformer.wte.weight`), and so does the initialisation: normal
 //! weights of std 0.02 (the residual projections `c_proj` 0.02 / sqrt(2 · layers)), zero
@@ -12,15 +12,16 @@ mod config;
 mod explicit;
 mod explicit_head;
 pub mod hf;
+mod layer;
 mod parts;
 
 use std::ops::Range;
 
 use candle_core::{DType, Device, Tensor};
-use weft_tensor::{Block, BlockModel, ParamStore, Scope};
+use weft_tensor::{Block, BlockModel, ParamStore};
 
 pub use attention::causal_self_attention;
-pub use blocks::{Embeddings, Head, TransformerBlock};
+pub use blocks::{AttentionBlock, Embeddings, Head, MlpBlock};
 pub use config::{GptConfig, MODEL_NAMES};
 pub use parts::{
     lookup, Affine, AffineSplit, Dense, Embedding, GptLayers, HeadProjection, PartSum, Projection,
@@ -45,8 +46,9 @@ pub fn gpt_with_layers(
     gpt_stage(config, dtype, device, layers, 0..config.num_blocks())
 }
 
-/// Builds blocks `blocks` of the GPT of `config` (block 0 is `embeddings`, `1..=n_layer` the
-/// layers `h.0`…, `n_layer + 1` the `head`): a pipeline stage. Its parameters keep the whole
+/// Builds blocks `blocks` of the GPT of `config` (block 0 is `embeddings`, `2l + 1` and `2l + 2`
+/// layer `l`'s attention and MLP halves `h.{l}.attn` and `h.{l}.mlp`, `2 n_layer + 1` the
+/// `head`): a pipeline stage. Its parameters keep the whole
 /// model's names and the values the whole model built from the same seed has (the other
 /// blocks' values are drawn and dropped, one tensor at a time). A stage with the head but not
 /// the embeddings keeps its own copy of the token table, `transformer.wte.weight`, owned by
@@ -98,15 +100,19 @@ pub fn gpt_stage(
         wte = Some(embedding);
     }
     for layer in 0..config.n_layer {
-        let values = LayerValues {
-            c_attn: normal(&[c, 3 * c], std)?,
-            attn_proj: normal(&[c, c], residual_std)?,
-            c_fc: normal(&[c, 4 * c], std)?,
-            mlp_proj: normal(&[4 * c, c], residual_std)?,
-        };
-        if keep(layer + 1) {
-            parts.push(Box::new(transformer_block(
-                config, &mut root, layers, layer, values,
+        // Every layer's values are drawn, kept or not, so that a stage's equal the whole's.
+        let attention = [normal(&[c, 3 * c], std)?, normal(&[c, c], residual_std)?];
+        let mlp = [
+            normal(&[c, 4 * c], std)?,
+            normal(&[4 * c, c], residual_std)?,
+        ];
+        if keep(2 * layer + 1) {
+            let half = layer::attention_half(config, &mut root, layers, layer, attention)?;
+            parts.push(Box::new(half));
+        }
+        if keep(2 * layer + 2) {
+            parts.push(Box::new(layer::mlp_half(
+                config, &mut root, layers, layer, mlp,
             )?));
         }
     }
@@ -128,71 +134,6 @@ pub fn gpt_stage(
         }));
     }
     Ok(BlockModel::new(store, parts)?)
-}
-
-/// The random initial weights of one transformer layer (its biases are zeros).
-struct LayerValues {
-    c_attn: Tensor,
-    attn_proj: Tensor,
-    c_fc: Tensor,
-    mlp_proj: Tensor,
-}
-
-/// Transformer layer `layer` (`h.{layer}`) with its parts made by `layers` from `values`.
-fn transformer_block(
-    config: &GptConfig,
-    root: &mut Scope,
-    layers: &dyn GptLayers,
-    layer: usize,
-    values: LayerValues,
-) -> Result<TransformerBlock> {
-    let c = config.n_embd;
-    let (dtype, device) = (values.c_attn.dtype(), values.c_attn.device().clone());
-    let zeros = |n: usize| Tensor::zeros(n, dtype, &device);
-    let mut scope = root.sub(&format!("h.{layer}"));
-    let start = scope.store_len();
-    let ln_1 = LayerNorm::new(&mut scope.sub("ln_1"), c, config.layer_norm_eps)?;
-    let mut attn = scope.sub("attn");
-    let c_attn = layers.projection(
-        &mut attn.sub("c_attn"),
-        ProjectionRole::AttentionQkv,
-        values.c_attn,
-        zeros(3 * c)?,
-    )?;
-    let attn_proj = layers.projection(
-        &mut attn.sub("c_proj"),
-        ProjectionRole::AttentionOutput,
-        values.attn_proj,
-        zeros(c)?,
-    )?;
-    let ln_2 = LayerNorm::new(&mut scope.sub("ln_2"), c, config.layer_norm_eps)?;
-    let mut mlp = scope.sub("mlp");
-    let c_fc = layers.projection(
-        &mut mlp.sub("c_fc"),
-        ProjectionRole::MlpUp,
-        values.c_fc,
-        zeros(4 * c)?,
-    )?;
-    let mlp_proj = layers.projection(
-        &mut mlp.sub("c_proj"),
-        ProjectionRole::MlpDown,
-        values.mlp_proj,
-        zeros(c)?,
-    )?;
-    Ok(TransformerBlock {
-        name: format!("h.{layer}"),
-        ln_1,
-        c_attn,
-        attn_proj,
-        ln_2,
-        c_fc,
-        mlp_proj,
-        head_dim: config.head_dim(),
-        heads: config.n_head,
-        first_head: layers.first_head(config.n_head),
-        dropout: config.dropout,
-        entries: start..scope.store_len(),
-    })
 }
 
 #[cfg(test)]

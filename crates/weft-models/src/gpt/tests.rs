@@ -61,7 +61,12 @@ fn names_order_and_count_follow_hugging_face() {
     assert_eq!(model.store().num_parameters(), config.num_parameters());
     assert!((200_000..400_000).contains(&config.num_parameters()));
     let blocks: Vec<&str> = model.blocks().iter().map(|b| b.name()).collect();
-    assert_eq!(blocks, ["embeddings", "h.0", "h.1", "h.2", "h.3", "head"]);
+    let layers = (0..4).flat_map(|l| [format!("h.{l}.attn"), format!("h.{l}.mlp")]);
+    let expected: Vec<String> = std::iter::once("embeddings".to_string())
+        .chain(layers)
+        .chain(std::iter::once("head".to_string()))
+        .collect();
+    assert_eq!(blocks, expected);
 }
 
 fn std_of(model: &BlockModel, name: &str) -> f64 {
@@ -421,7 +426,8 @@ fn stages_chained_equal_the_whole_model() {
     let config = tiny(3);
     let (dtype, device) = (DType::F64, Device::Cpu);
     let whole = gpt(&config, dtype, &device).unwrap();
-    let cuts = [0..2, 2..3, 3..4];
+    // Cut inside a layer too: between h.0's attention and its MLP.
+    let cuts = [0..2, 2..5, 5..6];
     let stages: Vec<BlockModel> = cuts
         .iter()
         .map(|r| gpt_stage(&config, dtype, &device, &Dense, r.clone()).unwrap())
@@ -478,10 +484,10 @@ fn stages_chained_equal_the_whole_model() {
     let err = hf::load_hf_safetensors(stages[1].store(), &config, &path).unwrap_err();
     assert!(err.to_string().contains("h.7.ln_1.bias"), "{err}");
 
-    let Err(err) = gpt_stage(&config, dtype, &device, &Dense, 3..5) else {
+    let Err(err) = gpt_stage(&config, dtype, &device, &Dense, 5..7) else {
         panic!("blocks past the head were accepted");
     };
-    assert!(err.to_string().contains("3..5"), "{err}");
+    assert!(err.to_string().contains("5..7"), "{err}");
 }
 
 /// Every parameter's gradient by the block-wise tape, flattened in store order, as f64.
