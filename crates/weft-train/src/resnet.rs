@@ -165,7 +165,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     let mut memory_log = memory_report::MemoryLog::create(&run.path, ctx.rank)?;
     if ctx.is_main() {
         tracing::info!(
-            "weft: {} ({} parameters) on {} x {}, {} train / {} val samples, global batch {}, {} steps over {} epochs -> {}",
+            "weft: {} ({} parameters) on {} x {}, {} train / {} val samples, global batch {}, {} loader threads per rank ({} cores here), {} steps over {} epochs -> {}",
             args.model,
             trainer.model().store().num_parameters(),
             ctx.world_size,
@@ -173,6 +173,8 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             data.train.len(),
             data.val.len(),
             args.batch_size,
+            crate::resnet_parts::loader_workers(args),
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
             total_steps,
             epochs,
             run.path.display()

@@ -39,7 +39,7 @@ pub(crate) fn comm_hidden(spans: &[timeline::Span]) -> Option<f64> {
 
 /// `--workers`, or its default: on GPUs the host's cores shared among the ranks on it
 /// (`LOCAL_WORLD_SIZE`, as launchers set it), one left to each rank, 1 to 8; 1 on the CPU.
-fn loader_workers(args: &TrainArgs) -> usize {
+pub(crate) fn loader_workers(args: &TrainArgs) -> usize {
     args.workers.unwrap_or_else(|| {
         if !args.device.starts_with("cuda") {
             return 1;

@@ -222,13 +222,15 @@ impl BatchNorm2d {
         Ok(Some(ops::batch_norm_eval(x, stats, self.eps, relu)?))
     }
 
-    /// `(x - mean) / sqrt(var + eps) * weight + bias` with per-channel `mean` and `var`.
+    /// `(x - mean) / sqrt(var + eps) * weight + bias` with per-channel `mean` and `var`,
+    /// centred first: its backward then sums `dy · (x − mean)`, not `dy · x` less `mean · Σ dy`,
+    /// which cancels catastrophically in f32 where the mean is large against the spread.
     fn normalize_with(&self, x: &Tensor, mean: &Tensor, var: &Tensor) -> Result<Tensor> {
         let per_channel = |t: &Tensor| t.reshape((1, t.elem_count(), 1, 1));
         let scale = self.weight.as_tensor().div(&(var + self.eps)?.sqrt()?)?;
-        let shift = self.bias.as_tensor().sub(&mean.mul(&scale)?)?;
-        Ok(x.broadcast_mul(&per_channel(&scale)?)?
-            .broadcast_add(&per_channel(&shift)?)?)
+        Ok(x.broadcast_sub(&per_channel(mean)?)?
+            .broadcast_mul(&per_channel(&scale)?)?
+            .broadcast_add(&per_channel(self.bias.as_tensor())?)?)
     }
 
     /// Blends the batch statistics (over `count` elements per channel) into the running ones.
