@@ -1,21 +1,34 @@
-//! `Batch`: a stack of transformed samples in NCHW f32 layout with their
-//! labels, and `BatchSource`, which builds batch `k` of an epoch from a
-//! dataset, a pipeline and the epoch's index list.
+//! `Batch`: a stack of transformed samples — normalised f32 in NCHW order, or the pixels'
+//! bytes in NHWC order for the device to convert — with their labels, and `BatchSource`,
+//! which builds batch `k` of an epoch from a dataset, a pipeline and the epoch's index list.
 
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
-use crate::{augmentation_rng, DataError, Dataset, Pipeline};
+use crate::{augmentation_rng, pixels_to_float, DataError, Dataset, Normalize, Pipeline};
 
-/// Transformed samples stacked in NCHW order.
+/// A batch's images, as the host finished them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BatchImages {
+    /// `N * C * H * W` normalised values, sample-major then channel, row, column.
+    Float(Vec<f32>),
+    /// `N * H * W * C` bytes (each sample's pixels row by row, RGB), to be converted to float
+    /// and normalised by `normalize` where they are used ([`pixels_to_float`]): a quarter of
+    /// the bytes to build, copy and upload.
+    Pixels {
+        data: Vec<u8>,
+        normalize: Option<Normalize>,
+    },
+}
+
+/// Transformed samples stacked in order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
-    /// `N * C * H * W` values, sample-major then channel, row, column.
-    pub images: Vec<f32>,
+    pub images: BatchImages,
     /// One label per sample.
     pub labels: Vec<u32>,
-    /// `[N, C, H, W]`.
+    /// `[N, C, H, W]` (the logical shape, whichever the order of `images`).
     pub shape: [usize; 4],
     /// The dataset index of each sample.
     pub indices: Vec<usize>,
@@ -31,9 +44,17 @@ impl Batch {
         self.labels.is_empty()
     }
 
-    /// The images as an f32 `[N, C, H, W]` tensor and the labels as a u32 `[N]` tensor.
+    /// The images as a contiguous f32 `[N, C, H, W]` tensor (pixels converted and normalised
+    /// on `device`) and the labels as a u32 `[N]` tensor.
     pub fn to_tensors(&self, device: &Device) -> Result<(Tensor, Tensor), DataError> {
-        let images = Tensor::from_slice(&self.images, &self.shape, device)?;
+        let images = match &self.images {
+            BatchImages::Float(values) => Tensor::from_slice(values, &self.shape, device)?,
+            BatchImages::Pixels { data, normalize } => {
+                let [n, c, h, w] = self.shape;
+                let pixels = Tensor::from_slice(data, (n, h, w, c), device)?;
+                pixels_to_float(&pixels, normalize.as_ref(), DType::F32)?.contiguous()?
+            }
+        };
         let labels = Tensor::from_slice(&self.labels, self.labels.len(), device)?;
         Ok((images, labels))
     }
@@ -49,6 +70,8 @@ pub(crate) struct BatchSource {
     pub drop_last: bool,
     pub seed: u64,
     pub epoch: u64,
+    /// Hand over the pixels' bytes ([`BatchImages::Pixels`]) instead of normalised floats.
+    pub pixels: bool,
 }
 
 impl BatchSource {
@@ -67,26 +90,43 @@ impl BatchSource {
         let start = batch * self.batch_size;
         let end = (start + self.batch_size).min(self.indices.len());
         let indices = self.indices[start..end].to_vec();
-        let mut images = Vec::new();
+        let (mut floats, mut pixels) = (Vec::new(), Vec::new());
         let mut labels = Vec::with_capacity(indices.len());
         let mut sample_shape = None;
         for &index in &indices {
             let sample = self.dataset.get(index)?;
             let mut rng = augmentation_rng(self.seed, self.epoch, index);
-            let image = self.pipeline.apply(sample.image, &mut rng)?;
-            let expected = *sample_shape.get_or_insert(image.shape());
-            if image.shape() != expected {
+            let shape = match self.pixels {
+                true => {
+                    let image = self.pipeline.apply_pixels(sample.image, &mut rng)?;
+                    pixels.extend_from_slice(image.data());
+                    [3, image.height(), image.width()]
+                }
+                false => {
+                    let image = self.pipeline.apply(sample.image, &mut rng)?;
+                    floats.extend_from_slice(&image.data);
+                    image.shape()
+                }
+            };
+            let expected = *sample_shape.get_or_insert(shape);
+            if shape != expected {
                 return Err(DataError::ShapeMismatch {
                     batch,
                     index,
                     expected,
-                    found: image.shape(),
+                    found: shape,
                 });
             }
-            images.extend_from_slice(&image.data);
             labels.push(sample.label);
         }
         let [channels, height, width] = sample_shape.unwrap_or([0; 3]);
+        let images = match self.pixels {
+            true => BatchImages::Pixels {
+                data: pixels,
+                normalize: self.pipeline.normalization(),
+            },
+            false => BatchImages::Float(floats),
+        };
         Ok(Batch {
             images,
             labels,

@@ -33,6 +33,7 @@
 mod batch;
 mod cifar;
 mod dataset;
+mod device_pixels;
 mod error;
 mod image_folder;
 mod loader;
@@ -45,9 +46,10 @@ mod tokens;
 pub mod transforms;
 mod workers;
 
-pub use batch::Batch;
+pub use batch::{Batch, BatchImages};
 pub use cifar::{Cifar10, Split, CIFAR10_CLASSES, CIFAR10_IMAGE_SIZE, CIFAR10_RECORD_BYTES};
 pub use dataset::{Dataset, Sample};
+pub use device_pixels::pixels_to_float;
 pub use error::DataError;
 pub use image_folder::{ImageFolder, IMAGE_EXTENSIONS};
 pub use loader::{DataLoader, LoaderConfig};

@@ -24,6 +24,9 @@ pub struct LoaderConfig {
     pub seed: u64,
     /// Epoch number mixed into the augmentation randomness.
     pub epoch: u64,
+    /// Hand over each batch's pixels as bytes ([`crate::BatchImages::Pixels`]), converted to
+    /// float and normalised where the batch goes (a GPU), instead of normalised floats.
+    pub pixels: bool,
 }
 
 impl Default for LoaderConfig {
@@ -35,6 +38,7 @@ impl Default for LoaderConfig {
             prefetch_factor: 2,
             seed: 0,
             epoch: 0,
+            pixels: false,
         }
     }
 }
@@ -84,6 +88,7 @@ impl DataLoader {
             drop_last: config.drop_last,
             seed: config.seed,
             epoch: config.epoch,
+            pixels: config.pixels,
         });
         let workers = match config.num_workers {
             0 => None,
@@ -134,7 +139,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::{RgbImage, Sample, SyntheticShapes};
+    use crate::{BatchImages, RgbImage, Sample, SyntheticShapes};
 
     /// A dataset computing each sample with a closure.
     struct FnDataset<F>(usize, F);
@@ -187,8 +192,11 @@ mod tests {
             let labels: Vec<u32> = expected.iter().map(|&i| (i % 7) as u32).collect();
             assert_eq!(batch.labels, labels);
             assert_eq!(batch.shape, [expected.len(), 3, 1, 1]);
+            let BatchImages::Float(images) = &batch.images else {
+                panic!("floats unless asked for pixels");
+            };
             assert_eq!(
-                batch.images[3 * (expected.len() - 1)],
+                images[3 * (expected.len() - 1)],
                 expected[expected.len() - 1] as f32 / 255.0
             );
         }
@@ -354,5 +362,30 @@ mod tests {
         assert_eq!(images.dims(), [2, 3, 1, 1]);
         assert_eq!(images.dtype(), candle_core::DType::F32);
         assert_eq!(labels.to_vec1::<u32>().unwrap(), [4, 2]);
+    }
+
+    /// Pixels handed over as bytes and converted where they go (here the CPU) are the host
+    /// pipeline's normalised floats exactly: the same f32 operations in the same order.
+    #[test]
+    fn pixels_converted_on_the_device_equal_the_hosts_floats() {
+        let dataset: Arc<dyn Dataset> = Arc::new(SyntheticShapes::train(10, 3));
+        let pipeline = Arc::new(Pipeline::cifar_train(32));
+        let run = |pixels: bool| -> Vec<Vec<f32>> {
+            let config = LoaderConfig {
+                pixels,
+                ..config(4, 2)
+            };
+            DataLoader::new(dataset.clone(), pipeline.clone(), (0..10).collect(), config)
+                .unwrap()
+                .map(|batch| {
+                    let batch = batch.unwrap();
+                    assert_eq!(matches!(batch.images, BatchImages::Pixels { .. }), pixels);
+                    let (images, _) = batch.to_tensors(&candle_core::Device::Cpu).unwrap();
+                    assert_eq!(images.dims(), [batch.len(), 3, 32, 32]);
+                    images.flatten_all().unwrap().to_vec1().unwrap()
+                })
+                .collect()
+        };
+        assert_eq!(run(true), run(false));
     }
 }

@@ -15,7 +15,6 @@ use weft_models::loss::Classification;
 use weft_models::ResNetConfig;
 use weft_parallel::{DdpConfig, Trainer};
 use weft_precision::PrecisionPolicy;
-use weft_tensor::flat::HostStaging;
 use weft_tensor::{Checkpointing, Timeline};
 
 use crate::args::TrainArgs;
@@ -29,6 +28,7 @@ use crate::parallelize::{self, ResNetParallelism};
 use crate::progress::Progress;
 use crate::resnet_parts::{
     accumulate, build_model, checkpoint_layout, comm_hidden, loader, upload_batch, validate,
+    BatchStaging,
 };
 use crate::resume;
 use crate::run_checkpoints::Stage;
@@ -184,7 +184,9 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     let mut step = start;
     let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
     let mut last = (0.0, 0.0, 0.0);
-    let mut staging = HostStaging::<f32>::default();
+    let mut staging = BatchStaging::default();
+    // The model's input: its compute dtype, channels-last when its blocks are.
+    let input = (policy.compute, config.channels_last);
     for epoch in start / steps_per_epoch..epochs {
         let epoch_start = Instant::now();
         let mut sampler = sampler.clone();
@@ -218,7 +220,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             let wait = Instant::now();
             let next = loader
                 .next()
-                .map(|batch| upload_batch(&batch?, &mut staging, &device));
+                .map(|batch| upload_batch(&batch?, &mut staging, &device, input));
             timeline.record("data", "data", "host", wait, Instant::now());
             next
         };
@@ -230,7 +232,6 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                 break;
             }
             let (images, labels) = batch?;
-            let images = images.to_dtype(policy.compute)?;
             let lr = schedule.lr_at(step);
             let t = Instant::now();
             let spans_before = timeline.len();

@@ -37,15 +37,31 @@ impl Pipeline {
 
     /// Runs every transform on `image` with randomness from `rng`.
     pub fn apply(&self, image: RgbImage, rng: &mut dyn RngCore) -> Result<ChwImage, DataError> {
-        let mut image = image;
-        for transform in &self.image_transforms {
-            image = transform.apply(image, rng)?;
-        }
+        let image = self.apply_pixels(image, rng)?;
         let mut tensor = ChwImage::from_rgb(&image);
         if let Some(normalize) = &self.normalize {
             normalize.apply(&mut tensor)?;
         }
         Ok(tensor)
+    }
+
+    /// The image transforms alone, the pixels left as bytes: what a loader hands a GPU, which
+    /// converts and normalises them itself ([`crate::pixels_to_float`]).
+    pub fn apply_pixels(
+        &self,
+        image: RgbImage,
+        rng: &mut dyn RngCore,
+    ) -> Result<RgbImage, DataError> {
+        let mut image = image;
+        for transform in &self.image_transforms {
+            image = transform.apply(image, rng)?;
+        }
+        Ok(image)
+    }
+
+    /// The normalisation applied after conversion to float, if any.
+    pub fn normalization(&self) -> Option<Normalize> {
+        self.normalize
     }
 
     /// No augmentation: to-float and `normalize` only.
