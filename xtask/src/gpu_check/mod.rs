@@ -216,6 +216,15 @@ pub fn run() -> Result<()> {
             tolerance: 1e-3,
         });
     }
+    // A batch's pixels converted and normalised on the device (the trainer's GPU input).
+    for (dtype, tolerance) in [(DType::F32, 1e-6), (DType::BF16, 8e-3)] {
+        checks.push(Check {
+            name: format!("pixels to normalised {dtype:?}, channels-last"),
+            error: single_ops::compare_pixels(&gpu, dtype)?,
+            // f32: one rounding of the division by 255 apart at most; bf16: that, rounded.
+            tolerance,
+        });
+    }
     checks.push(Check {
         name: "blend_into (running statistics)".into(),
         error: compare_blend(&gpu, DType::F32)?,

@@ -225,6 +225,21 @@ pub(super) fn compare_unscale(gpu: &Device, dtype: DType) -> Result<f64> {
     relative_error(&cpu, &on_gpu)
 }
 
+/// A batch's pixels (u8 `[4, 32, 32, 3]`, random) converted and normalised with ImageNet's
+/// statistics into `dtype` on the GPU against the CPU: the relative error, or infinity when the
+/// GPU's result is not channels-last.
+pub(super) fn compare_pixels(gpu: &Device, dtype: DType) -> Result<f64> {
+    let values = Tensor::rand(0f32, 256.0, (4, 32, 32, 3), &Device::Cpu)?.floor()?;
+    let pixels = values.to_dtype(DType::U8)?;
+    let normalize = weft_data::Normalize::imagenet();
+    let cpu = weft_data::pixels_to_float(&pixels, Some(&normalize), dtype)?;
+    let on_gpu = weft_data::pixels_to_float(&pixels.to_device(gpu)?, Some(&normalize), dtype)?;
+    if !weft_tensor::ops::is_channels_last(&on_gpu) {
+        return Ok(f64::INFINITY);
+    }
+    relative_error(&cpu, &on_gpu.to_device(&Device::Cpu)?)
+}
+
 pub(super) fn relative_error(reference: &Tensor, other: &Tensor) -> Result<f64> {
     let a: Vec<f64> = reference.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
     let b: Vec<f64> = other.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
