@@ -49,6 +49,15 @@ fn dropout(x: Tensor, p: f64, mode: Mode, block: &str, site: Site) -> Result<Ten
     )
 }
 
+/// `x + f(x)` on the tokens as rows (`[B·T, width]`): one reshape in and one out, none around
+/// each projection and LayerNorm inside `f` (each costs a pass over the tensor in backward).
+fn residual_on_rows(x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let (b, t, c) = x.dims3()?;
+    let h = x.reshape((b * t, c))?;
+    let out = (&h + f(&h)?)?;
+    Ok(out.reshape((b, t, c))?)
+}
+
 /// Token plus learned position embeddings: `[B, T]` ids to `[B, T, width]`.
 pub struct Embeddings {
     pub(super) wte: Arc<dyn TokenEmbedding>,
@@ -106,31 +115,29 @@ impl Block for AttentionBlock {
         Some(self)
     }
 
-    /// Runs on the tokens as rows (`[B·T, width]`): one reshape in and one out, none around
-    /// each projection and LayerNorm (each costs a pass over the tensor in backward).
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let (b, t, c) = x.dims3()?;
-        let h = x.reshape((b * t, c))?;
+        let (b, t, _) = x.dims3()?;
         let p = if mode.train { self.dropout } else { 0.0 };
-        let qkv = self.c_attn.forward(&self.ln_1.forward(&h)?)?;
-        let weights_dropout = (p > 0.0).then(|| Dropout {
-            p,
-            seed: site_seed(mode, &self.name, Site::AttentionWeights),
-            placement: Some(Placement {
-                axis: 1,
-                offset: self.first_head,
-                total: self.heads,
-            }),
-        });
-        let attended = causal_self_attention(
-            &qkv.reshape((b, t, ()))?,
-            self.head_dim,
-            weights_dropout.as_ref(),
-        )?;
-        let attended = attended.reshape((b * t, ()))?;
-        let projected = self.attn_proj.forward(&attended)?;
-        let h = (h + dropout(projected, p, mode, &self.name, Site::AttentionOutput)?)?;
-        Ok(h.reshape((b, t, c))?)
+        residual_on_rows(x, |h| {
+            let qkv = self.c_attn.forward(&self.ln_1.forward(h)?)?;
+            let weights_dropout = (p > 0.0).then(|| Dropout {
+                p,
+                seed: site_seed(mode, &self.name, Site::AttentionWeights),
+                placement: Some(Placement {
+                    axis: 1,
+                    offset: self.first_head,
+                    total: self.heads,
+                }),
+            });
+            let attended = causal_self_attention(
+                &qkv.reshape((b, t, ()))?,
+                self.head_dim,
+                weights_dropout.as_ref(),
+            )?;
+            let attended = attended.reshape((b * t, ()))?;
+            let projected = self.attn_proj.forward(&attended)?;
+            dropout(projected, p, mode, &self.name, Site::AttentionOutput)
+        })
     }
 
     fn entries(&self) -> Range<EntryId> {
@@ -159,13 +166,12 @@ impl Block for MlpBlock {
     }
 
     fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let (b, t, c) = x.dims3()?;
-        let h = x.reshape((b * t, c))?;
         let p = if mode.train { self.dropout } else { 0.0 };
-        let up = ops::gelu_tanh(&self.c_fc.forward(&self.ln_2.forward(&h)?)?)?;
-        let down = self.mlp_proj.forward(&up)?;
-        let h = (&h + dropout(down, p, mode, &self.name, Site::MlpOutput)?)?;
-        Ok(h.reshape((b, t, c))?)
+        residual_on_rows(x, |h| {
+            let up = ops::gelu_tanh(&self.c_fc.forward(&self.ln_2.forward(h)?)?)?;
+            let down = self.mlp_proj.forward(&up)?;
+            dropout(down, p, mode, &self.name, Site::MlpOutput)
+        })
     }
 
     fn entries(&self) -> Range<EntryId> {
