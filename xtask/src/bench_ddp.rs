@@ -10,6 +10,8 @@ use clap::Args;
 
 use crate::python::workspace_root;
 
+mod anchor;
+
 #[derive(Debug, Args)]
 pub struct BenchDdpArgs {
     #[arg(long, default_value = "resnet20")]
@@ -47,6 +49,10 @@ pub struct BenchDdpArgs {
     /// Skip the PyTorch DDP anchor (GPU only)
     #[arg(long, default_value_t = false)]
     no_anchor: bool,
+    /// PyTorch DDP's configurations run beside weft's (GPU only): eager (the SGD's foreach
+    /// kernels) and compile (`torch.compile` over the DDP model, the fused SGD)
+    #[arg(long, value_delimiter = ',', default_value = "eager")]
+    anchors: Vec<anchor::Variant>,
     /// Let the one-GPU run replay its step from a CUDA graph (the trainer's default); off, it
     /// issues the step eagerly like the data-parallel runs, so that the scaling compares the
     /// same execution
@@ -179,61 +185,21 @@ fn run_gpu(args: &BenchDdpArgs) -> Result<()> {
     if args.no_anchor {
         return Ok(());
     }
-    let python = crate::python::torch_python()?;
-    announce_phase("torch");
-    let world_list: Vec<String> = weft.iter().map(|(w, _)| w.to_string()).collect();
-    let output = Command::new(python)
-        .arg(crate::python::script("ddp_anchor.py"))
-        .args(["--world-sizes", &world_list.join(",")])
-        .args(["--batch-per-gpu", &args.batch_size.to_string()])
-        .args(["--steps", &(args.steps - args.warmup).to_string()])
-        .args(["--warmup", &args.warmup.to_string()])
-        .args(["--amp", amp_of(&args.precision)?])
-        .args(["--compress", &args.grad_compression])
-        .args(args.channels_last.then_some("--channels-last"))
-        .output()
-        .context("cannot run the PyTorch DDP anchor")?;
-    if !output.status.success() {
-        bail!(
-            "PyTorch DDP anchor failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let anchor: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    let rate = |world: usize| {
-        anchor
-            .iter()
-            .find(|v| v["world_size"].as_u64() == Some(world as u64))
-            .and_then(|v| v["images_per_sec"].as_f64())
-            .unwrap_or(f64::NAN)
-    };
-    for line in &anchor {
-        println!("anchor {line}");
-    }
-    for (world, m) in &weft {
-        println!(
-            "torch  {world} GPU(s) {:>9.1} img/s   scaling efficiency {:.1}%   weft/torch {:.3}",
-            rate(*world),
-            100.0 * rate(*world) / (*world as f64 * rate(1)),
-            m.images_per_sec / rate(*world)
-        );
+    let worlds: Vec<usize> = weft.iter().map(|(w, _)| *w).collect();
+    for &variant in &args.anchors {
+        announce_phase(variant.phase());
+        let rates = anchor::run(args, variant, &worlds)?;
+        for (world, m) in &weft {
+            let rate = rates.images_per_sec(*world);
+            println!(
+                "{:<14} {world} GPU(s) {rate:>9.1} img/s   scaling efficiency {:.1}%   weft/torch {:.3}",
+                variant.phase(),
+                100.0 * rate / (*world as f64 * rates.images_per_sec(1)),
+                m.images_per_sec / rate
+            );
+        }
     }
     Ok(())
-}
-
-/// The anchor's autocast dtype for weft's precision policy `precision`.
-fn amp_of(precision: &str) -> Result<&'static str> {
-    Ok(match precision {
-        "fp32" => "none",
-        "bf16-mixed" => "bf16",
-        "fp16-mixed" => "fp16",
-        other => bail!(
-            "--precision {other}: the anchor has no counterpart (fp32, bf16-mixed, fp16-mixed)"
-        ),
-    })
 }
 
 /// Prints `phase NAME at UNIX-SECONDS`, so that a memory sampler running beside the benchmark

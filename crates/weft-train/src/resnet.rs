@@ -244,7 +244,11 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                 outcome.loss * outcome.samples as f64,
                 outcome.samples as f64,
             ];
+            // A host round trip over the job after the device finished the step (a span of
+            // its own: the device idles meanwhile on more than one rank).
+            let summing = Instant::now();
             ctx.sum(&mut global)?;
+            timeline.record("loss sum", "metrics", "host", summing, Instant::now());
             timeline.settle()?;
             let hidden = (ctx.world_size > 1)
                 .then(|| comm_hidden(&timeline.spans_since(spans_before)))
