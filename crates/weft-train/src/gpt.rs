@@ -44,6 +44,8 @@ pub struct TokenStepMetrics {
     /// Mean next-token loss of the step's batch (nats), before the update.
     pub loss: f64,
     pub lr: f64,
+    /// The global batch's tokens over the loop's period: from the end of the previous step to
+    /// the end of this one (the batch's building and the host's other work included).
     pub tokens_per_sec: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_norm: Option<f64>,
@@ -240,6 +242,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             true => start % steps_per_epoch,
             false => 0,
         };
+        let mut period = Instant::now();
         for chunk in indices.chunks_exact(local_batch).skip(done) {
             if step == total_steps {
                 break;
@@ -251,9 +254,9 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                 false => None,
             };
             let lr = schedule.lr_at(step);
-            let t = Instant::now();
             let (outcome, pipeline) = stepper.step(batch.as_ref(), args.micro_batches, lr)?;
-            let seconds = t.elapsed().as_secs_f64();
+            let seconds = period.elapsed().as_secs_f64();
+            period = Instant::now();
             let mut global = [
                 outcome.loss * outcome.samples as f64,
                 outcome.samples as f64,

@@ -225,6 +225,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             next
         };
         let mut next = fetch(&mut loader);
+        let mut period = Instant::now();
         // Device time on a GPU, as the step's blocks are (`Timeline::time_on_device`).
         let mut step_span = Some(timeline.open(format!("step {step}"), "step", "steps"));
         while let Some(batch) = next.take() {
@@ -233,13 +234,13 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             }
             let (images, labels) = batch?;
             let lr = schedule.lr_at(step);
-            let t = Instant::now();
             let spans_before = timeline.len();
             let micro = (args.micro_batches, lr);
             let outcome = trainer.step_micro_batches_then(&images, &labels, micro, &mut || {
                 next = fetch(&mut loader);
             })?;
-            let seconds = t.elapsed().as_secs_f64();
+            let seconds = period.elapsed().as_secs_f64();
+            period = Instant::now();
             let mut global = [
                 outcome.loss * outcome.samples as f64,
                 outcome.samples as f64,

@@ -26,6 +26,9 @@ pub struct StepMetrics {
     /// Mean loss of the step's batch, before the update.
     pub loss: f64,
     pub lr: f64,
+    /// The global batch over the loop's period: from the end of the previous step to the end of
+    /// this one (the host's work between steps included), so that the rates add up to the
+    /// wall time.
     pub images_per_sec: f64,
     /// Share of the step's gradient all-reduce time hidden under backward (data parallel only).
     #[serde(skip_serializing_if = "Option::is_none")]
