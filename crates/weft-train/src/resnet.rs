@@ -306,10 +306,9 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         let (val_loss, val_acc) = validate(
             &mut trainer,
             &data,
-            args,
-            local_batch,
-            &device,
-            policy.compute,
+            (args, local_batch),
+            (&device, input),
+            &mut staging,
             ctx,
         )?;
         let metrics = EpochMetrics {

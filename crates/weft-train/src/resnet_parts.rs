@@ -166,16 +166,16 @@ pub(crate) fn build_model(
     Ok(ShardedInit::capture(window, build)?)
 }
 
-/// Mean loss and accuracy over the whole validation set in evaluation mode (images in the
-/// compute dtype `dtype`); each rank
-/// evaluates samples `rank, rank + world, …` and the sums are reduced.
+/// Mean loss and accuracy over the whole validation set in evaluation mode, the images going
+/// up as the training batches do ([`upload_batch`] with `input`: the compute dtype, and
+/// channels-last when the model is); each rank evaluates samples `rank, rank + world, …` and
+/// the sums are reduced.
 pub(crate) fn validate(
     trainer: &mut Trainer,
     data: &DataSets,
-    args: &TrainArgs,
-    batch: usize,
-    device: &Device,
-    dtype: DType,
+    (args, batch): (&TrainArgs, usize),
+    (device, input): (&Device, (DType, bool)),
+    staging: &mut BatchStaging,
     ctx: &RankContext,
 ) -> Result<(f64, f64)> {
     let indices: Vec<usize> = (ctx.rank..data.val.len()).step_by(ctx.world_size).collect();
@@ -189,8 +189,7 @@ pub(crate) fn validate(
         0,
         false,
     )? {
-        let (images, labels) = batch?.to_tensors(device)?;
-        let images = images.to_dtype(dtype)?;
+        let (images, labels) = upload_batch(&batch?, staging, device, input)?;
         let eval = trainer.evaluate(&images, &labels)?;
         sums[0] += eval.loss_sum;
         sums[1] += eval
