@@ -1,7 +1,8 @@
 //! [`pixels_to_float`]: a batch's pixel bytes turned into the model's input where the batch
 //! is, as torchvision's `ToTensor` and `Normalize` would on the host. On a GPU the host then
 //! builds, copies and uploads a quarter of the bytes (one per channel instead of an f32), and
-//! the conversion costs the device two passes over the batch.
+//! the conversion costs the device five element-wise passes over the batch (the cast, the
+//! division, the two per-channel operations, the cast to the compute dtype).
 
 use candle_core::{DType, Tensor};
 
