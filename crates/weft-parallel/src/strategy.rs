@@ -11,6 +11,7 @@
 //! | `finish_backward` | — | wait for the buckets | wait | sum the tied table across the ends |
 //! | `reduce_grad_norm_squared` | — | — | sum over the shards | sum over the stages |
 //! | `reduce_found_inf` (loss scaling) | — | max over ranks | max over ranks | max over stages |
+//! | `sum_over_replicas` (the step's loss) | — | sum over ranks | sum over ranks | over its replicas |
 //! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | the stage's own buffer |
 //! | `after_step` | — | — | 1, 2: all-gather the updated shards; 3: keep the shard | — |
 //! | `gather/release_parameters` | — | — | stage 3: whole model for reading | — |
@@ -143,6 +144,15 @@ pub trait Strategy: Send {
             Some(inner) => inner.reduce_found_inf(local),
             None => Ok(local),
         }
+    }
+
+    /// The sum over the data-parallel replicas (each of which saw other samples) of `local`,
+    /// one of this rank's per-step sums on the device (its loss summed over its samples, and
+    /// the count): a collective ordered on the device, so a CUDA graph captures it. `None`
+    /// where this rank is the only replica: nothing to sum.
+    fn sum_over_replicas(&mut self, local: &Tensor) -> Result<Option<Tensor>> {
+        self.wrapped_mut()
+            .map_or(Ok(None), |inner| inner.sum_over_replicas(local))
     }
 
     /// Just before this rank's optimizer steps its range (not for a step the loss scaler

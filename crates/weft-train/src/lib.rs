@@ -29,6 +29,7 @@ mod resnet_parts;
 pub mod resume;
 pub mod run_checkpoints;
 pub mod run_dir;
+mod step_report;
 pub mod traces;
 
 pub use args::TrainArgs;

@@ -33,6 +33,7 @@ use crate::resnet_parts::{
 use crate::resume;
 use crate::run_checkpoints::Stage;
 use crate::run_dir::{EpochMetrics, RunFolder, StepMetrics};
+use crate::step_report::{DeferredReports, StepReport};
 use crate::traces;
 
 /// What a finished run reached.
@@ -182,7 +183,8 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     }
     let mut progress = Progress::new(total_steps as u64, args.quiet, ctx.is_main());
     let mut step = start;
-    let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
+    let guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
+    let mut reports = DeferredReports::new(guard);
     let mut last = (0.0, 0.0, 0.0);
     let mut staging = BatchStaging::default();
     // The model's input: its compute dtype, channels-last when its blocks are.
@@ -236,42 +238,49 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             let lr = schedule.lr_at(step);
             let spans_before = timeline.len();
             let micro = (args.micro_batches, lr);
+            // While the device runs this step: the next batch, and the last step's report.
+            let mut reported = Ok(());
             let outcome = trainer.step_micro_batches_then(&images, &labels, micro, &mut || {
                 next = fetch(&mut loader);
+                reported = reports.make(run.writer.as_mut(), &mut progress);
             })?;
+            reported?;
             let seconds = period.elapsed().as_secs_f64();
             period = Instant::now();
-            let mut global = [
-                outcome.loss * outcome.samples as f64,
-                outcome.samples as f64,
-            ];
-            // A host round trip over the job after the device finished the step (a span of
-            // its own: the device idles meanwhile on more than one rank).
-            let summing = Instant::now();
-            ctx.sum(&mut global)?;
-            timeline.record("loss sum", "metrics", "host", summing, Instant::now());
+            let global = match outcome.replicas_loss_sum() {
+                Some(summed) => summed,
+                None => {
+                    // A host round trip over the job after the device finished the step (a
+                    // span of its own: the device idles meanwhile on more than one rank).
+                    let summing = Instant::now();
+                    let mut local = [
+                        outcome.loss * outcome.samples as f64,
+                        outcome.samples as f64,
+                    ];
+                    ctx.sum(&mut local)?;
+                    timeline.record("loss sum", "metrics", "host", summing, Instant::now());
+                    local
+                }
+            };
             timeline.settle()?;
             let hidden = (ctx.world_size > 1)
                 .then(|| comm_hidden(&timeline.spans_since(spans_before)))
                 .flatten();
-            if let Some(run) = run.writer.as_mut() {
-                run.log(&StepMetrics {
-                    step,
-                    epoch,
-                    loss: global[0] / global[1],
-                    lr,
-                    images_per_sec: args.batch_size as f64 / seconds,
-                    comm_hidden: hidden,
-                    grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
-                    loss_scale: outcome.loss_scale,
-                })?;
-            }
-            guard.check(
+            let line = StepMetrics {
                 step,
-                global[0] / global[1],
-                outcome.skipped,
-                outcome.loss_scale,
-            )?;
+                epoch,
+                loss: global[0] / global[1],
+                lr,
+                images_per_sec: args.batch_size as f64 / seconds,
+                comm_hidden: hidden,
+                grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
+                loss_scale: outcome.loss_scale,
+            };
+            let report = StepReport {
+                line,
+                skipped: outcome.skipped,
+            };
+            reports.hold(report, run.writer.as_mut(), &mut progress)?;
             skipped += usize::from(outcome.skipped);
             accumulate(&mut totals, &outcome);
             memory_log.push(step, trainer.take_memory_samples())?;
@@ -289,19 +298,15 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             }
             step += 1;
             if let (true, Some(layout)) = (args.checkpoints.saves_after(step), &layout) {
+                reports.make(run.writer.as_mut(), &mut progress)?;
                 let keep = args.checkpoints.keep_last;
                 let at = resume::SavePoint::after(step, steps_per_epoch, &totals, keep);
                 resume::save(&mut trainer, (layout, Stage::WHOLE), ctx, &run.path, at)?;
             }
-            progress.step(
-                epoch,
-                global[0] / global[1],
-                args.batch_size as f64 / seconds,
-                hidden,
-            );
             timeline.flush()?;
             step_span = Some(timeline.open(format!("step {step}"), "step", "steps"));
         }
+        reports.make(run.writer.as_mut(), &mut progress)?;
         ctx.sum(&mut totals)?;
         let (val_loss, val_acc) = validate(
             &mut trainer,

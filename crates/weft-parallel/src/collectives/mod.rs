@@ -45,6 +45,25 @@ pub fn init_for_device(device: &Device) -> Result<Box<dyn Communicator>> {
     }
 }
 
+/// `tensor` reduced with `op` over the ranks of `comm`, into a new tensor: ordered on the
+/// device only where `comm` runs natively on the tensor's GPU (so a CUDA graph captures it: no
+/// host wait), else through the host. For a step's small per-rank values (the found-inf flag,
+/// the loss sum).
+pub fn reduce_over_ranks(
+    comm: &(impl Communicator + ?Sized),
+    tensor: &Tensor,
+    op: ReduceOp,
+) -> Result<Tensor> {
+    match native_for(comm, tensor.device()) {
+        Some(native) => {
+            let reduced = tensor.copy()?;
+            all_reduce_ordered(native, &reduced, op)?.join()?;
+            Ok(reduced)
+        }
+        None => comm.all_reduce_tensor(tensor, op)?.wait(),
+    }
+}
+
 /// An all-reduce over `tensor` (contiguous, on `native`'s GPU) in place, ordered on the device
 /// only: see [`DeviceCollectives::all_reduce_ordered`].
 pub fn all_reduce_ordered(

@@ -25,7 +25,9 @@ use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, Timeline};
 use super::{
     broadcast_buffers, broadcast_entries, check_same_model, BucketCountdown, BucketPlan, DdpConfig,
 };
-use crate::collectives::{all_reduce_ordered, native_for, TensorCollectives, TensorWork};
+use crate::collectives::{
+    all_reduce_ordered, native_for, reduce_over_ranks, TensorCollectives, TensorWork,
+};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -316,7 +318,13 @@ impl Strategy for DistributedDataParallel {
 
     /// The flag's maximum over the ranks (an all-reduce the host waits for).
     fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
-        self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()
+        reduce_over_ranks(self.comm.as_ref(), &local, ReduceOp::Max)
+    }
+
+    /// Every rank is a replica that saw other samples.
+    fn sum_over_replicas(&mut self, local: &Tensor) -> Result<Option<Tensor>> {
+        let summed = reduce_over_ranks(self.comm.as_ref(), local, ReduceOp::Sum)?;
+        Ok(Some(summed))
     }
 
     fn set_require_sync(&mut self, sync: bool) {

@@ -9,7 +9,7 @@ use weft_collectives::{Communicator, ReduceOp};
 use weft_tensor::{BlockModel, EntryId, FlatBuffer};
 
 use super::{broadcast_entries, check_same_model};
-use crate::collectives::TensorCollectives;
+use crate::collectives::{reduce_over_ranks, TensorCollectives};
 use crate::error::Result;
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -67,7 +67,13 @@ impl Strategy for NaiveDataParallel {
 
     /// The flag's maximum over the ranks (an all-reduce the host waits for).
     fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
-        self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()
+        reduce_over_ranks(self.comm.as_ref(), &local, ReduceOp::Max)
+    }
+
+    /// Every rank is a replica that saw other samples.
+    fn sum_over_replicas(&mut self, local: &Tensor) -> Result<Option<Tensor>> {
+        let summed = reduce_over_ranks(self.comm.as_ref(), local, ReduceOp::Sum)?;
+        Ok(Some(summed))
     }
 
     fn set_require_sync(&mut self, sync: bool) {

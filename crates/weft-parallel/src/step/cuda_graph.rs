@@ -15,7 +15,7 @@ use candle_core::cuda_backend::cudarc::driver::sys::{
     CUgraphInstantiate_flags, CUstreamCaptureMode,
 };
 use candle_core::cuda_backend::cudarc::driver::CudaGraph;
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use weft_tensor::ops::{copy_tensors, is_channels_last};
 
 use super::outcome::{outcome, BatchResult, StepOutcome, StepTimings};
@@ -33,9 +33,10 @@ pub const WARMUP: usize = 2;
 struct Buffers {
     inputs: Tensor,
     targets: Tensor,
-    loss: Tensor,
-    /// The objective's metrics, shaped like a warm-up step's.
-    metrics: Vec<(&'static str, Tensor)>,
+    /// The step's scalar results in f32, read back in one copy: the loss, then each metric.
+    outputs: Tensor,
+    /// The metrics' names, as a warm-up step reported them.
+    metric_names: Vec<&'static str>,
 }
 
 impl Buffers {
@@ -112,8 +113,8 @@ impl StepGraph {
             self.buffers = Some(Buffers {
                 inputs: inputs.copy()?,
                 targets: targets.copy()?,
-                loss: Tensor::zeros((), candle_core::DType::F32, inputs.device())?,
-                metrics: Vec::new(),
+                outputs: Tensor::zeros(1, DType::F32, inputs.device())?,
+                metric_names: Vec::new(),
             });
         }
         let buffers = self.buffers.as_mut().expect("made above");
@@ -132,12 +133,11 @@ impl StepGraph {
                 meanwhile();
                 trainer.wait_for_device()?;
                 self.state = State::WarmingUp(done + 1);
-                // Static buffers for the metrics, outside the graph's memory pool.
-                buffers.metrics = results[0]
-                    .metrics
-                    .iter()
-                    .map(|(name, value)| Ok((*name, value.zeros_like()?)))
-                    .collect::<Result<_>>()?;
+                // The static outputs, outside the graph's memory pool.
+                let names: Vec<_> = results[0].metrics.iter().map(|(name, _)| *name).collect();
+                let len = 1 + names.len();
+                buffers.outputs = Tensor::zeros(len, DType::F32, inputs.device())?;
+                buffers.metric_names = names;
                 outcome(&results, timings)
             }
             State::WarmingUp(_) => {
@@ -190,7 +190,7 @@ impl StepGraph {
     }
 }
 
-/// Captures one step on the static buffers, its loss and metrics copied into theirs.
+/// Captures one step on the static buffers, its loss and metrics copied into the outputs.
 fn capture(
     trainer: &mut Trainer,
     batch: &[(Tensor, Tensor)],
@@ -208,17 +208,18 @@ fn capture(
     let body = (|| -> Result<()> {
         let (results, _) = trainer.run(batch)?;
         let result: &BatchResult = &results[0];
-        let loss = result.loss.to_dtype(candle_core::DType::F32)?;
-        copy_tensors(&[(&loss, &buffers.loss)])?;
-        if result.metrics.len() != buffers.metrics.len() {
-            return Err(ParallelError::CudaGraph(
-                "the objective reported other metrics than in the warm-up steps".into(),
-            ));
+        let names: Vec<_> = result.metrics.iter().map(|(name, _)| *name).collect();
+        if names != buffers.metric_names {
+            return Err(ParallelError::CudaGraph(format!(
+                "the objective reported the metrics {names:?}, not {:?} as in the warm-up steps",
+                buffers.metric_names
+            )));
         }
-        for ((name, value), (_, kept)) in result.metrics.iter().zip(&buffers.metrics) {
-            copy_tensors(&[(value, kept)])
-                .map_err(|e| ParallelError::CudaGraph(format!("metric `{name}`: {e}")))?;
-        }
+        let values = std::iter::once(&result.loss)
+            .chain(result.metrics.iter().map(|(_, value)| value))
+            .map(|value| Ok(value.to_dtype(DType::F32)?.reshape(())?))
+            .collect::<Result<Vec<_>>>()?;
+        copy_tensors(&[(&Tensor::stack(&values, 0)?, &buffers.outputs)])?;
         Ok(())
     })();
     trainer.synchronized_timings = synchronized;
@@ -235,14 +236,23 @@ fn capture(
         .ok_or_else(|| ParallelError::CudaGraph("the capture recorded no work".into()))
 }
 
-/// The outcome of a replayed step: its loss and metrics, read from the static buffers.
+/// The outcome of a replayed step: its loss and metrics, read from the static outputs in one
+/// copy.
 fn read(buffers: &Buffers, trainer: &Trainer, targets: &Tensor) -> Result<StepOutcome> {
-    let result = BatchResult {
-        loss: buffers.loss.clone(),
-        metrics: buffers.metrics.clone(),
+    let values = buffers.outputs.to_vec1::<f32>()?;
+    let metrics = buffers
+        .metric_names
+        .iter()
+        .zip(&values[1..])
+        .map(|(name, value)| (*name, f64::from(*value)))
+        .collect();
+    Ok(StepOutcome {
+        loss: f64::from(values[0]),
         samples: trainer.objective.samples(targets),
-    };
-    let mut out = outcome(&[result], StepTimings::default())?;
-    out.graphed = true;
-    Ok(out)
+        metrics,
+        timings: StepTimings::default(),
+        graphed: true,
+        loss_scale: None,
+        skipped: false,
+    })
 }

@@ -46,11 +46,53 @@ pub struct StepOutcome {
 impl StepOutcome {
     /// The summed metric called `name` (0 if the objective reports no such metric).
     pub fn metric(&self, name: &str) -> f64 {
+        self.find_metric(name).unwrap_or(0.0)
+    }
+
+    fn find_metric(&self, name: &str) -> Option<f64> {
         self.metrics
             .iter()
             .find(|(n, _)| *n == name)
-            .map_or(0.0, |(_, v)| *v)
+            .map(|(_, v)| *v)
     }
+
+    /// The step's loss summed over the samples of every data-parallel replica, and their
+    /// count, where the strategy summed them on the device within the step (`None` for a
+    /// single replica, or a strategy that has no replicas to sum over).
+    pub fn replicas_loss_sum(&self) -> Option<[f64; 2]> {
+        Some([
+            self.find_metric(REPLICAS_LOSS_SUM)?,
+            self.find_metric(REPLICAS_SAMPLES)?,
+        ])
+    }
+}
+
+/// The metric names under which the last micro-batch carries the step's loss sum and sample
+/// count over the replicas ([`StepOutcome::replicas_loss_sum`]).
+pub(crate) const REPLICAS_LOSS_SUM: &str = "replicas_loss_sum";
+pub(crate) const REPLICAS_SAMPLES: &str = "replicas_samples";
+
+/// This rank's loss summed over its samples and their count, as a two-element tensor on the
+/// device (f64 for an f64 loss, else f32), from its micro-batches' mean losses (no host copy:
+/// a CUDA graph captures it).
+pub(crate) fn local_loss_sum(results: &[BatchResult]) -> Result<Option<Tensor>> {
+    let mut sum: Option<Tensor> = None;
+    let mut samples = 0;
+    for r in results {
+        let dtype = match r.loss.dtype() {
+            DType::F64 => DType::F64,
+            _ => DType::F32,
+        };
+        let part = r.loss.to_dtype(dtype)?.affine(r.samples as f64, 0.0)?;
+        sum = Some(match sum {
+            Some(s) => (s + part)?,
+            None => part,
+        });
+        samples += r.samples;
+    }
+    let Some(sum) = sum else { return Ok(None) };
+    let count = sum.zeros_like()?.affine(1.0, samples as f64)?;
+    Ok(Some(Tensor::stack(&[sum, count], 0)?))
 }
 
 /// One micro-batch's mean loss and metric sums, still on the device.

@@ -8,7 +8,9 @@ use candle_core::Tensor;
 use weft_tensor::tape::{self, BackwardHooks, Seed, Tape, TapeOptions};
 use weft_tensor::{BlockGrads, BlockModel, FlatBuffer, Slot};
 
-use super::outcome::{BatchResult, StepTimings};
+use super::outcome::{
+    local_loss_sum, BatchResult, StepTimings, REPLICAS_LOSS_SUM, REPLICAS_SAMPLES,
+};
 use super::Trainer;
 use crate::clip::clip_grad_norm;
 use crate::error::{ParallelError, Result};
@@ -39,7 +41,24 @@ impl Trainer {
                 last.metrics.push(("grad_norm", norm));
             }
         }
+        self.sum_loss_over_replicas(&mut results)?;
         Ok((results, timings))
+    }
+
+    /// The step's loss summed over every replica's samples, and their count, as two more
+    /// metrics of the last micro-batch (a collective on the device, within a captured step), so
+    /// that the host need not sum them over the job between steps.
+    fn sum_loss_over_replicas(&mut self, results: &mut [BatchResult]) -> Result<()> {
+        let Some(local) = local_loss_sum(results)? else {
+            return Ok(());
+        };
+        if let (Some(summed), Some(last)) =
+            (self.strategy.sum_over_replicas(&local)?, results.last_mut())
+        {
+            last.metrics.push((REPLICAS_LOSS_SUM, summed.get(0)?));
+            last.metrics.push((REPLICAS_SAMPLES, summed.get(1)?));
+        }
+        Ok(())
     }
 
     /// The strategy's call before each micro-batch's forward.

@@ -15,7 +15,7 @@ use weft_tensor::{BlockModel, FlatBuffer, FlatLayout};
 
 use super::gather::all_gather_parameters;
 use super::ShardLayout;
-use crate::collectives::TensorCollectives;
+use crate::collectives::{reduce_over_ranks, TensorCollectives};
 use crate::error::{ParallelError, Result};
 use crate::strategy::{ReadyGrads, Strategy};
 
@@ -91,7 +91,7 @@ impl Strategy for ZeroRedundancy {
 
     /// Each rank checked its own shard: the maximum over the ranks.
     fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
-        self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()
+        reduce_over_ranks(self.comm.as_ref(), &local, ReduceOp::Max)
     }
 
     fn after_step(&mut self, model: &BlockModel) -> Result<()> {

@@ -29,7 +29,7 @@ use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, FlatLayout, ParamS
 use super::block_gather::{GatherSource, PendingGather};
 use super::gather::all_gather_parameters;
 use super::ShardLayout;
-use crate::collectives::TensorCollectives;
+use crate::collectives::{reduce_over_ranks, TensorCollectives};
 use crate::error::{ParallelError, Result};
 use crate::strategy::{ReadyGrads, Strategy};
 
@@ -240,7 +240,13 @@ impl Strategy for ZeroStage3 {
 
     /// Each rank checked its own shard: the maximum over the ranks.
     fn reduce_found_inf(&mut self, local: Tensor) -> Result<Tensor> {
-        self.comm.all_reduce_tensor(&local, ReduceOp::Max)?.wait()
+        reduce_over_ranks(self.comm.as_ref(), &local, ReduceOp::Max)
+    }
+
+    /// Every rank is a replica that saw other samples.
+    fn sum_over_replicas(&mut self, local: &Tensor) -> Result<Option<Tensor>> {
+        let summed = reduce_over_ranks(self.comm.as_ref(), local, ReduceOp::Sum)?;
+        Ok(Some(summed))
     }
 
     /// Keeps the updated shard and releases the variables that held it.
