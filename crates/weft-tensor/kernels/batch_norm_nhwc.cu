@@ -15,8 +15,10 @@
 // Every pass: a thread owns N consecutive channels (16 bytes of data when c allows, the `_vec`
 // kernels; one channel otherwise), computes their coefficients once in registers and strides
 // over rows (no division per element). Reductions: a block is up to 32 such columns by as many
-// rows as fill 256 threads; each thread sums in double, and the block adds its rows' partial
-// sums in shared memory in a fixed order, so results do not depend on scheduling.
+// rows as fill 256 threads; each thread sums its rows (16 to a few dozen) in S, f32 for 16- and
+// 32-bit data, and the block adds its threads' sums in double in shared memory in a fixed
+// order, so results do not depend on scheduling. (Summing every element in double made the
+// reductions bound by conversions and f64 adds, at under half the memory's bandwidth.)
 
 #include "float_types.cuh"
 #include "vector.cuh"
@@ -85,22 +87,31 @@ __device__ void column_sums(const double (&a)[N], const double (&b)[N], double* 
     }
 }
 
-template <typename T, int N>
+template <typename T, typename S, int N>
 __device__ void moments_partial(const T* x, double* partial, long long rows, int c) {
     const int col = reduction_channel<N>(c);
     double s[N] = {}, q[N] = {};
     if (col >= 0) {
         const bool vector = aligned16(x);
         const Vec<T, N> first = load<T, N>(x + col, vector);
+        S x0[N], sk[N] = {}, qk[N] = {};
+#pragma unroll
+        for (int k = 0; k < N; ++k) x0[k] = cvt<S>(first.v[k]);
+#pragma unroll 4
         for (long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; r < rows;
              r += (long long)gridDim.x * blockDim.y) {
             const Vec<T, N> xv = load<T, N>(x + r * c + col, vector);
 #pragma unroll
             for (int k = 0; k < N; ++k) {
-                const double d = cvt<double>(xv.v[k]) - cvt<double>(first.v[k]);
-                s[k] += d;
-                q[k] += d * d;
+                const S d = cvt<S>(xv.v[k]) - x0[k];
+                sk[k] += d;
+                qk[k] = fma(d, d, qk[k]);
             }
+        }
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            s[k] = (double)sk[k];
+            q[k] = (double)qk[k];
         }
     }
     column_sums<N>(s, q, partial, c);
@@ -113,24 +124,28 @@ __device__ void grad_sums_partial(const T* x, const T* dy, const S* table, doubl
     double dot[N] = {}, sum_dy[N] = {};
     if (col >= 0) {
         const bool vector = aligned16(x) && aligned16(dy);
-        double mean[N];
-        S a[N], b[N];
+        S mean[N], a[N], b[N], dk[N] = {}, gk[N] = {};
 #pragma unroll
         for (int k = 0; k < N; ++k) {
-            mean[k] = (double)table[col + k];
+            mean[k] = table[col + k];
             forward_coefficients(table, c, col + k, eps, a[k], b[k]);
         }
+#pragma unroll 4
         for (long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; r < rows;
              r += (long long)gridDim.x * blockDim.y) {
             const Vec<T, N> xv = load<T, N>(x + r * c + col, vector);
             const Vec<T, N> gv = load<T, N>(dy + r * c + col, vector);
 #pragma unroll
             for (int k = 0; k < N; ++k) {
-                const double g =
-                    relu && relu_cut(a[k], b[k], xv.v[k]) ? 0.0 : cvt<double>(gv.v[k]);
-                dot[k] += (cvt<double>(xv.v[k]) - mean[k]) * g;
-                sum_dy[k] += g;
+                const S g = relu && relu_cut(a[k], b[k], xv.v[k]) ? (S)0 : cvt<S>(gv.v[k]);
+                dk[k] = fma(cvt<S>(xv.v[k]) - mean[k], g, dk[k]);
+                gk[k] += g;
             }
+        }
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            dot[k] = (double)dk[k];
+            sum_dy[k] = (double)gk[k];
         }
     }
     column_sums<N>(dot, sum_dy, partial, c);
@@ -224,7 +239,7 @@ __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsig
 #define NHWC_KERNELS(T, S, SUFFIX, N)                                                            \
     extern "C" __global__ void bn_nhwc_moments_partial_##SUFFIX(const T* x, double* partial,     \
                                                                 long long rows, int c) {         \
-        moments_partial<T, N>(x, partial, rows, c);                                              \
+        moments_partial<T, S, N>(x, partial, rows, c);                                           \
     }                                                                                            \
     extern "C" __global__ void bn_nhwc_grad_sums_partial_##SUFFIX(                               \
         const T* x, const T* dy, const S* table, double* partial, long long rows, int c,         \
