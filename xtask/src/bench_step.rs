@@ -85,7 +85,9 @@ pub struct BenchStepArgs {
     #[arg(long, default_value = "fp32")]
     precision: String,
     /// PyTorch configurations to time, each in the same call: `eager` (NCHW), `channels-last`,
-    /// `compile` (channels-last under `torch.compile(mode="reduce-overhead")`)
+    /// `compile` (channels-last under `torch.compile(mode="reduce-overhead")`, each phase
+    /// synchronised and timed), `compile-pipelined` (the same with the steps back to back and
+    /// the fused SGD: a compiled training loop's speed)
     #[arg(long, value_delimiter = ',', default_value = "eager")]
     anchors: Vec<AnchorConfig>,
 }
@@ -96,6 +98,9 @@ pub enum AnchorConfig {
     Eager,
     ChannelsLast,
     Compile,
+    /// `compile` with the steps back to back (no synchronisation between phases) and the
+    /// fused SGD: what a compiled training loop runs at.
+    CompilePipelined,
 }
 
 impl AnchorConfig {
@@ -104,6 +109,7 @@ impl AnchorConfig {
             AnchorConfig::Eager => &[],
             AnchorConfig::ChannelsLast => &["--channels-last"],
             AnchorConfig::Compile => &["--channels-last", "--compile"],
+            AnchorConfig::CompilePipelined => &["--channels-last", "--compile", "--pipelined"],
         }
     }
 
@@ -112,6 +118,7 @@ impl AnchorConfig {
             AnchorConfig::Eager => "pytorch",
             AnchorConfig::ChannelsLast => "pt-nhwc",
             AnchorConfig::Compile => "pt-comp",
+            AnchorConfig::CompilePipelined => "pt-loop",
         }
     }
 }
@@ -434,13 +441,14 @@ fn measure_torch(
     let json: serde_json::Value = serde_json::from_str(line.trim().lines().last().unwrap_or(""))
         .with_context(|| format!("PyTorch anchor printed no JSON: {line}"))?;
     println!(
-        "anchor {}: torch {} with {} threads, autocast {}, channels-last {}, compile {}{}",
+        "anchor {}: torch {} with {} threads, autocast {}, channels-last {}, compile {}, pipelined {}{}",
         config.name(),
         json["torch"],
         json["threads"],
         json["amp"],
         json["channels_last"],
         json["compile"],
+        json["pipelined"],
         match (
             json["tf32_convolutions"].as_bool(),
             json["tf32_matmul"].as_bool()
