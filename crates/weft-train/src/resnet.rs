@@ -240,10 +240,19 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             let micro = (args.micro_batches, lr);
             // While the device runs this step: the next batch, and the last step's report.
             let mut reported = Ok(());
-            let outcome = trainer.step_micro_batches_then(&images, &labels, micro, &mut || {
+            let stepped = trainer.step_micro_batches_then(&images, &labels, micro, &mut || {
                 next = fetch(&mut loader);
                 reported = reports.make(run.writer.as_mut(), &mut progress);
-            })?;
+            });
+            let outcome = match stepped {
+                Ok(outcome) => outcome,
+                Err(failure) => {
+                    // The last step's line still reaches metrics.jsonl (the step's own error
+                    // is the one reported).
+                    let _ = reports.make(run.writer.as_mut(), &mut progress);
+                    return Err(failure.into());
+                }
+            };
             reported?;
             let seconds = period.elapsed().as_secs_f64();
             period = Instant::now();

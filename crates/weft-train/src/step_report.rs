@@ -55,3 +55,47 @@ impl DeferredReports {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(step: usize, loss: f64) -> StepReport {
+        StepReport {
+            line: StepMetrics {
+                step,
+                epoch: 0,
+                loss,
+                lr: 0.1,
+                images_per_sec: 1.0,
+                comm_hidden: None,
+                grad_norm: None,
+                loss_scale: None,
+            },
+            skipped: false,
+        }
+    }
+
+    #[test]
+    fn a_step_is_reported_when_the_next_one_is_held_or_at_a_make() {
+        let mut progress = Progress::new(4, true, false);
+        let mut reports = DeferredReports::new(DivergenceGuard::new(false, 0));
+        reports.make(None, &mut progress).unwrap();
+        reports.hold(report(0, 2.0), None, &mut progress).unwrap();
+        // Holding step 2 makes step 1's report: its divergence surfaces then, naming step 1.
+        reports
+            .hold(report(1, f64::NAN), None, &mut progress)
+            .unwrap();
+        let err = reports
+            .hold(report(2, 2.0), None, &mut progress)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("step 1:"), "{err}");
+        reports
+            .hold(report(3, f64::INFINITY), None, &mut progress)
+            .unwrap();
+        let err = reports.make(None, &mut progress).unwrap_err().to_string();
+        assert!(err.starts_with("step 3:"), "{err}");
+        reports.make(None, &mut progress).unwrap();
+    }
+}
