@@ -8,7 +8,8 @@
 //! torchrun's or Slurm's ids when unset: [`launcher`]), `WEFT_STORE_PORT` (default
 //! `MASTER_PORT`, or `MASTER_PORT + 1` under torchrun), `WEFT_JOB_ID` (defaults to
 //! `SLURM_JOB_ID` or `port<store port>`), `WEFT_TIMEOUT`, `WEFT_STORE_BIND_ADDR` (where rank 0's
-//! store listens; default `127.0.0.1`).
+//! store listens; default `127.0.0.1`). NCCL only: `WEFT_NCCL_HIGH_PRIORITY=1` (the
+//! communication stream at the device's highest priority, PyTorch's `TORCH_NCCL_HIGH_PRIORITY`).
 
 use std::time::Duration;
 
@@ -22,6 +23,21 @@ pub use launcher::{JOB_TOKEN_VAR, STORE_PORT_VAR};
 pub const JOB_ID_VAR: &str = "WEFT_JOB_ID";
 /// Variable with the address rank 0's store listens on.
 pub const STORE_BIND_VAR: &str = "WEFT_STORE_BIND_ADDR";
+/// Variable asking for NCCL's communication stream at the highest priority.
+pub const NCCL_HIGH_PRIORITY_VAR: &str = "WEFT_NCCL_HIGH_PRIORITY";
+
+/// Whether `WEFT_NCCL_HIGH_PRIORITY` (read through `lookup`) asks for a high-priority
+/// communication stream: `1`/`true` yes, `0`/`false`/unset no, anything else an error naming it.
+pub fn nccl_high_priority(lookup: impl Fn(&str) -> Option<String>) -> Result<bool> {
+    match lookup(NCCL_HIGH_PRIORITY_VAR).as_deref().map(str::trim) {
+        None | Some("" | "0" | "false") => Ok(false),
+        Some("1" | "true") => Ok(true),
+        Some(other) => Err(CommError::Env {
+            var: NCCL_HIGH_PRIORITY_VAR,
+            reason: format!("{other:?} is not 0, 1, true or false"),
+        }),
+    }
+}
 
 /// Everything a rank needs to join its job.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -181,3 +181,22 @@ fn without_a_token_or_a_launcher_identity_the_error_names_the_variable() {
     );
     assert_eq!(err.lines().count(), 1);
 }
+
+#[test]
+fn the_nccl_stream_priority_is_read_and_a_bad_value_named() {
+    let read = |value: Option<&str>| {
+        let pairs: Vec<(&str, &str)> = value
+            .map(|v| vec![(NCCL_HIGH_PRIORITY_VAR, v)])
+            .unwrap_or_default();
+        nccl_high_priority(lookup(&pairs))
+    };
+    assert!(!read(None).unwrap());
+    assert!(!read(Some("0")).unwrap());
+    assert!(read(Some("1")).unwrap());
+    assert!(read(Some(" true")).unwrap());
+    let err = read(Some("yes")).unwrap_err();
+    assert!(
+        matches!(&err, CommError::Env { var, .. } if *var == NCCL_HIGH_PRIORITY_VAR),
+        "{err}"
+    );
+}

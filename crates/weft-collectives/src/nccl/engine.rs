@@ -118,12 +118,15 @@ impl Engine {
         init: Init,
         context: Arc<CudaContext>,
         (rank, world_size): (usize, usize),
-        timeout: Duration,
+        (timeout, high_priority): (Duration, bool),
         watchdog: impl FnOnce(Arc<CommHandle>, Arc<Health>, Receiver<InFlight>) -> Watchdog,
     ) -> Result<Self> {
-        let stream = context
-            .new_stream()
-            .map_err(|e| driver("new_stream", rank, e))?;
+        let stream = match high_priority {
+            true => cudarc::driver::result::stream::get_priority_range()
+                .and_then(|(_, highest)| context.new_stream_with_priority(highest)),
+            false => context.new_stream(),
+        }
+        .map_err(|e| driver("new_stream", rank, e))?;
         let (task_tx, task_rx) = channel::<Task>();
         let (flight_tx, flight_rx) = channel::<InFlight>();
         let (ready_tx, ready_rx) = channel::<Result<Arc<CommHandle>>>();

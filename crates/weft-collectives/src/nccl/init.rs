@@ -58,6 +58,7 @@ pub fn init_nccl(env: &LaunchEnv, compute: Arc<CudaStream>) -> Result<NcclCommun
     let liveness = Liveness::start(store.clone(), env.rank, peers, Timing::default())?;
     let config = NcclConfig {
         timeout: env.timeout,
+        high_priority_stream: crate::env::nccl_high_priority(|name| std::env::var(name).ok())?,
     };
     let mut comm = NcclCommunicator::start(
         Init::New { id },

@@ -42,12 +42,17 @@ pub use init::init_nccl;
 pub struct NcclConfig {
     /// Longest time an operation may take before the watchdog aborts the communicator.
     pub timeout: Duration,
+    /// The communication stream at the device's highest priority, so that its kernels take
+    /// the SMs the compute stream's kernels free before the compute stream's next ones do
+    /// (in a CUDA graph too, whose instantiation honours node priorities).
+    pub high_priority_stream: bool,
 }
 
 impl Default for NcclConfig {
     fn default() -> Self {
         Self {
             timeout: crate::shm::DEFAULT_TIMEOUT,
+            high_priority_stream: false,
         }
     }
 }
@@ -88,7 +93,7 @@ impl NcclCommunicator {
             init,
             context,
             (rank, world_size),
-            config.timeout,
+            (config.timeout, config.high_priority_stream),
             move |comm, health, flights| Watchdog {
                 comm,
                 context: watch_context,

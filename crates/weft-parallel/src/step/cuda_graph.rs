@@ -225,7 +225,9 @@ fn capture(
     trainer.synchronized_timings = synchronized;
     trainer.memory = tracker;
     // The capture ends whatever happened, so that the stream is usable again.
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    // Node priorities honoured: NCCL's kernels keep their stream's (see `NcclConfig`).
+    let graph =
+        stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY);
     // Errors recorded by cudarc while capturing (e.g. an invalidated capture) are this
     // capture's; clear them so that later eager work does not report them.
     let recorded = stream.context().check_err();
