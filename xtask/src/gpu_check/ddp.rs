@@ -4,7 +4,8 @@
 //! forward; the tensor SGD), each rank on its share of the global batch, against one process
 //! training on the whole batch. BatchNorm uses either its running statistics (evaluation mode)
 //! or the global batch's (SyncBatchNorm, training mode), so the two runs differ only in the
-//! order of floating-point sums. Rank 0 prints the rows.
+//! order of floating-point sums: so do each step's loss summed over the ranks inside the step
+//! and the one process's loss. Rank 0 prints the rows.
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use weft_optim::{ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::ddp::BucketPlan;
 use weft_parallel::{init_for_device, TensorCollectives};
 use weft_parallel::{DdpConfig, Trainer};
+use weft_precision::{DynamicLossScaler, ScalerConfig};
 use weft_tensor::{BlockModel, Checkpointing, Mode};
 use weft_train::parallelize::{self, ResNetParallelism};
 
@@ -103,21 +105,22 @@ pub fn run_rank() -> Result<()> {
     #[cfg(feature = "cudnn")]
     weft_tensor::ops::set_allow_tf32(false);
     let comm: Arc<dyn Communicator> = Arc::from(init_for_device(&device)?);
-    // (SyncBatchNorm, CUDA graph, ZeRO stage, optimizer offloaded to the host)
+    // (SyncBatchNorm, CUDA graph, loss scaler, ZeRO stage, optimizer offloaded to the host)
     let scenarios = [
-        (false, false, 0, false),
-        (true, false, 0, false),
-        (false, true, 0, false),
-        (false, false, 1, false),
-        (false, false, 2, false),
-        (false, false, 1, true),
-        (false, false, 2, true),
-        (false, false, 3, false),
-        (true, false, 3, false),
-        (false, false, 3, true),
+        (false, false, false, 0, false),
+        (true, false, false, 0, false),
+        (false, true, false, 0, false),
+        (false, true, true, 0, false),
+        (false, false, false, 1, false),
+        (false, false, false, 2, false),
+        (false, false, false, 1, true),
+        (false, false, false, 2, true),
+        (false, false, false, 3, false),
+        (true, false, false, 3, false),
+        (false, false, false, 3, true),
     ];
-    for (sync_bn, graph, zero, offload) in scenarios {
-        scenario(&comm, &device, (sync_bn, graph), (zero, offload))?;
+    for (sync_bn, graph, scaled, zero, offload) in scenarios {
+        scenario(&comm, &device, (sync_bn, graph, scaled), (zero, offload))?;
     }
     zero::zero2_gradients(&comm, &device)?;
     zero::zero3_built_as_shards(&comm, &device)?;
@@ -157,21 +160,28 @@ fn results_in_flight(comm: &Arc<dyn Communicator>, device: &Device) -> Result<()
 }
 
 /// DDP (ZeRO stage `zero` over it, each rank's optimizer shard stepped on the host with
-/// `offload`) on every rank (replaying its step from a CUDA graph with `graph`) against one
-/// process on rank 0's GPU; rank 0 prints two rows.
+/// `offload`) on every rank (replaying its step from a CUDA graph with `graph`, both runs with
+/// a dynamic loss scaler with `scaled`) against one process on rank 0's GPU; rank 0 prints
+/// the rows.
 fn scenario(
     comm: &Arc<dyn Communicator>,
     device: &Device,
-    (sync_bn, graph): (bool, bool),
+    (sync_bn, graph, scaled): (bool, bool, bool),
     (zero, offload): (u8, bool),
 ) -> Result<()> {
+    let with_scaler = |t: Trainer| -> Result<Trainer> {
+        Ok(match scaled {
+            true => t.with_loss_scaler(DynamicLossScaler::new(ScalerConfig::default())?),
+            false => t,
+        })
+    };
     // Two eager warm-up steps, the captured one, then replays.
     let steps = if graph { 6 } else { STEPS };
     let (rank, world) = (comm.rank(), comm.world_size());
     let mode = if sync_bn { Mode::TRAIN } else { Mode::EVAL };
     // Another initialisation on every other rank: DDP must overwrite it with rank 0's.
     let optimizer_device = if offload { &Device::Cpu } else { device };
-    let ddp = trainer(1 + rank as u64, device, mode, optimizer_device)?;
+    let ddp = with_scaler(trainer(1 + rank as u64, device, mode, optimizer_device)?)?;
     let plan = ResNetParallelism {
         sync_bn,
         zero,
@@ -190,12 +200,16 @@ fn scenario(
         .len();
     let mut ddp = parallelize::resnet(ddp, Some(comm), &plan)?;
     let mut replayed = 0;
+    // Each step's mean loss over the job, as summed over the ranks inside the step.
+    let mut summed_losses = Vec::with_capacity(steps);
     for step in 0..steps {
         let (x, y) = batch(PER_RANK * world, step, device)?;
         let mine = |t: &Tensor| t.narrow(0, rank * PER_RANK, PER_RANK);
         // Static shapes for the graph: copies of this rank's rows.
         let outcome = ddp.step(&mine(&x)?.copy()?, &mine(&y)?.copy()?, 1e-3)?;
         replayed += usize::from(outcome.graphed);
+        let sums = outcome.replicas_loss_sum();
+        summed_losses.push(sums.map_or(f64::NAN, |[loss, samples]| loss / samples));
     }
     // ZeRO-2 and -3 keep their shard of the gradients only.
     let gradient_bytes = ddp.model_state_bytes().gradients;
@@ -222,17 +236,25 @@ fn scenario(
         .flatten_all()?
         .to_vec1::<f64>()?[0];
     if rank == 0 {
-        let mut single = trainer(1, device, mode, device)?;
-        for step in 0..steps {
+        let mut single = with_scaler(trainer(1, device, mode, device)?)?;
+        let mut loss_error = 0f64;
+        for (step, summed) in summed_losses.iter().enumerate() {
             let (x, y) = batch(PER_RANK * world, step, device)?;
-            single.step(&x, &y, 1e-3)?;
+            let loss = single.step(&x, &y, 1e-3)?.loss;
+            let error = match summed.is_nan() {
+                // No sum reported fails the row.
+                true => f64::INFINITY,
+                false => ((summed - loss) / loss).abs(),
+            };
+            loss_error = loss_error.max(error);
         }
         let expected = parameters(&mut single)?;
         let mut error = max_abs(&(&trained - &expected)?)? / max_abs(&expected)?;
-        let what = match (sync_bn, graph) {
-            (true, _) => "SyncBatchNorm, training mode",
-            (false, false) => "BatchNorm in eval mode",
-            (false, true) => "CUDA graph, eval-mode BatchNorm",
+        let what = match (sync_bn, graph, scaled) {
+            (true, _, _) => "SyncBatchNorm, training mode",
+            (false, false, _) => "BatchNorm in eval mode",
+            (false, true, false) => "CUDA graph, eval-mode BatchNorm",
+            (false, true, true) => "CUDA graph, eval-mode BatchNorm, loss scaler",
         };
         if graph && replayed < steps - 3 {
             println!("gpu-check-ddp: only {replayed} of {steps} steps were replayed");
@@ -247,6 +269,7 @@ fn scenario(
             "{ROW}\t{strategy} {world} GPUs = 1 GPU, {what}, {buckets} buckets\t{error:e}\t1e-9"
         );
         println!("{ROW}\t{strategy} {world} GPUs, {what}: replicas identical\t{spread:e}\t0");
+        println!("{ROW}\t{strategy} {world} GPUs, {what}: loss summed over the ranks in the step = 1 GPU's\t{loss_error:e}\t1e-9");
         if zero >= 2 {
             let excess = gradient_bytes.abs_diff(shard_of_gradients) as f64;
             println!("{ROW}\t{strategy} {world} GPUs: gradient bytes = the shard ({shard_of_gradients})\t{excess:e}\t0");
