@@ -10,7 +10,7 @@ use weft_data::{pixels_to_float, Batch, BatchImages, DataLoader, Dataset, Loader
 use weft_models::{resnet, ResNetConfig};
 use weft_parallel::zero::ShardLayout;
 use weft_parallel::{StepOutcome, Trainer};
-use weft_tensor::flat::HostStaging;
+use weft_tensor::flat::BatchUpload;
 use weft_tensor::sharded_init::ShardedInit;
 use weft_tensor::{timeline, BlockModel};
 
@@ -54,16 +54,16 @@ pub(crate) fn loader_workers(args: &TrainArgs) -> usize {
     })
 }
 
-/// Reused host memory a batch's images go up through: pinned on a GPU.
+/// Reused staging a batch's images go up through: pinned memory and a copy stream on a GPU.
 #[derive(Default)]
 pub(crate) struct BatchStaging {
-    floats: HostStaging<f32>,
-    pixels: HostStaging<u8>,
+    floats: BatchUpload<f32>,
+    pixels: BatchUpload<u8>,
 }
 
 /// `batch`'s images (`[N, C, H, W]`, `dtype`) and labels (u32 `[N]`) on `device`; on a GPU
-/// the images go through `staging`'s pinned memory, a copy queued at the bus's speed without
-/// the host waiting for the device. Pixels handed over as bytes are converted and normalised
+/// the images go through `staging`'s pinned memory, copied on a stream of their own while the
+/// device computes, without the host waiting for the device. Pixels handed over as bytes are converted and normalised
 /// there, into channels-last order when `channels_last` (else contiguous NCHW).
 pub(crate) fn upload_batch(
     batch: &Batch,
@@ -74,12 +74,12 @@ pub(crate) fn upload_batch(
     let images = match &batch.images {
         BatchImages::Float(values) => staging
             .floats
-            .upload_slice(values, device)?
+            .upload(values, device)?
             .reshape(&batch.shape[..])?
             .to_dtype(dtype)?,
         BatchImages::Pixels { data, normalize } => {
             let [n, c, h, w] = batch.shape;
-            let pixels = staging.pixels.upload_slice(data, device)?;
+            let pixels = staging.pixels.upload(data, device)?;
             let images =
                 pixels_to_float(&pixels.reshape((n, h, w, c))?, normalize.as_ref(), dtype)?;
             match channels_last {

@@ -226,6 +226,11 @@ pub fn run() -> Result<()> {
         });
     }
     checks.push(Check {
+        name: "batches uploaded on a copy stream while the device computes".into(),
+        error: single_ops::compare_batch_uploads(&gpu)?,
+        tolerance: 0.0,
+    });
+    checks.push(Check {
         name: "blend_into (running statistics)".into(),
         error: compare_blend(&gpu, DType::F32)?,
         tolerance: 1e-6,

@@ -240,6 +240,27 @@ pub(super) fn compare_pixels(gpu: &Device, dtype: DType) -> Result<f64> {
     relative_error(&cpu, &on_gpu.to_device(&Device::Cpu)?)
 }
 
+/// Batches uploaded one after another through one `BatchUpload`, each behind a matmul that
+/// keeps the compute stream busy while the copy stream runs, one of another length between
+/// them: the share of batches that did not arrive exactly as sent (0 when all did).
+pub(super) fn compare_batch_uploads(gpu: &Device) -> Result<f64> {
+    let busy = Tensor::randn(0f32, 1.0, (2048, 2048), gpu)?;
+    let mut upload = weft_tensor::flat::BatchUpload::<u8>::default();
+    let lens = [1 << 20, 1 << 20, 3 << 18, 1 << 20, 1 << 20];
+    let mut sent = Vec::new();
+    for (i, len) in lens.into_iter().enumerate() {
+        drop(busy.matmul(&busy)?);
+        let values: Vec<u8> = (0..len).map(|j| ((j * 7 + i * 13) % 251) as u8).collect();
+        let on_gpu = upload.upload(&values, gpu)?;
+        sent.push((values, on_gpu));
+    }
+    let wrong = sent
+        .iter()
+        .map(|(values, on_gpu)| Ok(on_gpu.to_vec1::<u8>()? != *values))
+        .collect::<Result<Vec<bool>>>()?;
+    Ok(wrong.iter().filter(|w| **w).count() as f64 / lens.len() as f64)
+}
+
 pub(super) fn relative_error(reference: &Tensor, other: &Tensor) -> Result<f64> {
     let a: Vec<f64> = reference.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;
     let b: Vec<f64> = other.flatten_all()?.to_dtype(DType::F64)?.to_vec1()?;

@@ -4,7 +4,8 @@
 //! speed (a pageable copy goes through the driver's bounce buffers at a fraction of it, and
 //! a fresh host allocation each step pays its page faults again). An upload does not wait for
 //! the device: the host writes the memory again once the device has read it (the previous
-//! copy's event), so a trainer uploads its next batch while the device computes. For tensors
+//! copy's event). (A trainer's batches go up through [`super::BatchUpload`], whose copy also
+//! overlaps the device's work.) For tensors
 //! on the CPU it is a reused `Vec`.
 
 use std::ops::Range;
@@ -208,7 +209,7 @@ impl<T: StagingElement> HostStaging<T> {
 /// `dst.copy_from_slice(src)` split over the host's threads (a copy of a few hundred MB is
 /// bound by one core's bandwidth otherwise).
 #[cfg(feature = "cuda")]
-fn parallel_copy<T: Copy + Send + Sync>(src: &[T], dst: &mut [T]) {
+pub(super) fn parallel_copy<T: Copy + Send + Sync>(src: &[T], dst: &mut [T]) {
     const MIN_CHUNK: usize = 1 << 20;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunk = src.len().div_ceil(threads).max(MIN_CHUNK);

@@ -18,10 +18,12 @@ use candle_core::{DType, Device, Tensor};
 use crate::error::{Result, TensorError};
 use crate::params::{EntryId, ParamStore};
 
+mod batch_upload;
 mod host_staging;
 mod host_update;
 mod ranges;
 
+pub use batch_upload::BatchUpload;
 pub use host_staging::{HostStaging, StagingElement};
 pub use host_update::{update_with_slice, zip_update, HostElement};
 
