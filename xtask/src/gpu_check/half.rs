@@ -86,7 +86,13 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
         });
         checks.push(Check {
             name: format!("{dtype:?} graph-free conv2d 1x1/2 (NHWC)"),
-            error: graph_free_conv(gpu, dtype)?,
+            error: graph_free_conv(gpu, dtype, ONE_BY_ONE)?,
+            tolerance,
+        });
+        // The filter transposed into KRSC (forward, input gradient) and its gradient back.
+        checks.push(Check {
+            name: format!("{dtype:?} graph-free conv2d 3x3/1 (NHWC, filters transposed)"),
+            error: graph_free_conv(gpu, dtype, THREE_BY_THREE)?,
             tolerance,
         });
         checks.push(Check {
@@ -129,13 +135,16 @@ fn worst(cpu: &[Tensor], gpu: &[Tensor]) -> Result<f64> {
         .try_fold(0f64, |m, (a, b)| Ok(m.max(relative_error(a, b)?)))
 }
 
+/// A convolution's input, filter and output-gradient shapes, stride and padding.
+type ConvCase = ([usize; 4], [usize; 4], [usize; 4], usize, usize);
+const ONE_BY_ONE: ConvCase = ([4, 256, 14, 14], [512, 256, 1, 1], [4, 512, 7, 7], 2, 0);
+const THREE_BY_THREE: ConvCase = ([4, 64, 14, 14], [96, 64, 3, 3], [4, 96, 14, 14], 1, 1);
+
 /// The graph-free forward and backward of a convolution (through NHWC on the GPU): output,
 /// input and weight gradients.
-fn graph_free_conv(gpu: &Device, dtype: DType) -> Result<f64> {
-    let t = inputs(
-        dtype,
-        &[&[4, 256, 14, 14], &[512, 256, 1, 1], &[4, 512, 7, 7]],
-    )?;
+fn graph_free_conv(gpu: &Device, dtype: DType, case: ConvCase) -> Result<f64> {
+    let (x_dims, w_dims, dy_dims, stride, padding) = case;
+    let t = inputs(dtype, &[&x_dims, &w_dims, &dy_dims])?;
     let run = |device: &Device| -> Result<Vec<Tensor>> {
         let (x, w, dy) = (
             t[0].to_device(device)?,
@@ -143,8 +152,10 @@ fn graph_free_conv(gpu: &Device, dtype: DType) -> Result<f64> {
             t[2].to_device(device)?,
         );
         ops::set_conv_nhwc(true);
-        let passes = ops::conv2d_forward(&x, &w, 2, 0)
-            .and_then(|y| Ok((y, ops::conv2d_backward(&x, &w, &dy, 2, 0, true)?)));
+        let passes = ops::conv2d_forward(&x, &w, stride, padding).and_then(|y| {
+            let grads = ops::conv2d_backward(&x, &w, &dy, stride, padding, true)?;
+            Ok((y, grads))
+        });
         ops::set_conv_nhwc(false);
         let (y, (dx, dw)) = passes?;
         [y, dx.expect("asked for"), dw]

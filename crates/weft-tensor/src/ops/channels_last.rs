@@ -21,13 +21,52 @@ pub fn to_channels_last(t: &Tensor) -> Result<Tensor> {
     if is_channels_last(t) {
         return Ok(t.clone());
     }
-    t.permute((0, 2, 3, 1))?.contiguous()?.permute((0, 3, 1, 2))
+    from_nhwc(&nhwc(t)?)
 }
 
 /// The `N x H x W x C` contiguous tensor of `t`'s values: a view of a channels-last `t`, a
-/// copy otherwise.
+/// copy otherwise (on a GPU, of a contiguous `t`, a tiled transpose).
 pub(crate) fn nhwc(t: &Tensor) -> Result<Tensor> {
-    t.permute((0, 2, 3, 1))?.contiguous()
+    let view = t.permute((0, 2, 3, 1))?;
+    if view.is_contiguous() {
+        // Channels-last, or one channel or pixel (a 1 x 1 filter): nothing to move.
+        return Ok(view);
+    }
+    #[cfg(feature = "cuda")]
+    if let &[n, c, h, w] = t.dims() {
+        if let Some(swapped) = swap_on_gpu(t, (n, c, h * w))? {
+            return swapped.reshape((n, h, w, c));
+        }
+    }
+    view.contiguous()
+}
+
+/// The contiguous `N x C x H x W` tensor of the contiguous `N x H x W x C` `nhwc` (on a GPU a
+/// tiled transpose).
+#[cfg(feature = "cudnn")]
+pub(crate) fn nchw_from_nhwc(nhwc: &Tensor) -> Result<Tensor> {
+    let view = nhwc.permute((0, 3, 1, 2))?;
+    if view.is_contiguous() {
+        return Ok(view);
+    }
+    if let &[n, h, w, c] = nhwc.dims() {
+        if let Some(swapped) = swap_on_gpu(nhwc, (n, h * w, c))? {
+            return swapped.reshape((n, c, h, w));
+        }
+    }
+    view.contiguous()
+}
+
+/// `t` viewed as `[batch, rows, cols]` with its last two dimensions swapped by the batched
+/// transpose kernel, when `t` is contiguous on a GPU and within the kernel's grid; `None`
+/// otherwise.
+#[cfg(feature = "cuda")]
+fn swap_on_gpu(t: &Tensor, (batch, rows, cols): (usize, usize, usize)) -> Result<Option<Tensor>> {
+    use super::transpose_cuda::{fits, transpose_batched};
+    if !t.device().is_cuda() || !t.is_contiguous() || !fits(batch, rows, cols) {
+        return Ok(None);
+    }
+    Ok(Some(transpose_batched(&t.reshape((batch, rows, cols))?)?))
 }
 
 /// The channels-last `N x C x H x W` view of a contiguous `N x H x W x C` tensor.

@@ -7,7 +7,7 @@
 
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::channels_last::{from_nhwc, is_channels_last, nhwc};
+use super::channels_last::{from_nhwc, is_channels_last, nchw_from_nhwc, nhwc};
 use super::conv_cpu::ConvProblem;
 use super::conv_cudnn::{cudnn_conv, CudnnPass};
 
@@ -52,7 +52,7 @@ impl CustomOp2 for NhwcPass {
 }
 
 /// One pass on `a` and `b` in NHWC; the result viewed channels-last when `channels_last`,
-/// copied into NCHW otherwise.
+/// transposed into contiguous NCHW otherwise.
 fn run(
     pass: CudnnPass,
     problem: ConvProblem,
@@ -65,10 +65,10 @@ fn run(
         problem,
         out: Shape::from(&out[..]),
     };
-    let result = from_nhwc(&nhwc(a)?.apply_op2_no_bwd(&nhwc(b)?, &op)?)?;
+    let result = nhwc(a)?.apply_op2_no_bwd(&nhwc(b)?, &op)?;
     match channels_last {
-        true => Ok(result),
-        false => result.contiguous(),
+        true => from_nhwc(&result),
+        false => nchw_from_nhwc(&result),
     }
 }
 

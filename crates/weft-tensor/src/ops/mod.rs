@@ -103,6 +103,8 @@ mod running_average;
 mod running_average_cuda;
 mod scratch;
 mod storage;
+#[cfg(feature = "cuda")]
+mod transpose_cuda;
 mod unscale;
 #[cfg(feature = "cuda")]
 mod unscale_cuda;
