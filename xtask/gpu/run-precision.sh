@@ -8,8 +8,12 @@
 #   bench    bench-step ResNet-50 batch 128 at 224x224, bf16-mixed, beside PyTorch autocast(bf16)
 #            NCHW eager, channels-last eager and channels-last torch.compile, in one call
 #   weft     bench-step, weft alone: fp16-mixed and fp32 at batch 128 (the ratios)
-#   cl       bench-step --channels-last: bf16-mixed beside PyTorch channels-last AMP eager, then
-#            fp16-mixed and fp32 alone
+#   cl       bench-step --channels-last: bf16-mixed beside PyTorch channels-last AMP eager, under
+#            torch.compile, and compiled as a training loop (fused SGD, no syncs between phases),
+#            then fp16-mixed and fp32 alone
+#   trainer  the trainer on one GPU (bench-ddp --world-sizes 1, channels-last, its CUDA graph),
+#            bf16-mixed batch 128 and fp32 batch 32, beside bench-step's step for the same case,
+#            and where each trainer step goes (step_spans.py)
 #   eager    bench-step bf16-mixed batch 128 issued eagerly (no CUDA graph), weft alone
 #   train    train-resnet --precision bf16-mixed and fp16-mixed on the GPU (resnet20, synthetic)
 #   profile  Nsight Compute over two eager bf16 steps, by kind of kernel (PROFILE_ARGS adds flags,
@@ -46,8 +50,8 @@ fi
 
 if want cl; then
   echo "== bench-step ResNet-50 batch 128 channels-last, bf16-mixed, beside PyTorch channels-last AMP"
-  timeout 300 "$X" bench-step $MODEL --steps 10 --warmup 4 --precision bf16-mixed --channels-last \
-    --anchors channels-last 2>&1 | grep -v Warning | tee "$OUT/bench-cl-bf16.txt"
+  timeout 400 "$X" bench-step $MODEL --steps 20 --warmup 4 --precision bf16-mixed --channels-last \
+    --anchors channels-last,compile,compile-pipelined 2>&1 | grep -v Warning | tee "$OUT/bench-cl-bf16.txt"
   for precision in fp16-mixed fp32; do
     echo "== bench-step ResNet-50 batch 128 channels-last, $precision, weft alone"
     timeout 200 "$X" bench-step $MODEL --steps 10 --warmup 4 --precision $precision --channels-last \
@@ -67,6 +71,21 @@ if want eager; then
   echo "== bench-step ResNet-50 batch 128, bf16-mixed, eager"
   RUST_BACKTRACE=1 timeout 200 "$X" bench-step $MODEL --steps 10 --warmup 4 --precision bf16-mixed \
     --no-anchor --cuda-graph false 2>&1 | tee "$OUT/bench-bf16-eager.txt" | head -20
+fi
+
+if want trainer; then
+  for run in "bf16-mixed 128" "fp32 32"; do
+    set -- $run
+    echo "== the trainer on one GPU against bench-step, $1 batch $2"
+    rm -rf target/bench-runs/bench-ddp-1gpu-*
+    timeout 150 "$X" bench-step ${MODEL/--batch-size 128/--batch-size $2} --channels-last --steps 30 \
+      --warmup 5 --precision $1 --no-anchor 2>&1 | grep images/s
+    timeout 200 "$X" bench-ddp ${MODEL/--batch-size 128/--batch-size $2} --channels-last --cuda-graph true \
+      --world-sizes 1 --steps 40 --warmup 10 --precision $1 --no-anchor 2>&1 | grep -E "^weft|epoch 0"
+    for run_dir in target/bench-runs/bench-ddp-1gpu-*; do
+      python3 "$B/python/step_spans.py" "$run_dir/trace.json" | tail -1
+    done
+  done
 fi
 
 if want train; then
