@@ -109,20 +109,25 @@ mod gpu {
             if let Some(copied) = self.copied.take() {
                 copied.synchronize().map_err(driver)?;
             }
-            if self.pinned.as_ref().is_none_or(|p| p.len() != len) {
-                // Plain page-locked memory; written by the host before every copy.
-                let context = self.compute.context();
-                let pinned = unsafe { context.alloc_pinned_with_flags::<T>(len, 0) };
-                self.pinned = Some(pinned.map_err(driver)?);
-            }
-            if self.device.as_ref().is_none_or(|d| d.len() != len) {
-                // SAFETY: written by the copy below before it is read.
-                self.device = Some(unsafe { self.compute.alloc::<T>(len) }.map_err(driver)?);
-                // Allocated in the compute stream's order: the copy stream waits for that.
-                self.released = Some(self.compute.record_event(None).map_err(driver)?);
-            }
-            let (Some(pinned), Some(device)) = (self.pinned.as_mut(), self.device.as_mut()) else {
-                unreachable!("both allocated above");
+            let pinned = match &mut self.pinned {
+                Some(pinned) if pinned.len() == len => pinned,
+                slot => {
+                    // Plain page-locked memory. SAFETY: written by the host before every copy
+                    // that reads it.
+                    let context = self.compute.context();
+                    let pinned = unsafe { context.alloc_pinned_with_flags::<T>(len, 0) };
+                    slot.insert(pinned.map_err(driver)?)
+                }
+            };
+            let device = match &mut self.device {
+                Some(device) if device.len() == len => device,
+                slot => {
+                    // SAFETY: written by the copy below before it is read.
+                    let device = unsafe { self.compute.alloc::<T>(len) }.map_err(driver)?;
+                    // Allocated in the compute stream's order: the copy stream waits for that.
+                    self.released = Some(self.compute.record_event(None).map_err(driver)?);
+                    slot.insert(device)
+                }
             };
             super::super::host_staging::parallel_copy(
                 values,
