@@ -9,9 +9,10 @@
 #         memory-plan's prediction for each; PyTorch on one GPU, DDP and FSDP2 on two
 #   tp    GPT-2 large, 4 x 1024 tokens (TP_BATCH sequences when set): weft and PyTorch on one
 #         GPU and with TP = 2
-#   pp    GPT-2 small (PP_MODEL=gpt2-medium: 24 layers, finer half-layer cuts), 16 x 1024
-#         tokens, PP = 2 with 1F1B over M = 2, 4, 8, 16 (PP_MICRO) micro-batches: weft (stages
-#         balanced by measured time) with each stage's bubble and cut, and PyTorch's Schedule1F1B
+#   pp    GPT-2 small (PP_MODEL=gpt2-medium or gpt2-large: 24 or 36 layers, finer half-layer
+#         cuts), 16 x 1024 tokens, PP = 2 with 1F1B over M = 2, 4, 8, 16 (PP_MICRO) micro-batches:
+#         weft (stages balanced by measured time) with each stage's bubble and cut, and PyTorch's
+#         Schedule1F1B
 #   nccl  GPT-2 small ZeRO-3 on two GPUs with NCCL's split communicators sharing their
 #         parent's resources or not (NCCL_COMM_SPLIT_SHARE_RESOURCES): NCCL's share of memory
 #   ddp   ResNet-50 bench-ddp, 10 warm-up and 40 timed steps: fp32 batch 32, bf16-mixed
@@ -127,7 +128,8 @@ if want pp; then
   case $PP_MODEL in
     gpt2) SHAPE=$GPT2 ;;
     gpt2-medium) SHAPE="--vocab 50257 --context 1024 --width 1024 --layers 24 --heads 16 --seq-len 1024" ;;
-    *) echo "PP_MODEL=$PP_MODEL: gpt2 or gpt2-medium"; exit 2 ;;
+    gpt2-large) SHAPE="--vocab 50257 --context 1024 --width 1280 --layers 36 --heads 20 --seq-len 1024" ;;
+    *) echo "PP_MODEL=$PP_MODEL: gpt2, gpt2-medium or gpt2-large"; exit 2 ;;
   esac
   echo "== PP = 2 on $PP_MODEL, 16 x 1024 tokens, 1F1B, AdamW fp32"
   D="--model $PP_MODEL --seq-len 1024 --batch-size 16 --steps 8 --synthetic-tokens 262144 --val-tokens 16384 --pp-balance time"
