@@ -33,7 +33,8 @@ pub const WARMUP: usize = 2;
 struct Buffers {
     inputs: Tensor,
     targets: Tensor,
-    /// The step's scalar results in f32, read back in one copy: the loss, then each metric.
+    /// The step's scalar results in f64 (as an eager step reads them), read back in one copy:
+    /// the loss, then each metric.
     outputs: Tensor,
     /// The metrics' names, as a warm-up step reported them.
     metric_names: Vec<&'static str>,
@@ -113,7 +114,7 @@ impl StepGraph {
             self.buffers = Some(Buffers {
                 inputs: inputs.copy()?,
                 targets: targets.copy()?,
-                outputs: Tensor::zeros(1, DType::F32, inputs.device())?,
+                outputs: Tensor::zeros(1, DType::F64, inputs.device())?,
                 metric_names: Vec::new(),
             });
         }
@@ -136,7 +137,7 @@ impl StepGraph {
                 // The static outputs, outside the graph's memory pool.
                 let names: Vec<_> = results[0].metrics.iter().map(|(name, _)| *name).collect();
                 let len = 1 + names.len();
-                buffers.outputs = Tensor::zeros(len, DType::F32, inputs.device())?;
+                buffers.outputs = Tensor::zeros(len, DType::F64, inputs.device())?;
                 buffers.metric_names = names;
                 outcome(&results, timings)
             }
@@ -217,7 +218,7 @@ fn capture(
         }
         let values = std::iter::once(&result.loss)
             .chain(result.metrics.iter().map(|(_, value)| value))
-            .map(|value| Ok(value.to_dtype(DType::F32)?.reshape(())?))
+            .map(|value| Ok(value.to_dtype(DType::F64)?.reshape(())?))
             .collect::<Result<Vec<_>>>()?;
         copy_tensors(&[(&Tensor::stack(&values, 0)?, &buffers.outputs)])?;
         Ok(())
@@ -241,15 +242,15 @@ fn capture(
 /// The outcome of a replayed step: its loss and metrics, read from the static outputs in one
 /// copy.
 fn read(buffers: &Buffers, trainer: &Trainer, targets: &Tensor) -> Result<StepOutcome> {
-    let values = buffers.outputs.to_vec1::<f32>()?;
+    let values = buffers.outputs.to_vec1::<f64>()?;
     let metrics = buffers
         .metric_names
         .iter()
         .zip(&values[1..])
-        .map(|(name, value)| (*name, f64::from(*value)))
+        .map(|(name, value)| (*name, *value))
         .collect();
     Ok(StepOutcome {
-        loss: f64::from(values[0]),
+        loss: values[0],
         samples: trainer.objective.samples(targets),
         metrics,
         timings: StepTimings::default(),
