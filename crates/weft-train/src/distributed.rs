@@ -2,10 +2,13 @@
 //! launch environment (`weft-run`, torchrun or Slurm), or a single process when there is none.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use candle_core::Device;
 use weft_collectives::{Buffer, Communicator, ReduceOp};
+use weft_parallel::StepOutcome;
+use weft_tensor::Timeline;
 
 /// Rank, world size and (for more than one rank) the communicator.
 pub struct RankContext {
@@ -54,6 +57,29 @@ impl RankContext {
             values.copy_from_slice(&summed);
         }
         Ok(())
+    }
+
+    /// A step's loss summed over the job's samples, and their count: as the strategy summed
+    /// them on the device inside the step, else with a host round trip over the job (recorded
+    /// as the span "loss sum" on `timeline`: the device idles meanwhile on more than one rank).
+    pub fn step_loss_sum(
+        &self,
+        outcome: &StepOutcome,
+        timeline: Option<&Timeline>,
+    ) -> Result<[f64; 2]> {
+        if let Some(summed) = outcome.replicas_loss_sum() {
+            return Ok(summed);
+        }
+        let summing = Instant::now();
+        let mut local = [
+            outcome.loss * outcome.samples as f64,
+            outcome.samples as f64,
+        ];
+        self.sum(&mut local)?;
+        if let Some(timeline) = timeline {
+            timeline.record("loss sum", "metrics", "host", summing, Instant::now());
+        }
+        Ok(local)
     }
 
     /// Waits until every rank got here.

@@ -257,19 +257,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             let (outcome, pipeline) = stepper.step(batch.as_ref(), args.micro_batches, lr)?;
             let seconds = period.elapsed().as_secs_f64();
             period = Instant::now();
-            // Summed over the replicas inside the step where its strategy did (on the device),
-            // else over the job here.
-            let global = match outcome.replicas_loss_sum() {
-                Some(summed) => summed,
-                None => {
-                    let mut local = [
-                        outcome.loss * outcome.samples as f64,
-                        outcome.samples as f64,
-                    ];
-                    ctx.sum(&mut local)?;
-                    local
-                }
-            };
+            let global = ctx.step_loss_sum(&outcome, None)?;
             let loss = global[0] / global[1];
             if step == start {
                 first_loss = loss;

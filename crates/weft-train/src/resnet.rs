@@ -256,21 +256,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             reported?;
             let seconds = period.elapsed().as_secs_f64();
             period = Instant::now();
-            let global = match outcome.replicas_loss_sum() {
-                Some(summed) => summed,
-                None => {
-                    // A host round trip over the job after the device finished the step (a
-                    // span of its own: the device idles meanwhile on more than one rank).
-                    let summing = Instant::now();
-                    let mut local = [
-                        outcome.loss * outcome.samples as f64,
-                        outcome.samples as f64,
-                    ];
-                    ctx.sum(&mut local)?;
-                    timeline.record("loss sum", "metrics", "host", summing, Instant::now());
-                    local
-                }
-            };
+            let global = ctx.step_loss_sum(&outcome, Some(&timeline))?;
             timeline.settle()?;
             let hidden = (ctx.world_size > 1)
                 .then(|| comm_hidden(&timeline.spans_since(spans_before)))
