@@ -12,7 +12,9 @@ KINDS = [
     ("weft relu / add", ["relu_"]),
     ("weft max-pool", ["max_pool"]),
     ("cuDNN convolution", ["conv", "cudnn", "xmma", "implicit", "wgrad", "dgrad", "fprop", "nchwToNhwc", "nhwcToNchw"]),
-    ("matmul (cuBLAS)", ["gemm", "cutlass", "cublas", "splitK"]),
+    # cuBLASLt's Hopper kernels (nvjet; cuDNN 9 runs 1 x 1 convolutions through them too) before
+    # Candle's binary ops: their names may hold "badd".
+    ("matmul (cuBLAS)", ["gemm", "cutlass", "cublas", "splitK", "nvjet"]),
     ("Candle reduce", ["reduce", "fast_sum", "fast_max", "fast_min", "sum_", "softmax"]),
     ("Candle copy / cast", ["ucopy", "copy", "cast"]),
     ("Candle fill / zeros", ["fill", "memset", "zeros", "ones"]),
