@@ -86,6 +86,16 @@ mod gpu {
         released: Option<CudaEvent>,
     }
 
+    impl<T> Drop for Staging<T> {
+        /// The last copy may still read the pinned memory: it ends before the memory is freed.
+        fn drop(&mut self) {
+            if let Some(copied) = self.copied.take() {
+                // A failed wait leaves nothing better to do than freeing anyway.
+                let _ = copied.synchronize();
+            }
+        }
+    }
+
     impl<T: StagingElement> Staging<T> {
         pub(super) fn new(compute: &Arc<CudaStream>) -> Result<Self> {
             Ok(Self {
