@@ -63,7 +63,7 @@ pub(crate) fn nchw_from_nhwc(nhwc: &Tensor) -> Result<Tensor> {
 #[cfg(feature = "cuda")]
 fn swap_on_gpu(t: &Tensor, (batch, rows, cols): (usize, usize, usize)) -> Result<Option<Tensor>> {
     use super::transpose_cuda::{fits, transpose_batched};
-    if !t.device().is_cuda() || !t.is_contiguous() || !fits(batch, rows, cols) {
+    if !t.device().is_cuda() || !t.is_contiguous() || !fits(t.dtype(), (batch, rows, cols)) {
         return Ok(None);
     }
     Ok(Some(transpose_batched(&t.reshape((batch, rows, cols))?)?))

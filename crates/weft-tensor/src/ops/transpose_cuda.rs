@@ -16,9 +16,23 @@ const THREAD_ROWS: u32 = 8;
 /// The largest grid extent along y and z.
 const GRID_LIMIT: usize = 65_535;
 
-/// Whether the kernel takes `[batch, rows, cols]` (the grid's y and z extents, 32-bit sides).
-pub(super) fn fits(batch: usize, rows: usize, cols: usize) -> bool {
-    batch <= GRID_LIMIT && rows.div_ceil(TILE) <= GRID_LIMIT && cols <= i32::MAX as usize
+/// Whether the kernel takes `[batch, rows, cols]` of `dtype` (an element size it moves, the
+/// grid's y and z extents, 32-bit sides).
+pub(super) fn fits(dtype: DType, (batch, rows, cols): (usize, usize, usize)) -> bool {
+    kernel_of(dtype).is_some()
+        && batch <= GRID_LIMIT
+        && rows.div_ceil(TILE) <= GRID_LIMIT
+        && cols <= i32::MAX as usize
+}
+
+/// The kernel that moves elements of `dtype`.
+fn kernel_of(dtype: DType) -> Option<&'static str> {
+    match dtype {
+        DType::BF16 | DType::F16 => Some("transpose_b2"),
+        DType::F32 | DType::U32 => Some("transpose_b4"),
+        DType::F64 | DType::I64 => Some("transpose_b8"),
+        _ => None,
+    }
 }
 
 struct BatchedTranspose;
@@ -39,14 +53,17 @@ impl CustomOp1 for BatchedTranspose {
                 layout.shape()
             );
         };
-        let out = match storage.dtype() {
-            DType::F32 => launch::<f32>(storage, layout, "transpose_b4")?,
-            DType::U32 => launch::<u32>(storage, layout, "transpose_b4")?,
-            DType::F64 => launch::<f64>(storage, layout, "transpose_b8")?,
-            DType::I64 => launch::<i64>(storage, layout, "transpose_b8")?,
-            DType::BF16 => launch::<half::bf16>(storage, layout, "transpose_b2")?,
-            DType::F16 => launch::<half::f16>(storage, layout, "transpose_b2")?,
-            other => bail!("weft-batched-transpose: dtype {other:?} is not supported"),
+        let dtype = storage.dtype();
+        let Some(kernel) = kernel_of(dtype) else {
+            bail!("weft-batched-transpose: dtype {dtype:?} is not supported");
+        };
+        let out = match dtype {
+            DType::F32 => launch::<f32>(storage, layout, kernel)?,
+            DType::U32 => launch::<u32>(storage, layout, kernel)?,
+            DType::F64 => launch::<f64>(storage, layout, kernel)?,
+            DType::I64 => launch::<i64>(storage, layout, kernel)?,
+            DType::BF16 => launch::<half::bf16>(storage, layout, kernel)?,
+            _ => launch::<half::f16>(storage, layout, kernel)?,
         };
         Ok((out, Shape::from((batch, cols, rows))))
     }
@@ -60,7 +77,7 @@ fn launch<T: CudaDType + DeviceRepr>(
     let &[batch, rows, cols] = layout.shape().dims() else {
         bail!("weft-batched-transpose: takes [batch, rows, cols]");
     };
-    if !fits(batch, rows, cols) {
+    if !fits(storage.dtype(), (batch, rows, cols)) {
         bail!("weft-batched-transpose: [{batch}, {rows}, {cols}] exceeds the grid");
     }
     let device = device_of(storage);
