@@ -146,11 +146,14 @@ pub trait Strategy: Send {
         }
     }
 
-    /// The sum over the data-parallel replicas (each of which saw other samples) of `local`,
-    /// one of this rank's per-step sums on the device (its loss summed over its samples, and
-    /// the count): a collective ordered on the device, so a CUDA graph captures it. `None`
-    /// where this rank is the only replica: nothing to sum.
-    fn sum_over_replicas(&mut self, local: &Tensor) -> Result<Option<Tensor>> {
+    /// The sum over the data-parallel replicas (each of which saw other samples) of what
+    /// `local` makes, one of this rank's per-step sums on the device (its loss summed over its
+    /// samples, and the count): a collective ordered on the device, so a CUDA graph captures
+    /// it. `None`, without calling `local`, where this rank is the only replica.
+    fn sum_over_replicas(
+        &mut self,
+        local: &mut dyn FnMut() -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
         self.wrapped_mut()
             .map_or(Ok(None), |inner| inner.sum_over_replicas(local))
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use candle_core::{DType, Tensor};
 
-use crate::error::Result;
+use crate::error::{ParallelError, Result};
 
 /// Where the time of one step went.
 #[derive(Debug, Clone, Copy, Default)]
@@ -75,7 +75,7 @@ pub(crate) const REPLICAS_SAMPLES: &str = "replicas_samples";
 /// This rank's loss summed over its samples and their count, as a two-element tensor on the
 /// device (f64 for an f64 loss, else f32), from its micro-batches' mean losses (no host copy:
 /// a CUDA graph captures it).
-pub(crate) fn local_loss_sum(results: &[BatchResult]) -> Result<Option<Tensor>> {
+pub(crate) fn local_loss_sum(results: &[BatchResult]) -> Result<Tensor> {
     let mut sum: Option<Tensor> = None;
     let mut samples = 0;
     for r in results {
@@ -90,9 +90,9 @@ pub(crate) fn local_loss_sum(results: &[BatchResult]) -> Result<Option<Tensor>> 
         });
         samples += r.samples;
     }
-    let Some(sum) = sum else { return Ok(None) };
+    let sum = sum.ok_or_else(|| ParallelError::Config("a step without micro-batches".into()))?;
     let count = sum.zeros_like()?.affine(1.0, samples as f64)?;
-    Ok(Some(Tensor::stack(&[sum, count], 0)?))
+    Ok(Tensor::stack(&[sum, count], 0)?)
 }
 
 /// One micro-batch's mean loss and metric sums, still on the device.

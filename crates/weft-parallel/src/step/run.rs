@@ -49,12 +49,10 @@ impl Trainer {
     /// metrics of the last micro-batch (a collective on the device, within a captured step), so
     /// that the host need not sum them over the job between steps.
     fn sum_loss_over_replicas(&mut self, results: &mut [BatchResult]) -> Result<()> {
-        let Some(local) = local_loss_sum(results)? else {
-            return Ok(());
-        };
-        if let (Some(summed), Some(last)) =
-            (self.strategy.sum_over_replicas(&local)?, results.last_mut())
-        {
+        let summed = self
+            .strategy
+            .sum_over_replicas(&mut || local_loss_sum(results))?;
+        if let (Some(summed), Some(last)) = (summed, results.last_mut()) {
             last.metrics.push((REPLICAS_LOSS_SUM, summed.get(0)?));
             last.metrics.push((REPLICAS_SAMPLES, summed.get(1)?));
         }

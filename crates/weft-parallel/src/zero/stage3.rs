@@ -244,8 +244,11 @@ impl Strategy for ZeroStage3 {
     }
 
     /// Every rank is a replica that saw other samples.
-    fn sum_over_replicas(&mut self, local: &Tensor) -> Result<Option<Tensor>> {
-        let summed = reduce_over_ranks(self.comm.as_ref(), local, ReduceOp::Sum)?;
+    fn sum_over_replicas(
+        &mut self,
+        local: &mut dyn FnMut() -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let summed = reduce_over_ranks(self.comm.as_ref(), &local()?, ReduceOp::Sum)?;
         Ok(Some(summed))
     }
 
