@@ -12,13 +12,14 @@
 // forward's output, recomputed from x and the table exactly as the forward rounded it, is
 // positive, and 0 elsewhere (PyTorch's rule on the output, `y <= 0 ? 0 : dy`), so neither the
 // output nor a separate ReLU pass is needed.
-// Every pass: a thread owns N consecutive channels (16 bytes of data when c allows, the `_vec`
-// kernels; one channel otherwise), computes their coefficients once in registers and strides
-// over rows (no division per element). Reductions: a block is up to 32 such columns by as many
-// rows as fill 256 threads; each thread sums its rows (16 to a few dozen) in S, f32 for 16- and
-// 32-bit data, and the block adds its threads' sums in double in shared memory in a fixed
-// order, so results do not depend on scheduling. (Summing every element in double made the
-// reductions bound by conversions and f64 adds, at under half the memory's bandwidth.)
+// Every pass: a thread owns N consecutive channels (four, two of f64, when c allows: the `_vec`
+// kernels and `BnLanes`; one channel otherwise), computes their coefficients once in registers
+// and strides over rows (no division per element). Reductions: a block is up to 32 such
+// columns by as many rows as fill 256 threads; each thread sums its rows (16 to a few dozen) in
+// S, f32 for 16- and 32-bit data, and the block adds its threads' sums in double in shared
+// memory in a fixed order, so results do not depend on scheduling. (Summing every element in
+// double made the reductions bound by conversions and f64 adds, at under half the memory's
+// bandwidth.)
 
 #include "float_types.cuh"
 #include "vector.cuh"
@@ -61,6 +62,42 @@ __device__ __forceinline__ int reduction_channel(int c) {
     return col < c ? col : -1;
 }
 
+// Rows each thread of the reductions and of the input gradient loads before it uses any: the
+// compiler issued one row's loads at a time and waited for them (its register count did not
+// change with `#pragma unroll`), which left about 16 KB in flight per SM where the memory needs
+// more than 20, and kept those passes at 50-75 % of the bandwidth (Nsight Compute: stalls on
+// the loads' scoreboard). The forward passes were slower with it (more registers, fewer blocks)
+// and load one row at a time.
+constexpr int ROWS_IN_FLIGHT = 4;
+
+// Calls use(r, load_row(r)) for r = first, first + step, ... below rows, in that order, loading
+// U rows before using them.
+template <typename Row, int U, typename Load, typename Use>
+__device__ __forceinline__ void each_row(long long first, long long rows, long long step,
+                                         Load load_row, Use use) {
+    long long r = first;
+    for (; r + (U - 1) * step < rows; r += U * step) {
+        Row batch[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) batch[u] = load_row(r + u * step);
+#pragma unroll
+        for (int u = 0; u < U; ++u) use(r + u * step, batch[u]);
+    }
+    for (; r < rows; r += step) use(r, load_row(r));
+}
+
+// One row's vectors of two inputs.
+template <typename T, int N>
+struct Pair {
+    Vec<T, N> a, b;
+
+    // The vectors at element `at` of `a` and `b`.
+    __device__ static __forceinline__ Pair load_at(const T* a, const T* b, long long at,
+                                                   bool vector) {
+        return Pair{load<T, N>(a + at, vector), load<T, N>(b + at, vector)};
+    }
+};
+
 // Adds the block's partial sums (a[k], b[k] of channel col + k, per thread) over its rows in a
 // fixed order and writes them into slot blockIdx.x: one thread per (column, k, sum) adds the
 // blockDim.y values of shared memory in row order.
@@ -97,17 +134,18 @@ __device__ void moments_partial(const T* x, double* partial, long long rows, int
         S x0[N], sk[N] = {}, qk[N] = {};
 #pragma unroll
         for (int k = 0; k < N; ++k) x0[k] = cvt<S>(first.v[k]);
-#pragma unroll 4
-        for (long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; r < rows;
-             r += (long long)gridDim.x * blockDim.y) {
-            const Vec<T, N> xv = load<T, N>(x + r * c + col, vector);
+        each_row<Vec<T, N>, ROWS_IN_FLIGHT>(
+            (long long)blockIdx.x * blockDim.y + threadIdx.y, rows,
+            (long long)gridDim.x * blockDim.y,
+            [&](long long r) { return load<T, N>(x + r * c + col, vector); },
+            [&](long long, const Vec<T, N>& xv) {
 #pragma unroll
-            for (int k = 0; k < N; ++k) {
-                const S d = cvt<S>(xv.v[k]) - x0[k];
-                sk[k] += d;
-                qk[k] = fma(d, d, qk[k]);
-            }
-        }
+                for (int k = 0; k < N; ++k) {
+                    const S d = cvt<S>(xv.v[k]) - x0[k];
+                    sk[k] += d;
+                    qk[k] = fma(d, d, qk[k]);
+                }
+            });
 #pragma unroll
         for (int k = 0; k < N; ++k) {
             s[k] = (double)sk[k];
@@ -130,18 +168,19 @@ __device__ void grad_sums_partial(const T* x, const T* dy, const S* table, doubl
             mean[k] = table[col + k];
             forward_coefficients(table, c, col + k, eps, a[k], b[k]);
         }
-#pragma unroll 4
-        for (long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; r < rows;
-             r += (long long)gridDim.x * blockDim.y) {
-            const Vec<T, N> xv = load<T, N>(x + r * c + col, vector);
-            const Vec<T, N> gv = load<T, N>(dy + r * c + col, vector);
+        each_row<Pair<T, N>, ROWS_IN_FLIGHT>(
+            (long long)blockIdx.x * blockDim.y + threadIdx.y, rows,
+            (long long)gridDim.x * blockDim.y,
+            [&](long long r) { return Pair<T, N>::load_at(x, dy, r * c + col, vector); },
+            [&](long long, const Pair<T, N>& row) {
 #pragma unroll
-            for (int k = 0; k < N; ++k) {
-                const S g = relu && relu_cut(a[k], b[k], xv.v[k]) ? (S)0 : cvt<S>(gv.v[k]);
-                dk[k] = fma(cvt<S>(xv.v[k]) - mean[k], g, dk[k]);
-                gk[k] += g;
-            }
-        }
+                for (int k = 0; k < N; ++k) {
+                    const T xk = row.a.v[k];
+                    const S g = relu && relu_cut(a[k], b[k], xk) ? (S)0 : cvt<S>(row.b.v[k]);
+                    dk[k] = fma(cvt<S>(xk) - mean[k], g, dk[k]);
+                    gk[k] += g;
+                }
+            });
 #pragma unroll
         for (int k = 0; k < N; ++k) {
             dot[k] = (double)dk[k];
@@ -161,15 +200,15 @@ __device__ void forward(const T* x, const S* table, T* y, unsigned rows, int c, 
     S a[N], b[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) forward_coefficients(table, c, col + k, eps, a[k], b[k]);
-    for (unsigned r = blockIdx.y * blockDim.y + threadIdx.y; r < rows;
-         r += gridDim.y * blockDim.y) {
-        const size_t at = (size_t)r * c + col;
-        const Vec<T, N> in = load<T, N>(x + at, vector);
-        Vec<T, N> out;
+    each_row<Vec<T, N>, 1>(
+        blockIdx.y * blockDim.y + threadIdx.y, rows, gridDim.y * blockDim.y,
+        [&](long long r) { return load<T, N>(x + r * c + col, vector); },
+        [&](long long r, const Vec<T, N>& in) {
+            Vec<T, N> out;
 #pragma unroll
-        for (int k = 0; k < N; ++k) out.v[k] = cvt<T>(normalised(a[k], b[k], in.v[k], relu));
-        store<T, N>(y + at, out, vector);
-    }
+            for (int k = 0; k < N; ++k) out.v[k] = cvt<T>(normalised(a[k], b[k], in.v[k], relu));
+            store<T, N>(y + r * c + col, out, vector);
+        });
 }
 
 // out = max(y + r, 0) with y the forward's output as it stores it and the sum in S, rounded
@@ -183,19 +222,19 @@ __device__ void forward_add_relu(const T* x, const S* table, const T* residual, 
     S a[N], b[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) forward_coefficients(table, c, col + k, eps, a[k], b[k]);
-    for (unsigned r = blockIdx.y * blockDim.y + threadIdx.y; r < rows;
-         r += gridDim.y * blockDim.y) {
-        const size_t at = (size_t)r * c + col;
-        const Vec<T, N> xv = load<T, N>(x + at, vector), rv = load<T, N>(residual + at, vector);
-        Vec<T, N> o;
+    each_row<Pair<T, N>, 1>(
+        blockIdx.y * blockDim.y + threadIdx.y, rows, gridDim.y * blockDim.y,
+        [&](long long r) { return Pair<T, N>::load_at(x, residual, r * c + col, vector); },
+        [&](long long r, const Pair<T, N>& row) {
+            Vec<T, N> o;
 #pragma unroll
-        for (int k = 0; k < N; ++k) {
-            const T y = cvt<T>(normalised(a[k], b[k], xv.v[k], 0));
-            const T sum = cvt<T>(cvt<S>(y) + cvt<S>(rv.v[k]));
-            o.v[k] = cvt<S>(sum) < (S)0 ? cvt<T>((S)0) : sum;
-        }
-        store<T, N>(out + at, o, vector);
-    }
+            for (int k = 0; k < N; ++k) {
+                const T y = cvt<T>(normalised(a[k], b[k], row.a.v[k], 0));
+                const T sum = cvt<T>(cvt<S>(y) + cvt<S>(row.b.v[k]));
+                o.v[k] = cvt<S>(sum) < (S)0 ? cvt<T>((S)0) : sum;
+            }
+            store<T, N>(out + r * c + col, o, vector);
+        });
 }
 
 // dx = g * k + x * u + t (the NCHW kernel's coefficients), g as the header says.
@@ -218,30 +257,43 @@ __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsig
         shift[k] = (S)(scale * ((double)table[ch] * inv_std * mean_dy_xhat - mean_dy));
         forward_coefficients(table, c, ch, eps, a[k], b[k]);
     }
-    for (unsigned r = blockIdx.y * blockDim.y + threadIdx.y; r < rows;
-         r += gridDim.y * blockDim.y) {
-        const size_t at = (size_t)r * c + col;
-        const Vec<T, N> xv = load<T, N>(x + at, vector), g = load<T, N>(dy + at, vector);
-        Vec<T, N> out;
+    each_row<Pair<T, N>, ROWS_IN_FLIGHT>(
+        blockIdx.y * blockDim.y + threadIdx.y, rows, gridDim.y * blockDim.y,
+        [&](long long r) { return Pair<T, N>::load_at(x, dy, r * c + col, vector); },
+        [&](long long r, const Pair<T, N>& row) {
+            Vec<T, N> out;
 #pragma unroll
-        for (int k = 0; k < N; ++k) {
-            const S gk = relu && relu_cut(a[k], b[k], xv.v[k]) ? (S)0 : cvt<S>(g.v[k]);
-            out.v[k] = cvt<T>(dy_scale[k] * gk + x_scale[k] * cvt<S>(xv.v[k]) + shift[k]);
-        }
-        store<T, N>(dx + at, out, vector);
-    }
+            for (int k = 0; k < N; ++k) {
+                const T xk = row.a.v[k];
+                const S gk = relu && relu_cut(a[k], b[k], xk) ? (S)0 : cvt<S>(row.b.v[k]);
+                out.v[k] = cvt<T>(dy_scale[k] * gk + x_scale[k] * cvt<S>(xk) + shift[k]);
+            }
+            store<T, N>(dx + r * c + col, out, vector);
+        });
 }
+
+// Channels per thread in the `_vec` kernels: 8 bytes of 16-bit data, 16 of f32 and f64. A
+// thread keeps several coefficients and sums per channel in registers: with 16 bytes of 16-bit
+// data (8 channels) the gradient reduction took 85 registers and its input gradient 70, which
+// left room for two and three blocks of 256 threads per SM, and both ran at about half the
+// memory's bandwidth (Nsight Compute, ResNet-50 bf16 on an H100). With four channels and
+// ROWS_IN_FLIGHT rows loaded at once the reduction fits 64 registers (`__launch_bounds__`: four
+// blocks per SM, 64 KB of loads in flight) and the input gradient over 64 (three blocks).
+template <typename T>
+struct BnLanes {
+    static constexpr int n = sizeof(T) == 8 ? 2 : 4;
+};
 
 #define BATCH_NORM_NHWC_KERNELS(T, S, SUFFIX)                                                    \
     NHWC_KERNELS(T, S, SUFFIX, 1)                                                                \
-    NHWC_KERNELS(T, S, vec_##SUFFIX, Lanes<T>::n)
+    NHWC_KERNELS(T, S, vec_##SUFFIX, BnLanes<T>::n)
 
 #define NHWC_KERNELS(T, S, SUFFIX, N)                                                            \
     extern "C" __global__ void bn_nhwc_moments_partial_##SUFFIX(const T* x, double* partial,     \
                                                                 long long rows, int c) {         \
         moments_partial<T, S, N>(x, partial, rows, c);                                           \
     }                                                                                            \
-    extern "C" __global__ void bn_nhwc_grad_sums_partial_##SUFFIX(                               \
+    extern "C" __global__ void __launch_bounds__(256, 4) bn_nhwc_grad_sums_partial_##SUFFIX(     \
         const T* x, const T* dy, const S* table, double* partial, long long rows, int c,         \
         double eps, int relu) {                                                                  \
         grad_sums_partial<T, S, N>(x, dy, table, partial, rows, c, eps, relu);                   \
@@ -251,10 +303,9 @@ __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsig
                                                         int relu) {                              \
         forward<T, S, N>(x, table, y, rows, c, eps, relu);                                       \
     }                                                                                            \
-    extern "C" __global__ void bn_nhwc_grad_input_##SUFFIX(const T* x, const T* dy,              \
-                                                           const S* table, T* dx, unsigned rows, \
-                                                           int c, double m, double eps,          \
-                                                           int relu) {                           \
+    extern "C" __global__ void bn_nhwc_grad_input_##SUFFIX(                                      \
+        const T* x, const T* dy, const S* table, T* dx, unsigned rows, int c, double m,         \
+        double eps, int relu) {                                                                  \
         grad_input<T, S, N>(x, dy, table, dx, rows, c, m, eps, relu);                            \
     }                                                                                            \
     extern "C" __global__ void bn_nhwc_forward_add_relu_##SUFFIX(                                \

@@ -1,6 +1,6 @@
 //! Launches the channels-last batch-norm kernels of `kernels/batch_norm_nhwc.cu` on the NHWC
 //! storage of channels-last tensors (`rows = N*H*W` rows of `C` channels). A thread owns one
-//! 16-byte vector of channels when `C` allows (one channel otherwise): the reductions run as
+//! vector of four channels (two of f64) when `C` allows (one channel otherwise): the reductions run as
 //! splits of blocks of up to 32 such columns by rows, writing double partial sums finished by
 //! batch_norm.cu's finalize kernels (with `hw = 1`, a warp per channel); the element-wise
 //! passes as blocks of columns by rows. The graph-free passes only (table, forward from a table, gradient table, input
@@ -40,10 +40,14 @@ fn reduction_grid(columns: usize, lanes: usize, rows: usize) -> (usize, LaunchCo
     (splits, config)
 }
 
-/// The vector width of a pass over `c` channels of `T` (16 bytes when `c` is a multiple) and
-/// the kernels' name suffix for it.
+/// The vector width of a pass over `c` channels of `T` (kernels/batch_norm_nhwc.cu's
+/// `BnLanes`: four channels, two of f64, when `c` is a multiple) and the kernels' name suffix
+/// for it.
 fn lanes_of<T>(c: usize) -> (usize, &'static str) {
-    let lanes = 16 / std::mem::size_of::<T>();
+    let lanes = match std::mem::size_of::<T>() {
+        8 => 2,
+        _ => 4,
+    };
     match c % lanes {
         0 => (lanes, "_vec"),
         _ => (1, ""),
@@ -123,7 +127,7 @@ where
         }
         BnPass::ForwardTable | BnPass::GradInput | BnPass::ForwardTableAddRelu => {
             let out = output::<T>(&device, out_len)?;
-            // A thread owns 16 bytes of a row's channels when they divide into such vectors.
+            // A thread owns a vector of a row's channels when they divide into such vectors.
             let (lanes, vec) = lanes_of::<T>(c);
             let kernel = match pass {
                 BnPass::ForwardTable => format!("bn_nhwc_forward{vec}"),
