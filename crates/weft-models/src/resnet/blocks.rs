@@ -9,6 +9,7 @@ use super::config::{BlockKind, Stem as StemKind};
 use crate::layers::{BatchNorm2d, Conv2d, Init, Linear};
 
 mod explicit;
+mod explicit_head;
 
 /// `conv1 → bn1 → relu (→ maxpool 3x3/2)`, on the input stored channels-last when asked.
 pub struct Stem {
@@ -212,6 +213,15 @@ impl Block for Residual {
     }
 }
 
+/// The mean over the spatial axes in the order of x's storage: channels-last x as its
+/// N x (H*W) x C view, so neither the forward nor its gradient copies between layouts.
+fn spatial_mean(x: &Tensor) -> candle_core::Result<Tensor> {
+    match ops::is_channels_last(x) {
+        true => x.permute((0, 2, 3, 1))?.flatten(1, 2)?.mean(1),
+        false => x.contiguous()?.mean(D::Minus1)?.mean(D::Minus1),
+    }
+}
+
 /// Global average pooling then the fully connected classifier `fc`.
 pub struct Head {
     fc: Linear,
@@ -240,16 +250,14 @@ impl Block for Head {
     }
 
     fn forward(&self, x: &Tensor, _mode: Mode) -> weft_tensor::Result<Tensor> {
-        // The mean over the spatial axes in the order of x's storage: channels-last x as its
-        // N x (H*W) x C view, so neither the forward nor its gradient copies between layouts.
-        let pooled = match weft_tensor::ops::is_channels_last(x) {
-            true => x.permute((0, 2, 3, 1))?.flatten(1, 2)?.mean(1)?,
-            false => x.contiguous()?.mean(D::Minus1)?.mean(D::Minus1)?,
-        };
-        self.fc.forward(&pooled)
+        self.fc.forward(&spatial_mean(x)?)
     }
 
     fn entries(&self) -> Range<EntryId> {
         self.entries.clone()
+    }
+
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
     }
 }
