@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 12] = [
+const KERNELS: [&str; 13] = [
     "attention",
     "batch_norm",
     "batch_norm_nhwc",
@@ -16,6 +16,7 @@ const KERNELS: [&str; 12] = [
     "relu",
     "max_pool",
     "multi_tensor",
+    "pixels",
     "transpose",
     "unscale",
 ];

@@ -1,10 +1,10 @@
 //! [`pixels_to_float`]: a batch's pixel bytes turned into the model's input where the batch
 //! is, as torchvision's `ToTensor` and `Normalize` would on the host. On a GPU the host then
 //! builds, copies and uploads a quarter of the bytes (one per channel instead of an f32), and
-//! the conversion costs the device five element-wise passes over the batch (the cast, the
-//! division, the two per-channel operations, the cast to the compute dtype).
+//! the conversion costs the device one pass over the batch ([`normalize_pixels`]).
 
 use candle_core::{DType, Tensor};
+use weft_tensor::ops::{normalize_pixels, PixelNormalization};
 
 use crate::{DataError, Normalize};
 
@@ -28,15 +28,9 @@ pub fn pixels_to_float(
             ),
         });
     }
-    let device = pixels.device();
-    let mut x = pixels
-        .to_dtype(DType::F32)?
-        .broadcast_div(&Tensor::new(255f32, device)?)?;
-    if let Some(normalize) = normalize {
-        let inverse_std = normalize.std().map(|s| 1.0 / s);
-        x = x
-            .broadcast_sub(&Tensor::new(&normalize.mean(), device)?)?
-            .broadcast_mul(&Tensor::new(&inverse_std, device)?)?;
-    }
-    Ok(x.to_dtype(dtype)?.permute((0, 3, 1, 2))?)
+    let normalization = normalize.map(|n| PixelNormalization {
+        mean: n.mean(),
+        inv_std: n.std().map(|s| 1.0 / s),
+    });
+    Ok(normalize_pixels(pixels, normalization, dtype)?.permute((0, 3, 1, 2))?)
 }

@@ -58,6 +58,10 @@ pub(crate) const TRANSPOSE: Module = Module {
     name: "weft_transpose",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/transpose.ptx")),
 };
+pub(crate) const PIXELS: Module = Module {
+    name: "weft_pixels",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/pixels.ptx")),
+};
 pub(crate) const RELU: Module = Module {
     name: "weft_relu",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/relu.ptx")),

@@ -94,6 +94,9 @@ mod max_pool_nhwc_cuda;
 mod multi_tensor;
 #[cfg(feature = "cuda")]
 mod multi_tensor_cuda;
+mod pixels;
+#[cfg(feature = "cuda")]
+mod pixels_cuda;
 mod project;
 mod relu;
 #[cfg(feature = "cuda")]
@@ -138,6 +141,7 @@ pub use max_pool::{
     max_pool2d_forward_saving,
 };
 pub use multi_tensor::{copies_into, copy_tensors};
+pub use pixels::{normalize_pixels, PixelNormalization};
 pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::{blend_into, update_running_stats, RunningStats};
