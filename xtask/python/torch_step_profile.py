@@ -9,6 +9,24 @@ import torchvision
 from torch.profiler import ProfilerActivity, profile
 
 
+def kind_of(name: str) -> str:
+    """The kind of a kernel, by the names cuDNN, cuBLAS, Triton and ATen give them."""
+    kinds = [
+        ("triton_red", "Triton reduction"),
+        ("triton_per", "Triton persistent reduction"),
+        ("triton_poi", "Triton pointwise"),
+        ("implicit_gemm", "cuDNN convolution"),
+        ("Convolution", "cuDNN convolution"),
+        ("conv", "cuDNN convolution"),
+        ("nvjet", "matmul (cuBLAS)"),
+        ("gemm", "matmul (cuBLAS)"),
+        ("batch_norm", "ATen batch norm"),
+        ("elementwise", "ATen element-wise"),
+        ("multi_tensor_apply", "optimizer"),
+    ]
+    return next((kind for key, kind in kinds if key in name), "other")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet50")
@@ -19,6 +37,7 @@ def main() -> None:
     p.add_argument("--amp", choices=["none", "bf16"], default="none")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile in its default mode: the kernels of reduce-overhead without the CUDA graphs, whose replays the profiler cannot see into")
+    p.add_argument("--top", type=int, default=25, help="kernels listed by device time")
     args = p.parse_args()
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -55,7 +74,14 @@ def main() -> None:
     total = sum(e.self_device_time_total for e in events)
     launches = sum(e.count for e in events)
     print(f"torch: {launches / args.steps:.0f} kernel launches and {total / args.steps / 1e3:.2f} ms of device time per step")
-    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:25]:
+    by_kind: dict[str, list[float]] = {}
+    for e in events:
+        totals = by_kind.setdefault(kind_of(e.key), [0.0, 0.0])
+        totals[0] += e.count / args.steps
+        totals[1] += e.self_device_time_total / args.steps / 1e3
+    for kind, (count, ms) in sorted(by_kind.items(), key=lambda item: -item[1][1]):
+        print(f"  {kind:28s} {count:6.0f}x {ms:8.2f} ms")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[: args.top]:
         print(f"{e.self_device_time_total / args.steps / 1e3:8.2f} ms {e.count / args.steps:6.0f}x  {e.key[:110]}")
 
 
