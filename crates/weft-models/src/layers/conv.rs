@@ -43,33 +43,36 @@ impl Conv2d {
         Ok(ops::conv2d(x, &self.weight, self.stride, self.padding)?)
     }
 
-    /// [`Conv2d::forward`] without an autograd graph (blocks with their own backward).
-    pub fn forward_graph_free(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(ops::conv2d_forward(
-            x,
-            self.weight.as_tensor(),
-            self.stride,
-            self.padding,
-        )?)
+    /// [`Conv2d::forward`] without an autograd graph (blocks with their own backward); returns
+    /// the output and the filter as the passes over `x` read it ([`ops::conv2d_filter_for`]),
+    /// for [`Conv2d::backward`] and [`Conv2d::backward_add`].
+    pub fn forward_graph_free(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let filter = ops::conv2d_filter_for(x, self.weight.as_tensor())?;
+        let y = ops::conv2d_forward(x, &filter, self.stride, self.padding)?;
+        Ok((y, filter))
     }
 
-    /// The input gradient (if `input_grad`) and the weight's gradient, keyed by its id.
+    /// The input gradient (if `input_grad`) and the weight's gradient, keyed by its id, from
+    /// the input `x` and the `filter` of [`Conv2d::forward_graph_free`].
     pub fn backward(
         &self,
-        x: &Tensor,
+        (x, filter): (&Tensor, &Tensor),
         dy: &Tensor,
         input_grad: bool,
     ) -> Result<(Option<Tensor>, ParamGrad)> {
-        let w = self.weight.as_tensor();
-        let (dx, dw) = ops::conv2d_backward(x, w, dy, self.stride, self.padding, input_grad)?;
-        Ok((dx, (w.id(), dw)))
+        let (dx, dw) = ops::conv2d_backward(x, filter, dy, self.stride, self.padding, input_grad)?;
+        Ok((dx, (self.weight.id(), dw)))
     }
 
     /// [`Conv2d::backward`] with the input gradient added into `acc` in place (see
     /// [`ops::conv2d_backward_add`]); returns the weight's gradient.
-    pub fn backward_add(&self, x: &Tensor, dy: &Tensor, acc: &Tensor) -> Result<ParamGrad> {
-        let w = self.weight.as_tensor();
-        let dw = ops::conv2d_backward_add(acc, x, w, dy, self.stride, self.padding)?;
-        Ok((w.id(), dw))
+    pub fn backward_add(
+        &self,
+        (x, filter): (&Tensor, &Tensor),
+        dy: &Tensor,
+        acc: &Tensor,
+    ) -> Result<ParamGrad> {
+        let dw = ops::conv2d_backward_add(acc, x, filter, dy, self.stride, self.padding)?;
+        Ok((self.weight.id(), dw))
     }
 }

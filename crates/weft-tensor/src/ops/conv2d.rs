@@ -58,6 +58,20 @@ pub fn conv2d_forward(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> 
         .apply_op2_no_bwd(&w.contiguous()?, &Conv2dOp { stride, padding })
 }
 
+/// `w` in the layout the graph-free passes over input `x` read it in: on the channels-last
+/// (NHWC) path a channels-last copy, which [`conv2d_forward`] and the input-gradient passes then
+/// view without moving it (a 3 x 3 filter is transposed once for a forward and its backward,
+/// not once for each); `w` itself elsewhere. Gradients stay keyed and shaped as `w`'s.
+pub fn conv2d_filter_for(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cudnn")]
+    if uses_nhwc(x) {
+        return super::to_channels_last(w);
+    }
+    #[cfg(not(feature = "cudnn"))]
+    let _ = x;
+    Ok(w.clone())
+}
+
 /// The gradients of [`conv2d_forward`]`(x, w)` given the output gradient `dy`:
 /// `(dx if input_grad, dw)`.
 pub fn conv2d_backward(

@@ -123,7 +123,7 @@ pub use batch_norm::{
 pub use batch_norm_eval::{batch_norm_eval, EvalStats};
 pub use bias::add_bias;
 pub use channels_last::{is_channels_last, to_channels_last};
-pub use conv2d::{conv2d, conv2d_backward, conv2d_forward, set_conv_nhwc};
+pub use conv2d::{conv2d, conv2d_backward, conv2d_filter_for, conv2d_forward, set_conv_nhwc};
 pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;

@@ -13,11 +13,13 @@ use weft_tensor::{ExplicitBackward, ExplicitGrads, Mode, ParamGrad, Result, Save
 use super::{Residual, Stem};
 use crate::layers::{BatchNorm2d, Conv2d};
 
-/// What one convolution + batch norm keeps for its backward: the convolution's input, the
-/// batch norm's input and statistics, and its output only when a ReLU follows (its mask). The
-/// output of a batch norm without ReLU (the largest tensors of a bottleneck) is not kept.
+/// What one convolution + batch norm keeps for its backward: the convolution's input and its
+/// filter as the forward read it (channels-last filters are not transposed again), the batch
+/// norm's input and statistics, and its output only when a ReLU follows (its mask). The output
+/// of a batch norm without ReLU (the largest tensors of a bottleneck) is not kept.
 struct ConvBnSaved {
     input: Tensor,
+    filter: Tensor,
     z: Tensor,
     table: Tensor,
     relu_output: Option<Tensor>,
@@ -45,7 +47,7 @@ impl ConvBnSaved {
         mode: Mode,
         after: After<'_>,
     ) -> Result<(Tensor, Self)> {
-        let z = conv.forward_graph_free(x)?;
+        let (z, filter) = conv.forward_graph_free(x)?;
         let BatchNormOutput { y, table } = match after {
             After::AddRelu(shortcut) => bn.forward_graph_free_add_relu(&z, mode, shortcut)?,
             _ => bn.forward_graph_free(&z, mode, matches!(after, After::Relu))?,
@@ -53,6 +55,7 @@ impl ConvBnSaved {
         let relu_output = matches!(after, After::Relu).then(|| y.clone());
         let kept = Self {
             input: x.clone(),
+            filter,
             z,
             table,
             relu_output,
@@ -61,7 +64,7 @@ impl ConvBnSaved {
     }
 
     fn push_to(self, saved: &mut Saved) {
-        saved.extend([self.input, self.z, self.table]);
+        saved.extend([self.input, self.filter, self.z, self.table]);
         saved.extend(self.relu_output);
     }
 
@@ -69,6 +72,7 @@ impl ConvBnSaved {
         let mut next = || saved.next().ok_or_else(|| incomplete(block));
         Ok(Self {
             input: next()?,
+            filter: next()?,
             z: next()?,
             table: next()?,
             relu_output: if relu { Some(next()?) } else { None },
@@ -91,12 +95,15 @@ impl ConvBnSaved {
         grads.extend(bn_grads);
         let dx = match input {
             InputGrad::AddTo(acc) => {
-                grads.push(conv.backward_add(&self.input, &dz, acc)?);
+                grads.push(conv.backward_add((&self.input, &self.filter), &dz, acc)?);
                 None
             }
             InputGrad::New | InputGrad::Skip => {
-                let (dx, conv_grad) =
-                    conv.backward(&self.input, &dz, matches!(input, InputGrad::New))?;
+                let (dx, conv_grad) = conv.backward(
+                    (&self.input, &self.filter),
+                    &dz,
+                    matches!(input, InputGrad::New),
+                )?;
                 grads.push(conv_grad);
                 dx
             }
@@ -140,7 +147,7 @@ impl ExplicitBackward for Stem {
         }
         let x = self.in_layout(x)?;
         let (h, conv_bn) = ConvBnSaved::forward(&self.conv1, &self.bn1, &x, mode, After::Relu)?;
-        let mut saved = Vec::with_capacity(5);
+        let mut saved = Vec::with_capacity(6);
         let y = if self.max_pool {
             let (pooled, pool_saved) = ops::max_pool2d_forward_saving(&h, 3, 2, 1)?;
             saved.push(pool_saved);
@@ -183,7 +190,7 @@ impl ExplicitBackward for Residual {
             return Ok(None);
         }
         let layers = self.branch.len() + usize::from(self.downsample.is_some());
-        let mut saved = Vec::with_capacity(layers * 4 + 1);
+        let mut saved = Vec::with_capacity(layers * 5 + 1);
         let last = self.branch.len() - 1;
         // The shortcut first, so that the branch's last batch norm ends the block in its pass.
         let (shortcut, down) = match &self.downsample {
