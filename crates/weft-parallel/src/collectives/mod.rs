@@ -64,6 +64,16 @@ pub fn reduce_over_ranks(
     }
 }
 
+/// The sum over the ranks of `comm` of the tensor `local` makes, every rank a data-parallel
+/// replica that saw samples of its own: [`reduce_over_ranks`], for the strategies'
+/// `sum_over_replicas`.
+pub fn sum_over_replicas(
+    comm: &(impl Communicator + ?Sized),
+    local: &mut dyn FnMut() -> Result<Tensor>,
+) -> Result<Option<Tensor>> {
+    Ok(Some(reduce_over_ranks(comm, &local()?, ReduceOp::Sum)?))
+}
+
 /// An all-reduce over `tensor` (contiguous, on `native`'s GPU) in place, ordered on the device
 /// only: see [`DeviceCollectives::all_reduce_ordered`].
 pub fn all_reduce_ordered(

@@ -75,8 +75,7 @@ impl Strategy for NaiveDataParallel {
         &mut self,
         local: &mut dyn FnMut() -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
-        let summed = reduce_over_ranks(self.comm.as_ref(), &local()?, ReduceOp::Sum)?;
-        Ok(Some(summed))
+        crate::collectives::sum_over_replicas(self.comm.as_ref(), local)
     }
 
     fn set_require_sync(&mut self, sync: bool) {

@@ -23,9 +23,7 @@ use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
 use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
 
 use super::ShardLayout;
-use crate::collectives::{
-    native_for, reduce_ordered, reduce_over_ranks, TensorCollectives, TensorWork,
-};
+use crate::collectives::{native_for, reduce_ordered, TensorCollectives, TensorWork};
 use crate::ddp::{
     broadcast_buffers, fence, prepare_replicas, BucketCountdown, BucketPlan, DdpConfig,
 };
@@ -256,16 +254,15 @@ impl Strategy for ShardedGradients {
         not_ready
     }
 
-    /// Every micro-batch is reduced: the ranks keep no full-size gradients to accumulate.
     /// Every rank is a replica that saw other samples.
     fn sum_over_replicas(
         &mut self,
         local: &mut dyn FnMut() -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
-        let summed = reduce_over_ranks(self.comm.as_ref(), &local()?, ReduceOp::Sum)?;
-        Ok(Some(summed))
+        crate::collectives::sum_over_replicas(self.comm.as_ref(), local)
     }
 
+    /// Every micro-batch is reduced: the ranks keep no full-size gradients to accumulate.
     fn set_require_sync(&mut self, _sync: bool) {
         self.check.reset();
         self.countdown = BucketCountdown::new(&self.plan);

@@ -248,8 +248,7 @@ impl Strategy for ZeroStage3 {
         &mut self,
         local: &mut dyn FnMut() -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
-        let summed = reduce_over_ranks(self.comm.as_ref(), &local()?, ReduceOp::Sum)?;
-        Ok(Some(summed))
+        crate::collectives::sum_over_replicas(self.comm.as_ref(), local)
     }
 
     /// Keeps the updated shard and releases the variables that held it.
