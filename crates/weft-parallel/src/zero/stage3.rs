@@ -243,14 +243,6 @@ impl Strategy for ZeroStage3 {
         reduce_over_ranks(self.comm.as_ref(), &local, ReduceOp::Max)
     }
 
-    /// Every rank is a replica that saw other samples.
-    fn sum_over_replicas(
-        &mut self,
-        local: &mut dyn FnMut() -> Result<Tensor>,
-    ) -> Result<Option<Tensor>> {
-        crate::collectives::sum_over_replicas(self.comm.as_ref(), local)
-    }
-
     /// Keeps the updated shard and releases the variables that held it.
     fn after_step(&mut self, model: &BlockModel) -> Result<()> {
         let store = model.store();
