@@ -42,7 +42,7 @@ impl BnShape {
     }
 
     fn finalize(&self) -> LaunchConfig {
-        one_warp_each(self.c)
+        finalize_groups(self.c, self.splits() as usize)
     }
 
     /// One row of blocks per plane, each thread taking about four elements.
@@ -57,12 +57,15 @@ impl BnShape {
     }
 }
 
-/// One warp for each of `n` channels (the finalize kernels, which add a channel's partial sums
-/// across a warp).
-pub(super) fn one_warp_each(n: usize) -> LaunchConfig {
+/// The finalize kernels' grid over `c` channels of `splits` partial sums each: a group of
+/// threads per channel (`blockDim.x`), a multiple of 32 with about one thread per split up to
+/// 256, and as many channels to a block (`blockDim.y`) as fill 256 threads.
+pub(super) fn finalize_groups(c: usize, splits: usize) -> LaunchConfig {
+    let group = splits.next_multiple_of(32).clamp(32, THREADS as usize);
+    let channels = THREADS as usize / group;
     LaunchConfig {
-        grid_dim: ((n as u32 * 32).div_ceil(THREADS), 1, 1),
-        block_dim: (THREADS, 1, 1),
+        grid_dim: (c.div_ceil(channels) as u32, 1, 1),
+        block_dim: (group as u32, channels as u32, 1),
         shared_mem_bytes: 0,
     }
 }
