@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 13] = [
+const KERNELS: [&str; 14] = [
     "attention",
     "batch_norm",
     "batch_norm_nhwc",
@@ -17,6 +17,7 @@ const KERNELS: [&str; 13] = [
     "max_pool",
     "multi_tensor",
     "pixels",
+    "space_to_depth",
     "transpose",
     "unscale",
 ];

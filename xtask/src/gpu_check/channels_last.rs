@@ -11,6 +11,7 @@ use weft_optim::{ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::Trainer;
 use weft_tensor::{ops, Checkpointing};
 
+use super::half::{graph_free_conv_in, STEM};
 use super::single_ops::{compare_graph_free_batch_norm, relative_error};
 use super::Check;
 
@@ -53,6 +54,13 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
             tolerance: 1e-3,
         });
     }
+    // The stem's convolution on the channels-last path, f32 (TF32 off; bf16 runs it lowered
+    // by space-to-depth, f32 as it is): the bound of the convolution rows.
+    checks.push(Check {
+        name: "channels-last graph-free conv2d stem 7x7/2, F32".into(),
+        error: graph_free_conv_in(gpu, DType::F32, STEM, true)?,
+        tolerance: 1e-3,
+    });
     // Max-pool on NHWC storage and the ReLU kernels' vector and element paths: the same
     // comparisons and the same order of additions as the CPU, so equal up to the last bit
     // (1e-6 as the NCHW max-pool rows).

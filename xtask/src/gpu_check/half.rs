@@ -95,6 +95,17 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
             error: graph_free_conv(gpu, dtype, THREE_BY_THREE)?,
             tolerance,
         });
+        // Stride 2 over three channels: bf16 runs lowered by space-to-depth on the GPU.
+        let lowering = if dtype == DType::BF16 {
+            ", space-to-depth"
+        } else {
+            ""
+        };
+        checks.push(Check {
+            name: format!("{dtype:?} graph-free conv2d stem 7x7/2 (NHWC{lowering})"),
+            error: graph_free_conv(gpu, dtype, STEM)?,
+            tolerance,
+        });
         checks.push(Check {
             name: format!("{dtype:?} conv2d_backward_add 3x3 @16"),
             error: compare_conv_backward_add(gpu, [4, 64, 16, 16], [64, 64, 3, 3], (1, 1), dtype)?,
@@ -136,21 +147,37 @@ fn worst(cpu: &[Tensor], gpu: &[Tensor]) -> Result<f64> {
 }
 
 /// A convolution's input, filter and output-gradient shapes, stride and padding.
-type ConvCase = ([usize; 4], [usize; 4], [usize; 4], usize, usize);
+pub(super) type ConvCase = ([usize; 4], [usize; 4], [usize; 4], usize, usize);
 const ONE_BY_ONE: ConvCase = ([4, 256, 14, 14], [512, 256, 1, 1], [4, 512, 7, 7], 2, 0);
 const THREE_BY_THREE: ConvCase = ([4, 64, 14, 14], [96, 64, 3, 3], [4, 96, 14, 14], 1, 1);
+pub(super) const STEM: ConvCase = ([4, 3, 30, 30], [64, 3, 7, 7], [4, 64, 15, 15], 2, 3);
 
 /// The graph-free forward and backward of a convolution (through NHWC on the GPU): output,
 /// input and weight gradients.
 fn graph_free_conv(gpu: &Device, dtype: DType, case: ConvCase) -> Result<f64> {
+    graph_free_conv_in(gpu, dtype, case, false)
+}
+
+/// [`graph_free_conv`] with the GPU's input and output gradient channels-last when
+/// `channels_last` (the NHWC path of every dtype; otherwise 16-bit NCHW tensors copied through
+/// NHWC).
+pub(super) fn graph_free_conv_in(
+    gpu: &Device,
+    dtype: DType,
+    case: ConvCase,
+    channels_last: bool,
+) -> Result<f64> {
     let (x_dims, w_dims, dy_dims, stride, padding) = case;
     let t = inputs(dtype, &[&x_dims, &w_dims, &dy_dims])?;
     let run = |device: &Device| -> Result<Vec<Tensor>> {
-        let (x, w, dy) = (
+        let (mut x, w, mut dy) = (
             t[0].to_device(device)?,
             (t[1].to_device(device)? * 0.1)?,
             t[2].to_device(device)?,
         );
+        if channels_last && device.is_cuda() {
+            (x, dy) = (ops::to_channels_last(&x)?, ops::to_channels_last(&dy)?);
+        }
         ops::set_conv_nhwc(true);
         let passes = ops::conv2d_forward(&x, &w, stride, padding).and_then(|y| {
             let grads = ops::conv2d_backward(&x, &w, &dy, stride, padding, true)?;

@@ -3,13 +3,15 @@
 //! too), and, after `set_conv_nhwc(true)`, for 16-bit NCHW tensors, whose operands are copied
 //! in and the results out (measured on an H100, those copies cost more than NHWC saves:
 //! ResNet-50 bf16 956 against 1074 images/s with heuristic choices). Weight gradients come
-//! back OIHW.
+//! back OIHW. bf16 stride-2 convolutions over at most four input channels (the stem) run
+//! lowered by space-to-depth (`conv_space_to_depth`).
 
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use super::channels_last::{from_nhwc, is_channels_last, nchw_from_nhwc, nhwc};
 use super::conv_cpu::ConvProblem;
 use super::conv_cudnn::{cudnn_conv, CudnnPass};
+use super::conv_space_to_depth::SpaceToDepth;
 
 /// One cuDNN pass on NHWC operands; the result has NHWC shape `out`.
 struct NhwcPass {
@@ -74,6 +76,17 @@ fn run(
 
 /// The convolution of `x` with `w`, in `x`'s layout.
 pub(super) fn forward(x: &Tensor, w: &Tensor, problem: ConvProblem) -> Result<Tensor> {
+    if let Some(lowering) = SpaceToDepth::for_problem(&problem, x.dtype()) {
+        let y = forward(
+            &lowering.input(x)?,
+            &lowering.filter(w)?,
+            lowering.lowered()?,
+        )?;
+        return match is_channels_last(x) {
+            true => Ok(y),
+            false => y.contiguous(),
+        };
+    }
     let g = &problem.geom;
     let out = [problem.batch, g.out_h, g.out_w, problem.c_out];
     run(
@@ -92,6 +105,10 @@ pub(super) fn backward_data(
     problem: ConvProblem,
     channels_last: bool,
 ) -> Result<Tensor> {
+    if let Some(lowering) = SpaceToDepth::for_problem(&problem, dy.dtype()) {
+        let blocks_grad = backward_data(dy, &lowering.filter(w)?, lowering.lowered()?, true)?;
+        return lowering.input_grad(&blocks_grad, channels_last);
+    }
     let g = &problem.geom;
     let out = [problem.batch, g.in_h, g.in_w, g.c_in];
     run(
@@ -105,6 +122,10 @@ pub(super) fn backward_data(
 
 /// The weight gradient from `x` and `dy` (OIHW, contiguous).
 pub(super) fn backward_filter(x: &Tensor, dy: &Tensor, problem: ConvProblem) -> Result<Tensor> {
+    if let Some(lowering) = SpaceToDepth::for_problem(&problem, x.dtype()) {
+        let blocks_grad = backward_filter(&lowering.input(x)?, dy, lowering.lowered()?)?;
+        return lowering.filter_grad(&blocks_grad);
+    }
     let g = &problem.geom;
     let out = [problem.c_out, g.k_h, g.k_w, g.c_in];
     run(CudnnPass::BackwardFilter, problem, (x, dy), out, false)

@@ -62,6 +62,10 @@ pub(crate) const PIXELS: Module = Module {
     name: "weft_pixels",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/pixels.ptx")),
 };
+pub(crate) const SPACE_TO_DEPTH: Module = Module {
+    name: "weft_space_to_depth",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/space_to_depth.ptx")),
+};
 pub(crate) const RELU: Module = Module {
     name: "weft_relu",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/relu.ptx")),

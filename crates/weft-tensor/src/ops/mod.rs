@@ -63,6 +63,8 @@ mod conv_crop;
 mod conv_cudnn;
 #[cfg(feature = "cudnn")]
 mod conv_nhwc;
+#[cfg(any(feature = "cudnn", test))]
+mod conv_space_to_depth;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cross_entropy_cuda;
@@ -105,6 +107,8 @@ mod running_average;
 #[cfg(feature = "cuda")]
 mod running_average_cuda;
 mod scratch;
+#[cfg(feature = "cudnn")]
+mod space_to_depth_cuda;
 mod storage;
 #[cfg(feature = "cuda")]
 mod transpose_cuda;

@@ -9,5 +9,6 @@ mod max_pool;
 mod multi_tensor;
 mod relu;
 mod running_average;
+mod space_to_depth;
 mod support;
 mod unscale;
