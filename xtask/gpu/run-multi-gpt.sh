@@ -10,7 +10,8 @@
 #   tp    GPT-2 large, 4 x 1024 tokens (TP_BATCH sequences when set): weft and PyTorch on one
 #         GPU and with TP = 2
 #   pp    GPT-2 small (PP_MODEL=gpt2-medium or gpt2-large: 24 or 36 layers, finer half-layer
-#         cuts), 16 x 1024 tokens, PP = 2 with 1F1B over M = 2, 4, 8, 16 (PP_MICRO) micro-batches:
+#         cuts), 16 (PP_BATCH) x 1024 tokens, PP = 2 with 1F1B over M = 2, 4, 8, 16 (PP_MICRO)
+#         micro-batches:
 #         weft (stages balanced by measured time) with each stage's bubble and cut, and PyTorch's
 #         Schedule1F1B
 #   nccl  GPT-2 small ZeRO-3 on two GPUs with NCCL's split communicators sharing their
@@ -131,14 +132,15 @@ if want pp; then
     gpt2-large) SHAPE="--vocab 50257 --context 1024 --width 1280 --layers 36 --heads 20 --seq-len 1024" ;;
     *) echo "PP_MODEL=$PP_MODEL: gpt2, gpt2-medium or gpt2-large"; exit 2 ;;
   esac
-  echo "== PP = 2 on $PP_MODEL, 16 x 1024 tokens, 1F1B, AdamW fp32"
-  D="--model $PP_MODEL --seq-len 1024 --batch-size 16 --steps 8 --synthetic-tokens 262144 --val-tokens 16384 --pp-balance time"
+  PP_BATCH=${PP_BATCH:-16}
+  echo "== PP = 2 on $PP_MODEL, $PP_BATCH x 1024 tokens, 1F1B, AdamW fp32"
+  D="--model $PP_MODEL --seq-len 1024 --batch-size $PP_BATCH --steps 8 --synthetic-tokens $((PP_BATCH * 8 * 1024 * 2)) --val-tokens 16384 --pp-balance time"
   for m in ${PP_MICRO:-2 4 8 16}; do
     weft "pp2-m$m" $D --nproc 2 --pp 2 --micro-batches $m
     grep -h "pipeline:" "$OUT/smi/pp2-m$m.log" | cut -c1-160
   done
   for m in ${PP_MICRO:-2 4 8 16}; do
-    torch_anchor "torch-pp2-m$m" $SHAPE --mode pp --schedule 1f1b --micro-batches $m --batch-size 16 --steps 5 --warmup 3
+    torch_anchor "torch-pp2-m$m" $SHAPE --mode pp --schedule 1f1b --micro-batches $m --batch-size $PP_BATCH --steps 5 --warmup 3
   done
 fi
 

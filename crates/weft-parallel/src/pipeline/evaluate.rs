@@ -44,6 +44,7 @@ impl PipelineTrainer {
         let mut received: HashMap<usize, Tensor> = HashMap::new();
         let mut outputs: HashMap<usize, Tensor> = HashMap::new();
         let mut scored: Vec<BatchResult> = Vec::new();
+        self.links.begin_step();
         for &action in &plan.actions[stage] {
             let missing =
                 || ParallelError::Config(format!("stage {stage}: {action:?} before its input"));

@@ -7,8 +7,11 @@
 //! which [`super::simulate`] proves a plan free of deadlock (on NCCL each communicator has a
 //! stream of its own, so a send waiting for its receiver holds up only its channel).
 //!
-//! An activation travels with a small header (its shape); a gradient's shape is the receiving
-//! stage's own output's.
+//! A step's first activation travels with a small header (its shape); the step's others have
+//! the same shape (a step's micro-batches are equal cuts of its batch, and a stage's output
+//! shape follows from its input's), so they travel without one: a header costs the receiver a
+//! wait on the host for each transfer. A gradient's shape is the receiving stage's own
+//! output's.
 
 use std::sync::Arc;
 
@@ -39,6 +42,16 @@ pub struct StageLinks {
     to_next: Option<Channel>,
     from_next: Option<Channel>,
     pending: Vec<TensorWork>,
+    /// The shape of this step's activations, sent and received (from the step's first);
+    /// boxed, as the pipeline trainer holding the links sits in an enum beside the plain one.
+    step_shapes: Box<StepShapes>,
+}
+
+/// The activation shapes a step has sent and received so far.
+#[derive(Default)]
+struct StepShapes {
+    sent: Option<Shape>,
+    received: Option<Shape>,
 }
 
 /// Splits `pp` into the communicators of the boundaries on one side of every pair of stages:
@@ -83,7 +96,13 @@ impl StageLinks {
             to_next,
             from_next,
             pending: Vec::new(),
+            step_shapes: Box::default(),
         })
+    }
+
+    /// Starts a step: its first activation each way carries its shape again.
+    pub fn begin_step(&mut self) {
+        *self.step_shapes = StepShapes::default();
     }
 
     pub fn stage(&self) -> usize {
@@ -116,57 +135,63 @@ impl StageLinks {
         Ok(())
     }
 
-    /// Queues `activation` (this stage's output) to the next stage, its shape first.
+    /// Queues `activation` (this stage's output) to the next stage, its shape first when it is
+    /// the step's first; a later one of another shape is an error.
     pub fn send_activation(&mut self, activation: &Tensor) -> Result<()> {
         self.reap()?;
         let channel = self
             .to_next
             .as_ref()
             .ok_or_else(|| self.missing("next stage"))?;
-        let dims = activation.dims();
-        if dims.len() > MAX_DIMS {
-            return Err(ParallelError::Config(format!(
-                "an activation of {} dimensions between stages (at most {MAX_DIMS})",
-                dims.len()
-            )));
+        let shape = activation.shape();
+        match &self.step_shapes.sent {
+            Some(sent) if sent == shape => {}
+            Some(sent) => {
+                return Err(ParallelError::Config(format!(
+                    "stage {}: this step's activations changed shape from {sent:?} to {shape:?} (a step's micro-batches must be equal)",
+                    self.stage
+                )))
+            }
+            None => {
+                let header = header_of(shape)?;
+                self.pending
+                    .push(channel.comm.send_tensor(&header, channel.peer)?);
+                self.step_shapes.sent = Some(shape.clone());
+            }
         }
-        let mut header = vec![dims.len() as i64];
-        header.extend(dims.iter().map(|&d| d as i64));
-        header.resize(MAX_DIMS + 1, 0);
-        let header = Tensor::new(header, &Device::Cpu)?;
-        let header = channel.comm.send_tensor(&header, channel.peer)?;
         let data = channel.comm.send_tensor(activation, channel.peer)?;
-        self.pending.extend([header, data]);
+        self.pending.push(data);
         Ok(())
     }
 
-    /// Receives the previous stage's activation, as `dtype` on `device`.
+    /// Receives the previous stage's activation, as `dtype` on `device`: its shape from the
+    /// header of the step's first.
     pub fn recv_activation(&mut self, dtype: DType, device: &Device) -> Result<Tensor> {
         let channel = self
             .from_previous
             .as_ref()
             .ok_or_else(|| self.missing("previous stage"))?;
-        let header = channel
-            .comm
-            .recv_tensor(
-                &Shape::from(MAX_DIMS + 1),
-                DType::I64,
-                &Device::Cpu,
-                channel.peer,
-            )?
-            .wait()?
-            .to_vec1::<i64>()?;
-        let rank = header[0] as usize;
-        if rank > MAX_DIMS {
-            return Err(ParallelError::Config(format!(
-                "stage {}: the previous stage sent a header of {rank} dimensions",
-                self.stage
-            )));
-        }
-        let dims: Vec<usize> = header[1..=rank].iter().map(|&d| d as usize).collect();
+        let shape = match &self.step_shapes.received {
+            Some(shape) => shape.clone(),
+            None => {
+                let header = channel
+                    .comm
+                    .recv_tensor(
+                        &Shape::from(MAX_DIMS + 1),
+                        DType::I64,
+                        &Device::Cpu,
+                        channel.peer,
+                    )?
+                    .wait()?
+                    .to_vec1::<i64>()?;
+                let shape = shape_of(&header, self.stage)?;
+                self.step_shapes.received = Some(shape.clone());
+                shape
+            }
+        };
         let work = channel
             .comm
-            .recv_tensor(&Shape::from(dims), dtype, device, channel.peer)?;
+            .recv_tensor(&shape, dtype, device, channel.peer)?;
         work.wait()
     }
 
@@ -202,4 +227,32 @@ impl StageLinks {
         }
         Ok(())
     }
+}
+
+/// The header of an activation of `shape`: its number of dimensions, then the dimensions,
+/// zero-filled to `MAX_DIMS + 1` values.
+fn header_of(shape: &Shape) -> Result<Tensor> {
+    let dims = shape.dims();
+    if dims.len() > MAX_DIMS {
+        return Err(ParallelError::Config(format!(
+            "an activation of {} dimensions between stages (at most {MAX_DIMS})",
+            dims.len()
+        )));
+    }
+    let mut header = vec![dims.len() as i64];
+    header.extend(dims.iter().map(|&d| d as i64));
+    header.resize(MAX_DIMS + 1, 0);
+    Ok(Tensor::new(header, &Device::Cpu)?)
+}
+
+/// The shape a header received by `stage` describes.
+fn shape_of(header: &[i64], stage: usize) -> Result<Shape> {
+    let rank = header[0] as usize;
+    if rank > MAX_DIMS {
+        return Err(ParallelError::Config(format!(
+            "stage {stage}: the previous stage sent a header of {rank} dimensions"
+        )));
+    }
+    let dims: Vec<usize> = header[1..=rank].iter().map(|&d| d as usize).collect();
+    Ok(Shape::from(dims))
 }

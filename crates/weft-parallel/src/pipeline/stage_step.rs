@@ -111,6 +111,7 @@ impl PipelineTrainer {
             backwards_done: 0,
             measured: Measured::default(),
         };
+        self.links.begin_step();
         self.all_stages_here()?;
         let (stage, started) = (self.stage(), Instant::now());
         for &action in &plan.actions[stage] {

@@ -106,3 +106,50 @@ fn broken_plans_are_refused() {
         "{err}"
     );
 }
+
+/// A step's activations after its first travel without a header: one of another shape is
+/// refused by the sender, naming the stage, rather than misread by the receiver; the next step
+/// sends its (new) shape again.
+#[test]
+fn a_steps_activations_share_its_first_ones_shape() {
+    use candle_core::{DType, Device, Tensor};
+    use weft_testing::on_thread_ranks;
+
+    let ones = |rows: usize| Tensor::ones((rows, 3), DType::F32, &Device::Cpu).unwrap();
+    let results = on_thread_ranks(2, |stage, comm| {
+        let mut links = StageLinks::new(comm.as_ref()).unwrap();
+        links.begin_step();
+        let mut seen = Vec::new();
+        match stage {
+            0 => {
+                links.send_activation(&ones(2)).unwrap();
+                links.send_activation(&(ones(2) * 2.0).unwrap()).unwrap();
+                let refused = links.send_activation(&ones(4)).unwrap_err().to_string();
+                assert!(
+                    refused.contains("stage 0") && refused.contains("changed shape"),
+                    "{refused}"
+                );
+                links.begin_step();
+                links.send_activation(&ones(4)).unwrap();
+                links.finish().unwrap();
+            }
+            _ => {
+                for step_first in [true, false, true] {
+                    if step_first && !seen.is_empty() {
+                        links.begin_step();
+                    }
+                    let x = links.recv_activation(DType::F32, &Device::Cpu).unwrap();
+                    seen.push((
+                        x.dims().to_vec(),
+                        x.sum_all().unwrap().to_scalar::<f32>().unwrap(),
+                    ));
+                }
+            }
+        }
+        seen
+    });
+    assert_eq!(
+        results[1],
+        [(vec![2, 3], 6.0), (vec![2, 3], 12.0), (vec![4, 3], 12.0)]
+    );
+}
