@@ -1,10 +1,11 @@
 //! Launches the channels-last batch-norm kernels of `kernels/batch_norm_nhwc.cu` on the NHWC
 //! storage of channels-last tensors (`rows = N*H*W` rows of `C` channels). A thread owns one
-//! vector of four channels (two of f64) when `C` allows (one channel otherwise): the reductions run as
-//! splits of blocks of up to 32 such columns by rows, writing double partial sums finished by
-//! batch_norm.cu's finalize kernels (with `hw = 1`, a group of threads per channel); the element-wise
-//! passes as blocks of columns by rows. The graph-free passes only (table, forward from a table, gradient table, input
-//! gradient), the backward ones with the ReLU's mask when `relu`.
+//! vector of four channels (two of f64) when `C` allows (one channel otherwise): the reductions
+//! run as splits of blocks of up to 32 such columns by rows, writing double partial sums
+//! finished by batch_norm.cu's finalize kernels (with `hw = 1`, a group of threads per channel);
+//! the element-wise passes as blocks of columns by rows. The graph-free passes only (table,
+//! forward from a table, gradient table, input gradient), the backward ones with the ReLU's mask
+//! when `relu`.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
@@ -160,10 +161,11 @@ where
 }
 
 /// Rows each thread of the input gradient takes when a block spans `down` rows: as many as
-/// leave about a thousand blocks, from 4 to 16. Its threads compute seven coefficients per
-/// channel in double before they read a row; with four rows each (the forward passes' share)
-/// that prologue kept the bf16 pass at 70 % of the memory's bandwidth where the f32 one ran at
-/// over 90 % (Nsight Compute, ResNet-50 batch 128 on an H100: 3.89 ms a step, 3.37 with this).
+/// leave about a thousand blocks, from 4 to 16. With four rows each (the forward passes' share)
+/// the bf16 pass ran at 70 % of the memory's bandwidth where the f32 one ran at over 90 %; 16
+/// rows took it from 3.89 to 3.37 ms a ResNet-50 step (batch 128, H100). Not through its
+/// prologue (seven coefficients per channel in double): computed once per block column into
+/// shared memory instead, they gained nothing (BENCHMARKS.md, seventeenth session).
 fn input_gradient_rows(rows: usize, down: usize) -> usize {
     (rows / (down * 1024)).clamp(4, 16)
 }
