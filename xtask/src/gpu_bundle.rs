@@ -1,7 +1,8 @@
 //! `cargo xtask gpu-bundle`: builds the release binaries with `cuda,cudnn,nccl` (in
 //! `target/gpu`, or `CARGO_TARGET_DIR`) and writes a folder that runs on a machine with CUDA 13
 //! and no Rust toolchain: the stripped binaries (optionally xz-packed for transfer), `env.sh`,
-//! the run scripts (`scripts/`), the PyTorch anchors (`python/`) and `manifest.json` naming the
+//! the run scripts with the C sources of their injection libraries, compiled there
+//! (`scripts/`), the PyTorch anchors (`python/`) and `manifest.json` naming the
 //! commit, the features and every file.
 //!
 //! On the GPU machine: `source BUNDLE/env.sh` (unpacks, sets the library path), then e.g.
@@ -72,8 +73,10 @@ pub fn run(args: &GpuBundleArgs) -> Result<()> {
     for (from, to) in [("xtask/gpu", "scripts"), ("xtask/python", "python")] {
         for entry in std::fs::read_dir(root.join(from))? {
             let path = entry?.path();
-            let keep = matches!(path.extension().and_then(|e| e.to_str()), Some("sh" | "py"))
-                && path.file_name() != Some("env.sh".as_ref());
+            let keep = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("sh" | "py" | "c")
+            ) && path.file_name() != Some("env.sh".as_ref());
             if keep {
                 let name = path.file_name().expect("a file").to_string_lossy();
                 std::fs::copy(&path, out.join(to).join(name.as_ref()))?;
