@@ -89,18 +89,24 @@ fn two_processes_log_the_losses_of_one() {
     assert_eq!(single.len(), 3, "{single:?}");
     assert_eq!(double.len(), 3, "{double:?}");
     // f32 training: the same samples and SyncBatchNorm give the same losses up to the order of
-    // the sums (two half-batches and an all-reduce instead of one batch): 5e-8 relative seen
-    // over 3 steps. 1e-5 leaves room for that and catches a wrong batch split, a missing
-    // gradient average or unsynchronised batch statistics (without --sync-bn on the two ranks
-    // the losses differ by 5e-3 at the first step).
+    // the sums (two half-batches and an all-reduce instead of one batch), which each update
+    // then amplifies. The first step's loss (no update yet) differs by rounding alone; by the
+    // third, 5e-8 relative was seen on one CPU and 2.3e-5 on an AMD EPYC without AVX-512
+    // (its GEMM kernels block the half-batches' sums differently). 1e-5 at the first step and
+    // 1e-4 after still catch a wrong batch split, a missing gradient average or unsynchronised
+    // batch statistics (without --sync-bn on the two ranks the losses differ by 5e-3 at the
+    // first step).
     for (step, (a, b)) in single.iter().zip(&double).enumerate() {
+        let tolerance = if step == 0 { 1e-5 } else { 1e-4 };
         assert!(
-            (a - b).abs() <= 1e-5 * a.abs(),
+            (a - b).abs() <= tolerance * a.abs(),
             "step {step}: one process logged {a}, two processes {b}"
         );
     }
     // Epoch metrics are sums over every rank's samples: the two runs report the accuracies of
-    // the same predictions (equal fractions) and the same validation loss.
+    // the same predictions (equal fractions) and the same validation loss, up to the rounding
+    // the three updates amplified (6.0e-4 relative on the AMD EPYC above; a validation summed
+    // over one rank's half of the samples, or averaged twice, is off by percents).
     let (a, b) = (
         epoch_line(&out.path().join("one")),
         epoch_line(&out.path().join("two")),
@@ -112,7 +118,7 @@ fn two_processes_log_the_losses_of_one() {
         a["val_loss"].as_f64().unwrap(),
         b["val_loss"].as_f64().unwrap(),
     );
-    assert!((la - lb).abs() <= 1e-5 * la.abs(), "val_loss {la} vs {lb}");
+    assert!((la - lb).abs() <= 2e-3 * la.abs(), "val_loss {la} vs {lb}");
 
     // ZeRO 1, 2 and 3 on the same two ranks: only the order of the f32 gradient sums differs
     // from DDP's (a reduce to each owner instead of an all-reduce), so the losses agree to
