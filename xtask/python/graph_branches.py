@@ -7,7 +7,8 @@ replays R times; per variant: the replay's device time and the time per kernel. 
 traces (BENCHMARKS.md, eighteenth session) a replayed ResNet-50 step's kernels followed each
 other after 96 ns on one GPU and after 416-448 ns in every two-GPU run.
 
-Usage: python3 graph_branches.py [--kernels N] [--replays R] [--peer] [--nccl] [--chains-only] [--streams K]
+Usage: python3 graph_branches.py [--kernels N] [--replays R] [--peer] [--nccl] [--chains-only]
+                                 [--streams K [--copies]]
 """
 
 import argparse
@@ -99,7 +100,8 @@ def main():
             for stream in keep:
                 with torch.cuda.stream(stream):
                     if a.copies:
-                        torch.zeros(1 << 20, device="cuda").copy_(torch.ones(1 << 20).pin_memory(), non_blocking=True)
+                        host = torch.ones(1 << 20).pin_memory()
+                        torch.zeros(1 << 20, device="cuda").copy_(host, non_blocking=True)
                     else:
                         torch.zeros(1, device="cuda").add_(1.0)
             torch.cuda.synchronize()

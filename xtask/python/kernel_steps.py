@@ -3,8 +3,9 @@
 Usage: kernel_steps.py FOLDER [--last K] [--top N]
 
 FOLDER holds `kernels-<pid>.csv` files (xtask/gpu/kernel_trace.c), one per process, e.g. of
-`bench-ddp --world-sizes 2` (its one-GPU run, then its ranks). In each process the graph replays with the most kernels are its training steps (one
-replay's kernels share the launch's correlation id); the last K of them (default 20) are
+`bench-ddp --world-sizes 2` (its one-GPU run, then its ranks). In each process the graph
+replays with the most kernels are its training steps (one replay's kernels share the launch's
+correlation id); the last K of them (default 20) are
 summarised by their medians:
   span       first kernel's start to last kernel's end
   compute    kernels other than NCCL's, summed, and the time at least one of them runs (busy)
