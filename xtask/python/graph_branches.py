@@ -1,11 +1,14 @@
-"""What a second branch costs a CUDA graph's kernel boundaries (PyTorch's graph API on one GPU).
+"""What slows a CUDA graph's kernel boundaries (PyTorch's graph API on one GPU).
 
-A chain of N tiny kernels on one stream is captured alone, then with a side stream forked
-from it and joined back (the shape of a DDP step: all-reduces on a communication stream
-beside backward), then alone again; with --peer, again after peer access to GPU 1 is on. Each
-replays R times; per variant: the replay's device time and the time per kernel. In weft's
-traces (BENCHMARKS.md, eighteenth session) a replayed ResNet-50 step's kernels followed each
-other after 96 ns on one GPU and after 416-448 ns in every two-GPU run.
+A chain of N tiny kernels on one stream is captured alone, then (unless --chains-only) with a
+side stream forked from it and joined back (the shape of a DDP step: all-reduces on a
+communication stream beside backward), then alone again; then, as asked, after K more streams
+each ran a kernel (--streams K) or a host copy (--copies), after a one-rank NCCL group ran an
+all-reduce (--nccl), after peer access to GPU 1 is on (--peer). Each graph replays R times;
+per variant: the replay's device time and the time per kernel. In weft's traces (BENCHMARKS.md,
+eighteenth session) a replayed ResNet-50 step's kernels followed each other after 96 ns on one
+GPU and after 416-448 ns in every two-GPU rank; here a chain slows by about 177 ns a kernel once
+one more stream of the process has run a kernel eagerly (NCCL's included), not with a fork.
 
 Usage: python3 graph_branches.py [--kernels N] [--replays R] [--peer] [--nccl] [--chains-only]
                                  [--streams K [--copies]]

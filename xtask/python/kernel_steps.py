@@ -5,15 +5,14 @@ Usage: kernel_steps.py FOLDER [--last K] [--top N]
 FOLDER holds `kernels-<pid>.csv` files (xtask/gpu/kernel_trace.c), one per process, e.g. of
 `bench-ddp --world-sizes 2` (its one-GPU run, then its ranks). In each process the graph
 replays with the most kernels are its training steps (one replay's kernels share the launch's
-correlation id); the last K of them (default 20) are
-summarised by their medians:
+correlation id); the last K of them (default 20) are summarised by their medians:
   span       first kernel's start to last kernel's end
   compute    kernels other than NCCL's, summed, and the time at least one of them runs (busy)
   nccl       NCCL's kernels, summed, and the time one runs while no other kernel does (exposed)
   idle       no kernel at all inside the span (a memset or copy node counts as idle)
   between    from one replay's end to the next one's start (the host's share)
   boundary   the median gap between one compute kernel's end and the next one's start, in ns
-             (96 in a one-GPU ResNet-50 step, about 420 once the graph holds NCCL's kernels)
+             (96 in a one-GPU ResNet-50 step, about 420 in each rank of a two-GPU one)
 Then the kernels whose summed time per step changed most between the first process without
 NCCL kernels (the one-GPU run) and each process with them (a rank) are listed by name.
 """
