@@ -160,6 +160,12 @@ pub trait DeviceCollectives: Send + Sync {
     /// except while the stream is captured into a CUDA graph.
     fn set_timing(&self, on: bool);
 
+    /// Runs the operations issued from now on outside a CUDA graph's capture on the compute
+    /// stream itself (`on`) instead of beside it on a stream of their own (the default, off):
+    /// for a process that replays CUDA graphs, whose replays slow down once a second stream
+    /// has run kernels eagerly. Captured operations always fork to the communication stream.
+    fn set_eager_on_compute(&self, on: bool);
+
     /// The ordered operations timed since the last call, in issue order, on the host's clock
     /// (at most the last 4096). Call it once the device has finished them, after a fence.
     fn take_spans(&self) -> Result<Vec<DeviceSpan>>;

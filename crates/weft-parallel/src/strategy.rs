@@ -214,4 +214,14 @@ pub trait Strategy: Send {
     fn capturable(&self) -> bool {
         self.wrapped().is_some_and(|inner| inner.capturable())
     }
+
+    /// Told whether the trainer replays its step from a CUDA graph from now on (`on`) or runs
+    /// it eagerly. Over NCCL, the operations issued outside the graph then run on the compute
+    /// stream ([`weft_collectives::DeviceCollectives::set_eager_on_compute`]): a second stream
+    /// running kernels eagerly slows every replay.
+    fn replays_graph(&mut self, on: bool) {
+        if let Some(inner) = self.wrapped_mut() {
+            inner.replays_graph(on);
+        }
+    }
 }

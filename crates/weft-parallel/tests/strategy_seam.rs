@@ -95,6 +95,33 @@ impl Strategy for Recording {
         self.note("after step".into());
         Ok(())
     }
+    fn replays_graph(&mut self, on: bool) {
+        self.note(format!("replays graph {on}"));
+    }
+}
+
+/// A strategy that wraps another and implements only the hooks it must.
+struct Wrapping(Recording);
+
+impl Strategy for Wrapping {
+    fn name(&self) -> &'static str {
+        "wrapping"
+    }
+    fn wrapped(&self) -> Option<&dyn Strategy> {
+        Some(&self.0)
+    }
+    fn wrapped_mut(&mut self) -> Option<&mut dyn Strategy> {
+        Some(&mut self.0)
+    }
+    fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> weft_parallel::Result<()> {
+        self.0.block_ready(ready, grads)
+    }
+    fn finish_backward(&mut self, grads: &FlatBuffer) -> weft_parallel::Result<()> {
+        self.0.finish_backward(grads)
+    }
+    fn set_require_sync(&mut self, sync: bool) {
+        self.0.set_require_sync(sync)
+    }
 }
 
 /// A one-process trainer of the tied model whose strategy logs each call, and its log.
@@ -138,6 +165,25 @@ fn the_step_calls_its_strategy_at_every_point_in_order() {
     expected.extend(micro(false).into_iter().chain(micro(true)));
     expected.extend(["finish", "range", "after step"].map(String::from));
     assert_eq!(*log.lock().unwrap(), expected);
+}
+
+/// Whether the step is replayed from a CUDA graph reaches the strategy a wrapper wraps (DDP
+/// inside ZeRO or tensor parallelism: it moves NCCL's eager work to the compute stream).
+#[test]
+fn a_wrapper_passes_on_whether_the_step_is_replayed() {
+    let model = tied_model(0, DType::F64, false);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let inner = Recording {
+        inner: SingleProcess::new(&model, false),
+        log: log.clone(),
+    };
+    let mut outer = Wrapping(inner);
+    outer.replays_graph(true);
+    outer.replays_graph(false);
+    assert_eq!(
+        *log.lock().unwrap(),
+        ["replays graph true", "replays graph false"]
+    );
 }
 
 /// `step_then` and `step_micro_batches_then` run the host's `meanwhile` work once per step,

@@ -46,10 +46,18 @@ pub fn resnet(
     if let (Some(comm), true) = (comm, plan.sync_bn) {
         weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
     }
+    let replays = plan.cuda_graph && !plan.sync_bn;
+    if let (Some(comm), true, 0) = (comm, replays, plan.zero) {
+        // The replicas' check and broadcast below run on the compute stream too, as DDP's
+        // eager work will once `with_cuda_graph` tells it (`Strategy::replays_graph`).
+        if let Some(device) = comm.device_collectives() {
+            device.set_eager_on_compute(true);
+        }
+    }
     let zero = (plan.zero, plan.zero3_shard.clone());
     let strategy = data_parallel(&trainer, comm, zero, &plan.ddp, plan.timeline.as_ref())?;
     let mut trainer = trainer.with_strategy(strategy)?;
-    if plan.cuda_graph && !plan.sync_bn {
+    if replays {
         trainer = trainer.with_cuda_graph();
     }
     Ok(trainer)

@@ -1,16 +1,16 @@
 //! The launcher thread behind an NCCL communicator. Jobs arrive in issue order; for each, the
-//! communication stream waits for the compute-stream work recorded when the job was
-//! submitted, the NCCL call is enqueued, and an event recorded after it goes to the
-//! [`super::watchdog`], which reports completion. Launching never waits for completion, so
+//! communication stream (or the compute stream itself: [`EagerStream`]) waits for the
+//! compute-stream work recorded when the job was submitted, the NCCL call is enqueued, and an
+//! event recorded after it goes to the [`super::watchdog`], which reports completion. Launching never waits for completion, so
 //! many operations can be in flight at once, and they complete in issue order.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use cudarc::driver::{CudaEvent, CudaStream};
 
 use super::handle::CommHandle;
 use super::launch::Launch;
@@ -99,13 +99,43 @@ pub(crate) struct IssueOrder {
     queued: AtomicU64,
 }
 
+/// The stream that runs the operations issued outside a CUDA graph's capture: the
+/// communication stream, beside the compute stream's work, or in a process that replays CUDA
+/// graphs the compute stream itself. Once a second stream of the process has run a kernel
+/// eagerly, the kernels of every graph replay start about 0.3 µs later after one another
+/// (BENCHMARKS.md, eighteenth and nineteenth sessions): with NCCL's eager work on the compute
+/// stream, the communication stream runs kernels only inside graphs.
+pub(crate) struct EagerStream {
+    communication: Arc<CudaStream>,
+    compute: Arc<CudaStream>,
+    on_compute: AtomicBool,
+}
+
+impl EagerStream {
+    /// The stream an operation issued now, outside a capture, runs on.
+    pub fn get(&self) -> &Arc<CudaStream> {
+        match self.on_compute.load(Ordering::Acquire) {
+            true => &self.compute,
+            false => &self.communication,
+        }
+    }
+
+    /// Operations issued from now on run on the compute stream (`on`) or on the
+    /// communication stream.
+    pub fn set_on_compute(&self, on: bool) {
+        self.on_compute.store(on, Ordering::Release);
+    }
+}
+
 /// The launcher and watchdog threads of one communicator.
 pub(crate) struct Engine {
     tasks: Mutex<Option<Sender<Task>>>,
     pub health: Arc<Health>,
     pub comm: Arc<CommHandle>,
-    /// The communication stream every operation runs on.
+    /// The communication stream: the operations captured into a CUDA graph run on it, and
+    /// the others unless [`Self::eager`] says the compute stream.
     pub stream: Arc<CudaStream>,
+    pub eager: Arc<EagerStream>,
     order: Arc<IssueOrder>,
     threads: Vec<JoinHandle<()>>,
     timeout: Duration,
@@ -113,14 +143,16 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    /// Starts the threads; returns once the communicator exists, or fails after `timeout`.
+    /// Starts the threads for the GPU of the `compute` stream; returns once the communicator
+    /// exists, or fails after `timeout`.
     pub fn start(
         init: Init,
-        context: Arc<CudaContext>,
+        compute: Arc<CudaStream>,
         (rank, world_size): (usize, usize),
         (timeout, high_priority): (Duration, bool),
         watchdog: impl FnOnce(Arc<CommHandle>, Arc<Health>, Receiver<InFlight>) -> Watchdog,
     ) -> Result<Self> {
+        let context = compute.context().clone();
         let stream = match high_priority {
             true => cudarc::driver::result::stream::get_priority_range()
                 .and_then(|(_, highest)| context.new_stream_with_priority(highest)),
@@ -133,7 +165,12 @@ impl Engine {
         let health = Arc::new(Health::default());
         let launcher_health = health.clone();
         let order = Arc::new(IssueOrder::default());
-        let (launcher_order, comm_stream) = (order.clone(), stream.clone());
+        let eager = Arc::new(EagerStream {
+            communication: stream.clone(),
+            compute,
+            on_compute: AtomicBool::new(false),
+        });
+        let (launcher_order, launcher_eager) = (order.clone(), eager.clone());
         let launcher = std::thread::Builder::new()
             .name(format!("weft-nccl-launch-{rank}"))
             .spawn(move || {
@@ -152,7 +189,7 @@ impl Engine {
                 let _ = ready_tx.send(Ok(comm.clone()));
                 let launcher = Launcher {
                     comm,
-                    stream,
+                    stream: launcher_eager,
                     order: launcher_order,
                     health: launcher_health,
                     rank,
@@ -179,7 +216,8 @@ impl Engine {
             tasks: Mutex::new(Some(task_tx)),
             health,
             comm,
-            stream: comm_stream,
+            stream,
+            eager,
             order,
             threads: vec![launcher, watchdog],
             timeout,
@@ -292,7 +330,8 @@ pub(crate) fn driver(op: &'static str, rank: usize, e: cudarc::driver::DriverErr
 
 struct Launcher {
     comm: Arc<CommHandle>,
-    stream: Arc<CudaStream>,
+    /// Its jobs are issued outside any capture.
+    stream: Arc<EagerStream>,
     order: Arc<IssueOrder>,
     health: Arc<Health>,
     rank: usize,
@@ -337,19 +376,19 @@ impl Launcher {
         if let Err(e) = self.health.check(job.op) {
             return (job.deliver)(Err(e));
         }
+        let stream = self.stream.get();
         let launch = Launch {
             comm: &self.comm,
-            stream: &self.stream,
+            stream,
             rank: self.rank,
             world_size: self.world_size,
         };
-        let issued = self
-            .stream
+        let issued = stream
             .wait(&job.ready)
             .map_err(|e| driver(job.op, self.rank, e))
             .and_then(|()| (job.issue)(&launch))
             .and_then(|()| {
-                self.stream
+                stream
                     .record_event(None)
                     .map_err(|e| driver(job.op, self.rank, e))
             });

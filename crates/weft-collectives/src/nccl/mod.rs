@@ -1,6 +1,8 @@
 //! The NCCL backend (cargo feature `nccl`): one process per GPU, operations on a
 //! communication stream of their own, ordered after the compute-stream work queued when they
-//! were started, so gradient all-reduces overlap backward.
+//! were started, so gradient all-reduces overlap backward. A process that replays CUDA graphs
+//! runs the operations outside its graphs on the compute stream instead
+//! ([`crate::DeviceCollectives::set_eager_on_compute`]).
 //!
 //! Layers, as cudarc has them: [`handle`] (raw communicator over cudarc's `result`/`sys`
 //! layers: init, split, async error, abort), [`launch`] (one checked NCCL call on device
@@ -81,17 +83,16 @@ impl NcclCommunicator {
         liveness: Arc<Liveness>,
         config: NcclConfig,
     ) -> Result<Self> {
-        let context = compute.context().clone();
         let world_size = members.len();
         let (watch_liveness, watch_members, timeout, watch_context) = (
             liveness.clone(),
             members.clone(),
             config.timeout,
-            context.clone(),
+            compute.context().clone(),
         );
         let engine = Engine::start(
             init,
-            context,
+            compute.clone(),
             (rank, world_size),
             (config.timeout, config.high_priority_stream),
             move |comm, health, flights| Watchdog {

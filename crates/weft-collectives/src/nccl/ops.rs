@@ -5,6 +5,7 @@
 use std::sync::mpsc::channel;
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaEvent, CudaStream};
 
 use super::engine::{driver, Deliver, Init};
@@ -100,7 +101,15 @@ impl NcclCommunicator {
     ) -> Result<Box<dyn DeviceJoin>> {
         self.engine.health.check(op)?;
         check_on(op, data, self.ordinal())?;
-        let stream = &self.engine.stream;
+        let capturing = self
+            .compute
+            .capture_status()
+            .map_err(|e| driver(op, self.rank, e))?
+            != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let stream = match capturing {
+            true => &self.engine.stream,
+            false => self.engine.eager.get(),
+        };
         let issuing = self.engine.issue_here(op)?;
         // A rank that did not enqueue its part leaves the others waiting: the communicator is
         // failed and aborted, on another thread (the abort may wait on the GPU; this thread
@@ -264,6 +273,10 @@ impl DeviceCollectives for NcclCommunicator {
 
     fn set_timing(&self, on: bool) {
         self.timer.set(on);
+    }
+
+    fn set_eager_on_compute(&self, on: bool) {
+        self.engine.eager.set_on_compute(on);
     }
 
     fn take_spans(&self) -> Result<Vec<DeviceSpan>> {

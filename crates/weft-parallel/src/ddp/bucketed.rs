@@ -344,4 +344,10 @@ impl Strategy for DistributedDataParallel {
     fn capturable(&self) -> bool {
         self.on_device
     }
+
+    fn replays_graph(&mut self, on: bool) {
+        if let Some(device) = self.native() {
+            device.set_eager_on_compute(on);
+        }
+    }
 }

@@ -163,6 +163,7 @@ impl StepGraph {
                     Err(reason) => {
                         tracing::warn!("the training step runs without a CUDA graph ({reason})");
                         self.state = State::Off;
+                        trainer.strategy.replays_graph(false);
                         let (results, timings) = trainer.run(&batch)?;
                         meanwhile();
                         trainer.wait_for_device()?;

@@ -160,6 +160,8 @@ impl Trainer {
         {
             self.graph = Some(cuda_graph::StepGraph::default());
         }
+        #[cfg(feature = "cuda")]
+        self.strategy.replays_graph(self.graph.is_some());
         self
     }
 
