@@ -1,6 +1,6 @@
 """Where a CUDA-graph training step's device time goes, from kernel_trace.so's CSVs.
 
-Usage: kernel_steps.py FOLDER [--last K] [--top N]
+Usage: kernel_steps.py FOLDER [--last K] [--top N] [--gaps N]
 
 FOLDER holds `kernels-<pid>.csv` files (xtask/gpu/kernel_trace.c), one per process, e.g. of
 `bench-ddp --world-sizes 2` (its one-GPU run, then its ranks). In each process the graph
@@ -14,7 +14,10 @@ correlation id); the last K of them (default 20) are summarised by their medians
   boundary   the median gap between one compute kernel's end and the next one's start, in ns
              (96 in a one-GPU ResNet-50 step, about 420 in each rank of a two-GPU one)
 Then the kernels whose summed time per step changed most between the first process without
-NCCL kernels (the one-GPU run) and each process with them (a rank) are listed by name.
+NCCL kernels (the one-GPU run) and each process with them (a rank) are listed by name. With
+--gaps N, each process's N longest idle gaps (median over the replays, by position in the
+replay) are listed with the kernels on either side; memset and copy nodes are not kernels
+here, so the time they take shows as a gap.
 """
 
 import argparse
@@ -97,6 +100,36 @@ def summarise(steps):
     return {k: statistics.median(v) / (1.0 if k == "boundary" else 1e6) for k, v in rows.items()}
 
 
+def idle_gaps(kernels):
+    """Each stretch of a replay with no kernel running: (position, start offset, length, the
+    kernel that ended last before it, the one that starts it), in ns."""
+    ordered = sorted(kernels)
+    origin = ordered[0][0]
+    busy_until, last = ordered[0][1], ordered[0][2]
+    for i, (a, b, name) in enumerate(ordered[1:], 1):
+        if a > busy_until:
+            yield i, busy_until - origin, a - busy_until, last, name
+        if b > busy_until:
+            busy_until, last = b, name
+
+
+def longest_gaps(steps, count):
+    by_position = collections.defaultdict(list)
+    for kernels in steps:
+        for i, offset, length, before, after in idle_gaps(kernels):
+            by_position[i].append((length, offset, before, after))
+    rows = []
+    for found in by_position.values():
+        # A gap seen in fewer than half the replays is not the step's own.
+        if len(found) * 2 < len(steps):
+            continue
+        lengths = [g[0] for g in found]
+        length, offset, before, after = found[len(found) // 2]
+        total = sum(lengths) / len(steps)
+        rows.append((total, statistics.median(lengths), offset, before, after))
+    return sorted(rows, reverse=True)[:count]
+
+
 def per_name(steps):
     total = collections.Counter()
     for kernels in steps:
@@ -119,6 +152,7 @@ def main():
     p.add_argument("folder")
     p.add_argument("--last", type=int, default=20)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--gaps", type=int, default=0)
     a = p.parse_args()
     found = processes(a.folder, a.last)
     print(f"== {a.folder}: {len(found)} process(es) with graph replays")
@@ -128,6 +162,9 @@ def main():
         cells = "  ".join(f"{k} {v:6.3f}" for k, v in summary.items())
         print(f"{name}: {len(steps)} replays of {len(steps[0])} kernels; ms: {cells}; "
               f"boundary {boundary:.0f} ns")
+        for total, length, offset, before, after in longest_gaps(steps, a.gaps):
+            print(f"   gap {length / 1e3:7.1f} us (per replay {total / 1e3:6.1f}) at "
+                  f"{offset / 1e6:6.2f} ms: {before[:50]} -> {after[:50]}")
     single = [f for f in found if not any(is_nccl(k[2]) for k in f[1][0])]
     ranks = [f for f in found if f not in single]
     if not single or not ranks:
