@@ -105,8 +105,10 @@ fn two_processes_log_the_losses_of_one() {
     }
     // Epoch metrics are sums over every rank's samples: the two runs report the accuracies of
     // the same predictions (equal fractions) and the same validation loss, up to the rounding
-    // the three updates amplified (6.0e-4 relative on the AMD EPYC above; a validation summed
-    // over one rank's half of the samples, or averaged twice, is off by percents).
+    // the three updates amplified (6.0e-4 relative on the AMD EPYC above; in f64 the
+    // parameters and running statistics of SyncBatchNorm ranks equal one process's to 1e-10,
+    // crates/weft-parallel/tests/ddp_equivalence.rs; a validation summed over one rank's half
+    // of the samples, or averaged twice, is off by percents).
     let (a, b) = (
         epoch_line(&out.path().join("one")),
         epoch_line(&out.path().join("two")),

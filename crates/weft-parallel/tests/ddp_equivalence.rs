@@ -47,6 +47,19 @@ fn params(t: &Trainer) -> Vec<f64> {
     flat_params(t.model().store())
 }
 
+/// The BatchNorm buffers (running mean and variance, batches counted), flattened in f64.
+fn buffers(t: &Trainer) -> Vec<f64> {
+    let store = t.model().store();
+    store
+        .buffer_ids()
+        .into_iter()
+        .flat_map(|id| {
+            let flat = store.entries()[id].tensor().flatten_all().unwrap();
+            flat.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap()
+        })
+        .collect()
+}
+
 /// f64 runs that differ only in the order of sums.
 fn assert_close(a: &[f64], b: &[f64], what: &str) {
     weft_testing::assert_close(a, b, 1e-10, what);
@@ -265,7 +278,9 @@ fn first_bucket_all_reduce_starts_before_backward_finishes() {
 #[test]
 fn sync_batch_norm_in_training_mode_matches_one_process() {
     // Training-mode BatchNorm: with SyncBatchNorm every rank normalises with the global
-    // batch's statistics, so the result equals one process on the global batch (f64, 1e-10).
+    // batch's statistics and updates its running statistics from them (the unbiased variance
+    // over the global count), so parameters and buffers equal one process on the global batch
+    // (f64, 1e-10).
     let world = 2;
     let data = batches(world * B);
     let train_mode = |t: Trainer| t.with_mode(Mode::TRAIN);
@@ -273,9 +288,10 @@ fn sync_batch_norm_in_training_mode_matches_one_process() {
     for (x, y) in &data {
         reference.step(x, y, 0.1).unwrap();
     }
-    let reference = params(&reference);
+    let reference = (params(&reference), buffers(&reference));
+    assert!(!reference.1.is_empty(), "the model has BatchNorm buffers");
     let comms = ShmCommunicator::new_thread_group(world).unwrap();
-    let results: Vec<Vec<f64>> = thread::scope(|scope| {
+    let results: Vec<(Vec<f64>, Vec<f64>)> = thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
             .enumerate()
@@ -301,14 +317,15 @@ fn sync_batch_norm_in_training_mode_matches_one_process() {
                         )
                         .unwrap();
                     }
-                    params(&t)
+                    (params(&t), buffers(&t))
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    for (rank, p) in results.iter().enumerate() {
-        assert_close(p, &reference, &format!("sync-bn rank {rank}"));
+    for (rank, (p, b)) in results.iter().enumerate() {
+        assert_close(p, &reference.0, &format!("sync-bn rank {rank}"));
+        assert_close(b, &reference.1, &format!("sync-bn rank {rank}, buffers"));
     }
 }
 
