@@ -78,6 +78,9 @@ pub struct BenchDdpArgs {
     /// `bf16_compress_hook` / `fp16_compress_hook`
     #[arg(long, default_value = "none")]
     grad_compression: String,
+    /// weft's last DDP bucket in MiB (train-resnet's flag; 0: PyTorch's plan, the anchor's)
+    #[arg(long, default_value_t = 0.0)]
+    last_bucket_cap_mb: f64,
     /// Channels-last tensors in weft's runs and in the GPU anchor
     #[arg(long, default_value_t = false)]
     channels_last: bool,
@@ -252,6 +255,7 @@ fn measure(
         )
         .args(["--precision", &args.precision])
         .args(["--grad-compression", &args.grad_compression])
+        .args(["--last-bucket-cap-mb", &args.last_bucket_cap_mb.to_string()])
         // Explicit either way: the trainer's own default (`auto`) differs from PyTorch's.
         .args([
             "--channels-last",

@@ -136,6 +136,11 @@ fn bucketed_and_naive_ddp_match_one_process_on_the_global_batch() {
         });
         let bucketed = run_ranks(world, &data, 1, ddp(DdpConfig::default()));
         let many_buckets = run_ranks(world, &data, 1, ddp(tiny_buckets.clone()));
+        let small_last = DdpConfig {
+            last_bucket_cap_mb: 0.0002,
+            ..tiny_buckets.clone()
+        };
+        let small_last = run_ranks(world, &data, 1, ddp(small_last));
         for rank in 0..world {
             assert_close(
                 &naive[rank],
@@ -152,6 +157,11 @@ fn bucketed_and_naive_ddp_match_one_process_on_the_global_batch() {
                 &naive[rank],
                 &format!("small buckets, world {world}, rank {rank}"),
             );
+            assert_close(
+                &small_last[rank],
+                &naive[rank],
+                &format!("a small last bucket, world {world}, rank {rank}"),
+            );
         }
     }
 }
@@ -166,12 +176,25 @@ fn small_caps_give_many_buckets() {
         first_bucket_cap_mb: 0.0002,
         ..DdpConfig::default()
     };
-    let ddp = DistributedDataParallel::new(t.model(), t.grads(), comm, config).unwrap();
-    assert!(
-        ddp.plan().buckets().len() >= 5,
-        "{} buckets",
-        ddp.plan().buckets().len()
-    );
+    let ddp = DistributedDataParallel::new(t.model(), t.grads(), comm.clone(), config);
+    let buckets = ddp.unwrap().plan().buckets().len();
+    assert!(buckets >= 5, "{buckets} buckets");
+    // With a last cap, the first parameters (the last gradients) get a bucket of their own,
+    // as many as fit (f64: 8 bytes an element), where the reverse walk ends elsewhere.
+    let last_of = |last_bucket_cap_mb: f64| {
+        let config = DdpConfig {
+            bucket_cap_mb: 0.004,
+            first_bucket_cap_mb: 0.0002,
+            last_bucket_cap_mb,
+            ..DdpConfig::default()
+        };
+        let ddp = DistributedDataParallel::new(t.model(), t.grads(), comm.clone(), config);
+        ddp.unwrap().plan().buckets().last().unwrap().clone()
+    };
+    let (walked, capped) = (last_of(0.0), last_of(0.001));
+    assert_eq!(capped.range.start, 0, "{capped:?}");
+    assert!(capped.range.len() * 8 <= 1048, "{capped:?}");
+    assert_ne!(capped, walked, "the last bucket is the reverse walk's");
 }
 
 #[test]

@@ -50,8 +50,7 @@ fn stages_2_and_3_hold_a_shard_of_the_gradients_and_a_few_buckets() {
             let whole = grads.layout().len();
             // The most the staged buckets can hold: the largest ones in flight, and those one
             // block's gradients fill.
-            let cap = (small_buckets().bucket_cap_mb * 1048576.0) as usize;
-            let plan = BucketPlan::new(grads.layout(), 8, cap, cap);
+            let plan = BucketPlan::new(grads.layout(), 8, small_buckets().bucket_caps());
             let bytes = |b: usize| plan.buckets()[b].range.len() * 8;
             let mut sizes: Vec<usize> = (0..plan.buckets().len()).map(bytes).collect();
             sizes.sort_unstable_by(|a, b| b.cmp(a));

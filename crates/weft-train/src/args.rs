@@ -181,6 +181,11 @@ pub struct TrainArgs {
     /// DDP bucket size in MiB
     #[arg(long, default_value_t = 25.0)]
     pub bucket_cap_mb: f64,
+    /// DDP: the last bucket (the first layers, whose gradients come last) in MiB, so that
+    /// little communication is left once backward ends; 0 leaves it to the reverse walk, as
+    /// PyTorch does
+    #[arg(long, default_value_t = 0.0)]
+    pub last_bucket_cap_mb: f64,
     /// DDP: reduce gradient buckets as 16-bit copies and write the average back
     #[arg(long, value_enum, default_value_t = Compression::None)]
     pub grad_compression: Compression,
@@ -301,6 +306,12 @@ impl TrainArgs {
         }
         if self.bucket_cap_mb.is_nan() || self.bucket_cap_mb <= 0.0 {
             bail!("--bucket-cap-mb {} must be positive", self.bucket_cap_mb);
+        }
+        if self.last_bucket_cap_mb.is_nan() || self.last_bucket_cap_mb < 0.0 {
+            bail!(
+                "--last-bucket-cap-mb {} must be positive or 0",
+                self.last_bucket_cap_mb
+            );
         }
         if self.epochs == 0 && self.steps.is_none() {
             bail!("--epochs must be at least 1");

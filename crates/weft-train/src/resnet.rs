@@ -128,6 +128,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             zero: args.zero,
             ddp: DdpConfig {
                 bucket_cap_mb: args.bucket_cap_mb,
+                last_bucket_cap_mb: args.last_bucket_cap_mb,
                 broadcast_buffers: args.broadcast_buffers,
                 find_unused_parameters: args.find_unused_parameters,
                 grad_compression: args.grad_compression.to_ddp(),

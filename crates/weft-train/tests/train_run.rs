@@ -209,7 +209,7 @@ fn init_from_loads_the_weights() {
 
 #[test]
 fn bad_flags_fail_before_any_work_naming_the_flag() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["--model", "resnet7"], "--model resnet7"),
         (&["--batch-size", "0"], "--batch-size"),
         (&["--data", "cifar10:/no/such/folder"], "/no/such/folder"),
@@ -219,6 +219,7 @@ fn bad_flags_fail_before_any_work_naming_the_flag() {
         (&["--precision", "bf16-true"], "--precision bf16-true"),
         (&["--micro-batches", "3"], "--micro-batches 3"),
         (&["--clip-grad-norm=-1"], "--clip-grad-norm"),
+        (&["--last-bucket-cap-mb=-1"], "--last-bucket-cap-mb -1"),
         (
             &["--delayed-update-from", "40"],
             "needs --offload-optimizer",

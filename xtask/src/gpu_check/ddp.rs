@@ -194,8 +194,7 @@ fn scenario(
         timeline: None,
         zero3_shard: None,
     };
-    let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
-    let buckets = BucketPlan::new(ddp.grads().layout(), 8, mib(0.1), mib(0.5))
+    let buckets = BucketPlan::new(ddp.grads().layout(), 8, plan.ddp.bucket_caps())
         .buckets()
         .len();
     let mut ddp = parallelize::resnet(ddp, Some(comm), &plan)?;

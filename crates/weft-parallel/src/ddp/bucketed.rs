@@ -221,10 +221,14 @@ pub(crate) fn prepare_replicas(
     comm: &dyn Communicator,
     config: &DdpConfig,
 ) -> Result<BucketPlan> {
-    if !(config.bucket_cap_mb > 0.0 && config.first_bucket_cap_mb > 0.0) {
+    if !(config.bucket_cap_mb > 0.0
+        && config.first_bucket_cap_mb > 0.0
+        && config.last_bucket_cap_mb >= 0.0)
+    {
         return Err(ParallelError::Config(format!(
-            "bucket caps must be positive (bucket_cap_mb {}, first_bucket_cap_mb {})",
-            config.bucket_cap_mb, config.first_bucket_cap_mb
+            "bucket caps must be positive (bucket_cap_mb {}, first_bucket_cap_mb {}; \
+             last_bucket_cap_mb {} positive or 0)",
+            config.bucket_cap_mb, config.first_bucket_cap_mb, config.last_bucket_cap_mb
         )));
     }
     let store = model.store();
@@ -233,12 +237,10 @@ pub(crate) fn prepare_replicas(
         .filter(|&id| residency::is_resident(store.entries()[id].tensor()))
         .collect();
     broadcast_entries(store, &whole, comm, 0)?;
-    let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
     Ok(BucketPlan::new(
         grads.layout(),
         grads.dtype().size_in_bytes(),
-        mib(config.first_bucket_cap_mb.min(config.bucket_cap_mb)),
-        mib(config.bucket_cap_mb),
+        config.bucket_caps(),
     ))
 }
 

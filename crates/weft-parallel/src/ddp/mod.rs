@@ -16,7 +16,7 @@ use candle_core::DType;
 pub(crate) use bucketed::{fence, prepare_replicas};
 pub use bucketed::{BucketTiming, DistributedDataParallel};
 pub(crate) use buckets::BucketCountdown;
-pub use buckets::{Bucket, BucketPlan};
+pub use buckets::{Bucket, BucketCaps, BucketPlan};
 pub use consistency::{broadcast_buffers, broadcast_entries, check_same_model};
 pub use naive::NaiveDataParallel;
 
@@ -28,6 +28,11 @@ pub struct DdpConfig {
     /// The first bucket (the last parameters, whose gradients come first) is capped at
     /// this many MiB so communication starts early (PyTorch uses 1 MiB).
     pub first_bucket_cap_mb: f64,
+    /// The last bucket (the first parameters, whose gradients come last) is capped at this
+    /// many MiB, so that little communication is left once backward ends; 0 (the default, until
+    /// measured on GPUs) leaves the last bucket to whatever the reverse walk ends with, as
+    /// PyTorch does.
+    pub last_bucket_cap_mb: f64,
     /// Broadcast buffers (BatchNorm running statistics) from rank 0 before every forward.
     pub broadcast_buffers: bool,
     /// A parameter that receives no gradient in a step is reduced as zero instead of ending
@@ -60,11 +65,25 @@ impl GradCompression {
     }
 }
 
+impl DdpConfig {
+    /// The caps in bytes the bucket plan uses (each capped at `bucket_cap_mb`).
+    pub fn bucket_caps(&self) -> BucketCaps {
+        let mib = |mb: f64| (mb * 1024.0 * 1024.0) as usize;
+        BucketCaps {
+            first: mib(self.first_bucket_cap_mb.min(self.bucket_cap_mb)),
+            rest: mib(self.bucket_cap_mb),
+            last: (self.last_bucket_cap_mb > 0.0)
+                .then(|| mib(self.last_bucket_cap_mb.min(self.bucket_cap_mb))),
+        }
+    }
+}
+
 impl Default for DdpConfig {
     fn default() -> Self {
         Self {
             bucket_cap_mb: 25.0,
             first_bucket_cap_mb: 1.0,
+            last_bucket_cap_mb: 0.0,
             broadcast_buffers: true,
             find_unused_parameters: false,
             grad_compression: GradCompression::None,
