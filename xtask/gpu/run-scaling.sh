@@ -29,8 +29,10 @@ PY
 run one 1 X=1 --
 run default $N X=1 --
 run no-buffer-broadcast $N X=1 -- --broadcast-buffers false
-run bucket-100mb $N X=1 -- --bucket-cap-mb 100
+run last-bucket-1mb $N X=1 -- --last-bucket-cap-mb 1
+run last-bucket-4mb $N X=1 -- --last-bucket-cap-mb 4
 run bucket-10mb $N X=1 -- --bucket-cap-mb 10
+run nccl-simple $N NCCL_PROTO=Simple --
 run nccl-4-channels $N NCCL_MAX_NCHANNELS=4 --
 run nccl-ll128 $N NCCL_PROTO=LL128 --
 run default-again $N X=1 --
