@@ -188,6 +188,34 @@ mod tests {
     }
 
     #[test]
+    fn flushing_the_first_spans_keeps_the_later_ones_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace-rank0.json");
+        let timeline = Timeline::new(0);
+        let t0 = Instant::now();
+        timeline.record("before", "forward", "compute", t0, t0);
+        // Streaming nowhere, nothing is written or forgotten.
+        assert_eq!(timeline.flush_first(1).unwrap(), 0);
+        assert_eq!(timeline.len(), 1);
+        timeline.stream_to(&path).unwrap();
+        for name in ["a", "b"] {
+            timeline.record(name, "allreduce", "comm", t0, t0);
+        }
+        assert_eq!(timeline.flush_first(2).unwrap(), 2);
+        let kept: Vec<_> = timeline.spans().into_iter().map(|s| s.name).collect();
+        assert_eq!(kept, ["b"]);
+        assert_eq!(timeline.flush_first(5).unwrap(), 1);
+        assert!(timeline.is_empty());
+        timeline.finish().unwrap();
+        let whole: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let names: Vec<_> = spans_of(whole.as_array().unwrap())
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names, ["before", "a", "b"]);
+    }
+
+    #[test]
     fn merged_traces_keep_one_process_per_rank_on_one_clock() {
         let dir = tempfile::tempdir().unwrap();
         let paths: Vec<PathBuf> = (0..2)

@@ -225,6 +225,26 @@ impl Timeline {
         sink.append(&spans, &counters, self.origin_unix_us)
     }
 
+    /// Appends the first `len` spans held in memory (fewer if fewer are held) and every counter
+    /// to the streamed trace and forgets them, keeping the later spans in order; the number of
+    /// spans written (0 when the timeline streams nowhere: it then keeps everything). Unlike
+    /// [`Self::flush`] it settles nothing, so it takes no CUDA call: a training loop writes the
+    /// last step's spans this way while the device runs the next step.
+    pub fn flush_first(&self, len: usize) -> io::Result<usize> {
+        let mut sink = self.sink.lock().expect("timeline lock");
+        let Some(sink) = sink.as_mut() else {
+            return Ok(0);
+        };
+        let spans: Vec<Span> = {
+            let mut held = self.spans.lock().expect("timeline lock");
+            let len = len.min(held.len());
+            held.drain(..len).collect()
+        };
+        let counters = std::mem::take(&mut *self.counters.lock().expect("timeline lock"));
+        sink.append(&spans, &counters, self.origin_unix_us)?;
+        Ok(spans.len())
+    }
+
     /// Flushes and closes the streamed trace, leaving it a complete JSON document.
     pub fn finish(&self) -> io::Result<()> {
         self.flush()?;
