@@ -2,7 +2,7 @@
 DistributedDataParallel over NCCL, one process per GPU, synthetic 224x224 data, SGD momentum 0.9,
 lr 0.1, weight decay 1e-4, fp32 (TF32 convolutions, PyTorch's default), or under autocast to
 bf16/fp16 (`--amp`, fp16 with a GradScaler), with a gradient-compression hook (`--compress`) and
-channels-last tensors (`--channels-last`); eager with the SGD's foreach kernels, or with
+channels-last tensors (`--channels-last`), SyncBatchNorm (`--sync-bn`); eager with the SGD's foreach kernels, or with
 `--compile` under `torch.compile` (Dynamo's DDP optimizer splits the graph at the buckets) with
 the fused SGD, PyTorch's fastest data-parallel step. Prints one JSON line per world size with
 global images/s, scaling efficiency against 1 GPU and peak memory per rank."""
@@ -25,6 +25,8 @@ def worker(rank: int, world: int, args, queue) -> None:
     torch.backends.cudnn.benchmark = True
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     model = torchvision.models.resnet50(num_classes=1000).cuda().to(memory_format=fmt)
+    if args.sync_bn:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
     if args.compress != "none":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -70,6 +72,7 @@ def main() -> None:
     p.add_argument("--compress", choices=["none", "bf16", "fp16"], default="none")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--sync-bn", action="store_true")
     args = p.parse_args()
     ctx = mp.get_context("spawn")
     base = None
@@ -81,6 +84,7 @@ def main() -> None:
         result["scaling_efficiency"] = result["images_per_sec"] / (world * base)
         result.update({"framework": "pytorch-ddp", "torch": torch.__version__, "batch_per_gpu": args.batch_per_gpu,
                        "amp": args.amp, "compress": args.compress, "channels_last": args.channels_last,
+                       "sync_bn": args.sync_bn,
                        "compile": args.compile})
         print(json.dumps(result), flush=True)
 

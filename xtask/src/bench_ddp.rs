@@ -78,6 +78,10 @@ pub struct BenchDdpArgs {
     /// `bf16_compress_hook` / `fp16_compress_hook`
     #[arg(long, default_value = "none")]
     grad_compression: String,
+    /// SyncBatchNorm in both (weft's `--sync-bn`, PyTorch's `convert_sync_batchnorm`): the
+    /// batch statistics over every rank's batch
+    #[arg(long, default_value_t = false)]
+    sync_bn: bool,
     /// weft's last DDP bucket in MiB (train-resnet's flag; 0: PyTorch's plan, the anchor's)
     #[arg(long, default_value_t = 0.0)]
     last_bucket_cap_mb: f64,
@@ -256,6 +260,7 @@ fn measure(
         .args(["--precision", &args.precision])
         .args(["--grad-compression", &args.grad_compression])
         .args(["--last-bucket-cap-mb", &args.last_bucket_cap_mb.to_string()])
+        .args(args.sync_bn.then_some("--sync-bn"))
         // Explicit either way: the trainer's own default (`auto`) differs from PyTorch's.
         .args([
             "--channels-last",

@@ -55,6 +55,7 @@ pub fn run(args: &BenchDdpArgs, variant: Variant, worlds: &[usize]) -> Result<Ra
         .args(["--amp", amp_of(&args.precision)?])
         .args(["--compress", &args.grad_compression])
         .args(args.channels_last.then_some("--channels-last"))
+        .args(args.sync_bn.then_some("--sync-bn"))
         .args((variant == Variant::Compile).then_some("--compile"))
         .output()
         .context("cannot run the PyTorch DDP anchor")?;
