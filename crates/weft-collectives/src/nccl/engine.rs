@@ -1,8 +1,9 @@
 //! The launcher thread behind an NCCL communicator. Jobs arrive in issue order; for each, the
 //! communication stream (or the compute stream itself: [`EagerStream`]) waits for the
 //! compute-stream work recorded when the job was submitted, the NCCL call is enqueued, and an
-//! event recorded after it goes to the [`super::watchdog`], which reports completion. Launching never waits for completion, so
-//! many operations can be in flight at once, and they complete in issue order.
+//! event recorded after it goes to the [`super::watchdog`], which reports completion.
+//! Launching never waits for completion, so many operations can be in flight at once, and they
+//! complete in issue order.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
