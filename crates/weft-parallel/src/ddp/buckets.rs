@@ -4,7 +4,7 @@
 //! The first bucket is small so that communication starts early (PyTorch's 1 MiB); the last
 //! one can be small too, so that the all-reduce left after backward's last kernel is short:
 //! in PyTorch's plan the last bucket is whatever the reverse walk leaves (8.3 MiB of
-//! ResNet-50's fp32 gradients), and its all-reduce starts only after backward's last kernel.
+//! ResNet-50's fp32 gradients), and its all-reduce can only start then.
 
 use std::collections::HashMap;
 use std::ops::Range;
