@@ -216,13 +216,7 @@ impl Timeline {
     /// the streamed trace and forgets it; nothing to do for a timeline kept in memory.
     pub fn flush(&self) -> io::Result<()> {
         self.settle()?;
-        let mut sink = self.sink.lock().expect("timeline lock");
-        let Some(sink) = sink.as_mut() else {
-            return Ok(());
-        };
-        let spans = std::mem::take(&mut *self.spans.lock().expect("timeline lock"));
-        let counters = std::mem::take(&mut *self.counters.lock().expect("timeline lock"));
-        sink.append(&spans, &counters, self.origin_unix_us)
+        self.flush_first(usize::MAX).map(drop)
     }
 
     /// Appends the first `len` spans held in memory (fewer if fewer are held) and every counter
