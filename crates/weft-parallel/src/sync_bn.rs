@@ -4,8 +4,8 @@
 //! incoming gradients over ranks — the conjugate pair of nanotron's collectives), installed in
 //! a model's batch-statistics slot by [`convert_sync_batch_norm`], like PyTorch's
 //! `SyncBatchNorm.convert_sync_batchnorm`. CPU tensors are reduced through host buffers; CUDA
-//! tensors (feature `cuda`) through the communicator's tensor path, natively on the device
-//! with NCCL.
+//! tensors (feature `cuda`) with NCCL are reduced on the device and waited for there, never on
+//! the host, so a SyncBatchNorm step is captured in a CUDA graph like any other.
 
 use std::sync::Arc;
 
@@ -65,7 +65,6 @@ impl CustomOp1 for AllReduceSum {
         storage: &candle_core::CudaStorage,
         layout: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        use crate::collectives::TensorCollectives;
         use candle_core::backend::BackendStorage;
         use candle_core::op::BackpropOp;
         use candle_core::Storage;
@@ -81,11 +80,9 @@ impl CustomOp1 for AllReduceSum {
             false,
         )
         .narrow(0, start, end - start)?;
-        let summed = self
-            .comm
-            .all_reduce_tensor(&input, ReduceOp::Sum)
-            .and_then(|work| work.wait())
-            .map_err(|e| candle_core::Error::Msg(format!("sync batch norm: {e}")))?;
+        let summed =
+            crate::collectives::reduce_over_ranks(self.comm.as_ref(), &input, ReduceOp::Sum)
+                .map_err(|e| candle_core::Error::Msg(format!("sync batch norm: {e}")))?;
         let (result, result_layout) = summed.storage_and_layout();
         match &*result {
             Storage::Cuda(cuda) => Ok((cuda.try_clone(result_layout)?, layout.shape().clone())),

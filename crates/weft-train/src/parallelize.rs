@@ -36,8 +36,8 @@ pub struct ResNetParallelism {
 
 /// Data parallelism over `comm`'s ranks (one process without it; ZeRO's sharded optimizer
 /// with `plan.zero` 1 or 2, and sharded parameters with 3), SyncBatchNorm if asked,
-/// and the CUDA graph where it can capture the step (SyncBatchNorm waits on the host for its
-/// statistics: not capturable).
+/// and the CUDA graph where it can capture the step (SyncBatchNorm included: its statistics
+/// are summed over the ranks on the device).
 pub fn resnet(
     trainer: Trainer,
     comm: Option<&Arc<dyn Communicator>>,
@@ -46,7 +46,7 @@ pub fn resnet(
     if let (Some(comm), true) = (comm, plan.sync_bn) {
         weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
     }
-    let replays = plan.cuda_graph && !plan.sync_bn;
+    let replays = plan.cuda_graph;
     if let (Some(comm), true, 0) = (comm, replays, plan.zero) {
         // The replicas' check and broadcast below run on the compute stream too, as DDP's
         // eager work will once `with_cuda_graph` tells it (`Strategy::replays_graph`).

@@ -109,6 +109,7 @@ pub fn run_rank() -> Result<()> {
     let scenarios = [
         (false, false, false, 0, false),
         (true, false, false, 0, false),
+        (true, true, false, 0, false),
         (false, true, false, 0, false),
         (false, true, true, 0, false),
         (false, false, false, 1, false),
@@ -250,7 +251,8 @@ fn scenario(
         let expected = parameters(&mut single)?;
         let mut error = max_abs(&(&trained - &expected)?)? / max_abs(&expected)?;
         let what = match (sync_bn, graph, scaled) {
-            (true, _, _) => "SyncBatchNorm, training mode",
+            (true, false, _) => "SyncBatchNorm, training mode",
+            (true, true, _) => "CUDA graph, SyncBatchNorm in training mode",
             (false, false, _) => "BatchNorm in eval mode",
             (false, true, false) => "CUDA graph, eval-mode BatchNorm",
             (false, true, true) => "CUDA graph, eval-mode BatchNorm, loss scaler",
