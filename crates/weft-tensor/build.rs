@@ -5,10 +5,11 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 14] = [
+const KERNELS: [&str; 15] = [
     "attention",
     "batch_norm",
     "batch_norm_nhwc",
+    "batch_norm_sync",
     "bias",
     "cross_entropy",
     "gelu",

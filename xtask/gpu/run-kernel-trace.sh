@@ -7,6 +7,7 @@
 # exposed NCCL and idle time and lists the kernels that grew from one GPU to N. The same runs
 # untraced come last, for the tracer's own cost. Run from the repository root with the bundle
 # carried as .gpu/ (or WEFT_BUNDLE=.); the traces (xz) and the summaries go under $OUT.
+# CONFIGS picks the runs (precision:batch:steps:warm-up …), EXTRA adds bench-ddp flags (--sync-bn).
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -22,7 +23,7 @@ if [ ! -f "$tracer" ]; then
     -L"$(dirname "$include")/lib" -l:libcupti.so.13 || exit 1
   tracer=/tmp/kernel_trace.so
 fi
-D="--device cuda --model resnet50 --image-size 224 --num-classes 1000 --channels-last --cuda-graph true --world-sizes $N --no-anchor"
+D="--device cuda --model resnet50 --image-size 224 --num-classes 1000 --channels-last --cuda-graph true --world-sizes $N --no-anchor ${EXTRA:-}"
 CONFIGS=${CONFIGS:-"fp32:32:40:10 bf16-mixed:128:30:8"}
 for config in $CONFIGS; do
   IFS=: read -r precision batch steps warmup <<< "$config"

@@ -53,9 +53,8 @@ pub struct BenchDdpArgs {
     /// kernels) and compile (`torch.compile` over the DDP model, the fused SGD)
     #[arg(long, value_delimiter = ',', default_value = "eager")]
     anchors: Vec<anchor::Variant>,
-    /// Let the one-GPU run replay its step from a CUDA graph (the trainer's default); off, it
-    /// issues the step eagerly like the data-parallel runs, so that the scaling compares the
-    /// same execution
+    /// Let every run replay its step from a CUDA graph (the trainer's default); off, every run
+    /// issues its step eagerly, so that the scaling compares the same execution
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     cuda_graph: bool,
     /// ZeRO stages of the N-rank run on the CPU, each a run of its own against the same

@@ -3,7 +3,8 @@
 //! [`AllReduceSum`] is a differentiable all-reduce (forward: sum over ranks; backward: sum the
 //! incoming gradients over ranks — the conjugate pair of nanotron's collectives), installed in
 //! a model's batch-statistics slot by [`convert_sync_batch_norm`], like PyTorch's
-//! `SyncBatchNorm.convert_sync_batchnorm`. CPU tensors are reduced through host buffers; CUDA
+//! `SyncBatchNorm.convert_sync_batchnorm`; its gather is an all-reduce over a buffer with one
+//! slot per rank. CPU tensors are reduced through host buffers; CUDA
 //! tensors (feature `cuda`) with NCCL are reduced on the device and waited for there, never on
 //! the host, so a SyncBatchNorm step is captured in a CUDA graph like any other.
 
@@ -103,6 +104,31 @@ impl CustomOp1 for AllReduceSum {
 impl CrossRankSum for AllReduceSum {
     fn sum(&self, values: &Tensor) -> candle_core::Result<Tensor> {
         values.contiguous()?.apply_op1(self.clone())
+    }
+
+    fn sum_owned(&self, values: Tensor) -> candle_core::Result<Tensor> {
+        let summed = match crate::collectives::native_for(self.comm.as_ref(), values.device()) {
+            Some(native) => crate::collectives::all_reduce_ordered(native, &values, ReduceOp::Sum)
+                .and_then(|join| Ok(join.join()?))
+                .map(|()| values),
+            None => {
+                crate::collectives::reduce_over_ranks(self.comm.as_ref(), &values, ReduceOp::Sum)
+            }
+        };
+        summed.map_err(|e| candle_core::Error::Msg(format!("sync batch norm: {e}")))
+    }
+
+    /// A sum over the ranks of a buffer of one slot per rank, this rank's values in its own
+    /// slot and zeros elsewhere: exact (x + 0 = x), and one small all-reduce, in place on the
+    /// device like [`CrossRankSum::sum_owned`].
+    fn gather(&self, values: &Tensor) -> candle_core::Result<Tensor> {
+        let (rank, ranks) = (self.comm.rank(), self.comm.world_size());
+        let flat = values.flatten_all()?;
+        let slots = Tensor::zeros(ranks * flat.elem_count(), flat.dtype(), flat.device())?;
+        slots.slice_set(&flat, 0, rank * flat.elem_count())?;
+        let mut dims = vec![ranks];
+        dims.extend_from_slice(values.dims());
+        self.sum_owned(slots)?.reshape(dims)
     }
 }
 

@@ -9,10 +9,19 @@ use std::sync::{Arc, RwLock};
 
 use candle_core::Tensor;
 
-/// A differentiable sum over ranks: forward all-reduces the values; backward all-reduces the
-/// incoming gradient (the conjugate of the forward).
+/// Sums and gathers over ranks.
 pub trait CrossRankSum: Send + Sync {
+    /// The sum over the ranks, differentiable: its backward sums the incoming gradient over
+    /// the ranks (the conjugate of the forward).
     fn sum(&self, values: &Tensor) -> candle_core::Result<Tensor>;
+
+    /// The sum over the ranks of `values`, which the caller gives up (contiguous, read by
+    /// nothing else): reduced in place where the device allows, no copy; not differentiable.
+    fn sum_owned(&self, values: Tensor) -> candle_core::Result<Tensor>;
+
+    /// Every rank's `values` (of one shape on every rank) stacked in rank order, shape
+    /// `[ranks, ..]`; not differentiable.
+    fn gather(&self, values: &Tensor) -> candle_core::Result<Tensor>;
 }
 
 /// A shared, initially empty place for a [`CrossRankSum`].

@@ -43,8 +43,8 @@ impl Compression {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChannelsLast {
-    /// On a GPU without `--sync-bn` (where weft's NHWC kernels and cuDNN's NHWC convolutions
-    /// are faster: BENCHMARKS.md), NCHW otherwise.
+    /// On a GPU (where weft's NHWC kernels and cuDNN's NHWC convolutions are faster:
+    /// BENCHMARKS.md), NCHW otherwise.
     Auto,
     /// Always (on the CPU the kernels compute NCHW inside).
     True,
@@ -53,11 +53,10 @@ pub enum ChannelsLast {
 }
 
 impl ChannelsLast {
-    /// The choice for a run on `device`, with SyncBatchNorm when `sync_bn` (its blocks record
-    /// Candle's graph, which copies channels-last tensors into NCHW).
-    pub fn resolve(self, device: &candle_core::Device, sync_bn: bool) -> bool {
+    /// The choice for a run on `device`.
+    pub fn resolve(self, device: &candle_core::Device) -> bool {
         match self {
-            ChannelsLast::Auto => device.is_cuda() && !sync_bn,
+            ChannelsLast::Auto => device.is_cuda(),
             ChannelsLast::True => true,
             ChannelsLast::False => false,
         }
@@ -84,8 +83,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = false)]
     pub cifar_stem: bool,
     /// Run the blocks on channels-last tensors (PyTorch's `channels_last`): on a GPU cuDNN's
-    /// NHWC convolutions and weft's NHWC kernels, without transposes. `auto`: on a GPU unless
-    /// --sync-bn; `--channels-last` alone means `true`
+    /// NHWC convolutions and weft's NHWC kernels, without transposes. `auto`: on a GPU;
+    /// `--channels-last` alone means `true`
     #[arg(
         long,
         value_enum,

@@ -76,7 +76,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     if args.cifar_stem {
         config = config.with_cifar_stem();
     }
-    config = config.with_channels_last(args.channels_last.resolve(&device, args.sync_bn));
+    config = config.with_channels_last(args.channels_last.resolve(&device));
     // Validated by `args.validate`: a preset the trainer supports on this device.
     let policy = PrecisionPolicy::from_name(&args.precision)?;
     let (model, zero3_shard) = build_model(&config, policy.param, &device, args, ctx)?;

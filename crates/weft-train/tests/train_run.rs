@@ -235,19 +235,19 @@ fn bad_flags_fail_before_any_work_naming_the_flag() {
     }
 }
 
-/// `--channels-last` is `auto` by default (channels-last on a GPU without --sync-bn, NCHW on
+/// `--channels-last` is `auto` by default (channels-last on a GPU, NCHW on
 /// the CPU), `true` when given alone, and takes an explicit value; a bad value is refused.
 #[test]
 fn channels_last_defaults_to_the_devices_choice() {
     use weft_train::args::ChannelsLast;
     let cpu = Device::Cpu;
     assert_eq!(args(&[]).channels_last, ChannelsLast::Auto);
-    assert!(!ChannelsLast::Auto.resolve(&cpu, false));
+    assert!(!ChannelsLast::Auto.resolve(&cpu));
     assert_eq!(args(&["--channels-last"]).channels_last, ChannelsLast::True);
-    assert!(ChannelsLast::True.resolve(&cpu, true));
+    assert!(ChannelsLast::True.resolve(&cpu));
     let off = args(&["--channels-last", "false"]).channels_last;
     assert_eq!(off, ChannelsLast::False);
-    assert!(!off.resolve(&cpu, false));
+    assert!(!off.resolve(&cpu));
     let bad = ["train", "--channels-last", "maybe"];
     assert!(Cli::try_parse_from(bad).is_err());
 }

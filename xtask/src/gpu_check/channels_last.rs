@@ -9,6 +9,7 @@ use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
 use weft_optim::{ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
 use weft_parallel::Trainer;
+use weft_tensor::ops::BatchStats::Local;
 use weft_tensor::{ops, Checkpointing};
 
 use super::half::{graph_free_conv_in, STEM};
@@ -211,8 +212,8 @@ fn bn_add_relu(gpu: &Device, dtype: DType, channels: usize) -> Result<f64> {
         ops::to_channels_last(&draw(&[4, channels, 9, 9], 0.0)?)?,
     );
     let (weight, bias) = (draw(&[channels], 1.0)?, draw(&[channels], 0.0)?);
-    let fused = ops::batch_norm_train_forward_add_relu(&x, &weight, &bias, 1e-5, &residual)?;
-    let plain = ops::batch_norm_train_forward(&x, &weight, &bias, 1e-5, false)?;
+    let fused = ops::batch_norm_train_forward_add_relu(&x, &weight, &bias, 1e-5, &residual, Local)?;
+    let plain = ops::batch_norm_train_forward(&x, &weight, &bias, 1e-5, false, Local)?;
     let two_pass = ops::add_relu_forward(&plain.y, &residual)?;
     if !ops::is_channels_last(&fused.y) || fused.y.dims() != [shape.0, shape.1, shape.2, shape.3] {
         return Ok(f64::INFINITY);
@@ -283,8 +284,9 @@ fn block(gpu: &Device, dtype: DType, seed: u64) -> Result<(f64, f64)> {
         let gamma = (inputs[2].to_device(device)? + 1.0)?;
         let beta = inputs[3].to_device(device)?;
         let z = ops::conv2d_forward(&x, &w, 1, 1)?;
-        let out = ops::batch_norm_train_forward(&z, &gamma, &beta, 1e-5, true)?;
-        let g = ops::batch_norm_train_backward(&z, &out.table, Some(&out.y), &dy, 1e-5, true)?;
+        let out = ops::batch_norm_train_forward(&z, &gamma, &beta, 1e-5, true, Local)?;
+        let g =
+            ops::batch_norm_train_backward(&z, &out.table, Some(&out.y), &dy, 1e-5, true, Local)?;
         let dz = g.x.expect("asked for");
         let dw = ops::conv2d_backward_add(&acc, &x, &w, &dz, 1, 1)?;
         let kept = [&z, &out.y, &dz, &acc]

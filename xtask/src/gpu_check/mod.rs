@@ -19,6 +19,7 @@ mod multi_gpu;
 mod optimizers;
 mod resnet;
 mod single_ops;
+mod synced_batch_norm;
 mod zero;
 
 use anyhow::{bail, Result};
@@ -279,6 +280,7 @@ pub fn run() -> Result<()> {
     });
     half::run(&gpu, &mut checks)?;
     channels_last::run(&gpu, &mut checks)?;
+    synced_batch_norm::run(&gpu, &mut checks)?;
     // Candle's ops, which CUDA tensors of other dtypes take.
     ops::set_cuda_kernels(false);
     let fallback_checks: [OpCheck; 3] = [

@@ -3,6 +3,7 @@
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use weft_tensor::ops;
+use weft_tensor::ops::BatchStats::Local;
 
 /// Max relative error (over the output and the gradients of every input) between `f` on the
 /// GPU and on the CPU, for random inputs of the given shapes and a random output weighting.
@@ -69,9 +70,17 @@ pub(super) fn compare_graph_free_batch_norm(
                 _ => t.to_device(device),
             })
             .collect::<candle_core::Result<_>>()?;
-        let out = ops::batch_norm_train_forward(&t[0], &t[1], &t[2], 1e-5, relu)?;
+        let out = ops::batch_norm_train_forward(&t[0], &t[1], &t[2], 1e-5, relu, Local)?;
         let relu_output = relu.then_some(&out.y);
-        let g = ops::batch_norm_train_backward(&t[0], &out.table, relu_output, &t[3], 1e-5, true)?;
+        let g = ops::batch_norm_train_backward(
+            &t[0],
+            &out.table,
+            relu_output,
+            &t[3],
+            1e-5,
+            true,
+            Local,
+        )?;
         let dx = g.x.expect("asked for");
         [out.y, out.table, dx, g.weight, g.bias]
             .iter()

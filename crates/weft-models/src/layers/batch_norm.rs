@@ -91,21 +91,26 @@ impl BatchNorm2d {
         Ok(y)
     }
 
-    /// Whether [`BatchNorm2d::forward_graph_free`] applies: local training mode (batch
-    /// statistics of this rank) on tensors weft's kernels take.
+    /// Whether [`BatchNorm2d::forward_graph_free`] applies: training mode (with this rank's
+    /// batch statistics, or the global batch's under SyncBatchNorm) on tensors weft's kernels
+    /// take.
     pub fn differentiates_itself(&self, x: &Tensor, mode: Mode) -> bool {
-        mode.train && self.sync.get().is_none() && ops::has_kernels(x)
+        mode.train && ops::has_kernels(x)
     }
 
     /// Training mode without an autograd graph (then a ReLU when `relu`), updating the running
-    /// statistics as [`BatchNorm2d::forward`] does; for blocks with their own backward.
+    /// statistics as [`BatchNorm2d::forward`] does; for blocks with their own backward. Under
+    /// SyncBatchNorm the statistics are the global batch's, on weft's kernels.
     pub fn forward_graph_free(
         &self,
         x: &Tensor,
         mode: Mode,
         relu: bool,
     ) -> Result<BatchNormOutput> {
-        let out = ops::batch_norm_train_forward(x, &self.weight, &self.bias, self.eps, relu)?;
+        let sync = self.sync.get();
+        let stats = batch_stats(sync.as_deref());
+        let out =
+            ops::batch_norm_train_forward(x, &self.weight, &self.bias, self.eps, relu, stats)?;
         self.track_graph_free(x, mode, &out)?;
         Ok(out)
     }
@@ -118,24 +123,35 @@ impl BatchNorm2d {
         mode: Mode,
         residual: &Tensor,
     ) -> Result<BatchNormOutput> {
+        let sync = self.sync.get();
         let out = ops::batch_norm_train_forward_add_relu(
             x,
             &self.weight,
             &self.bias,
             self.eps,
             residual,
+            batch_stats(sync.as_deref()),
         )?;
         self.track_graph_free(x, mode, &out)?;
         Ok(out)
     }
 
-    /// The running statistics' update of a graph-free forward of `x`, when `mode` asks.
+    /// The running statistics' update of a graph-free forward of `x`, when `mode` asks; with
+    /// global statistics, unbiased by the global count on the device.
     fn track_graph_free(&self, x: &Tensor, mode: Mode, out: &BatchNormOutput) -> Result<()> {
-        if mode.update_running_stats {
-            let (n, _, h, w) = x.dims4()?;
-            self.update_running_stats((n * h * w) as f64, &out.mean()?, &out.var()?)?;
+        if !mode.update_running_stats {
+            return Ok(());
         }
-        Ok(())
+        match &out.unbiasing {
+            Some(factor) => {
+                let unbiased = out.var()?.broadcast_mul(factor)?;
+                self.blend_running_stats(&out.mean()?, &unbiased, 1.0)
+            }
+            None => {
+                let (n, _, h, w) = x.dims4()?;
+                self.update_running_stats((n * h * w) as f64, &out.mean()?, &out.var()?)
+            }
+        }
     }
 
     /// The input gradient (if `input_grad`) and the weight and bias gradients, keyed by their
@@ -149,7 +165,10 @@ impl BatchNorm2d {
         dy: &Tensor,
         input_grad: bool,
     ) -> Result<(Option<Tensor>, [ParamGrad; 2])> {
-        let g = ops::batch_norm_train_backward(x, table, relu_output, dy, self.eps, input_grad)?;
+        let sync = self.sync.get();
+        let stats = batch_stats(sync.as_deref());
+        let g =
+            ops::batch_norm_train_backward(x, table, relu_output, dy, self.eps, input_grad, stats)?;
         Ok((
             g.x,
             [
@@ -195,9 +214,7 @@ impl BatchNorm2d {
         let (mean, var) = (mean.to_dtype(x.dtype())?, var.to_dtype(x.dtype())?);
         let y = self.normalize_with(x, &mean, &var)?;
         if mode.update_running_stats {
-            // The unbiased variance N / (N − 1) · var, with N on the device.
-            let n = total.detach();
-            let correction = n.broadcast_div(&(&n - 1.0)?.maximum(1.0)?)?;
+            let correction = unbiasing(&total.detach())?;
             let unbiased = var
                 .detach()
                 .broadcast_mul(&correction.to_dtype(x.dtype())?)?;
@@ -254,6 +271,20 @@ impl BatchNorm2d {
             var_scale,
         )?)
     }
+}
+
+/// The statistics a graph-free pass takes: the global batch's through `sync`, if installed.
+fn batch_stats(sync: Option<&dyn CrossRankSum>) -> ops::BatchStats<'_> {
+    match sync {
+        Some(sum) => ops::BatchStats::Global(sum),
+        None => ops::BatchStats::Local,
+    }
+}
+
+/// The factor `N / (N − 1)` that unbiases a variance over `total` = N elements (shape `1`, on
+/// the device).
+fn unbiasing(total: &Tensor) -> Result<Tensor> {
+    Ok(total.broadcast_div(&(total - 1.0)?.maximum(1.0)?)?)
 }
 
 #[cfg(test)]

@@ -3,9 +3,11 @@
 //! `cuda`) on a GPU, with `kernels/batch_norm.cu`, it is a fused custom op with an analytic
 //! backward (`batch_norm_op`); elsewhere it is composed of Candle ops. The same computation
 //! also comes graph-free, as a forward and a backward function, for blocks that differentiate
-//! themselves.
+//! themselves; those take their statistics from this rank's batch or, through a sum over the
+//! ranks, from the global one ([`BatchStats`]).
 
 use super::batch_norm_op::{BatchNormOp, BnPass};
+use super::batch_norm_sync::BatchStats;
 use super::channels_last::{from_nhwc, is_channels_last, nhwc};
 use super::relu::{add_relu_forward, relu, relu_backward};
 use super::storage::{
@@ -46,6 +48,10 @@ pub struct BatchNormOutput {
     pub y: Tensor,
     /// `[mean; biased variance; weight; bias]`, `4 x C`.
     pub table: Tensor,
+    /// With global statistics, `N / max(N − 1, 1)` for the global batch's N elements per
+    /// channel, which unbiases the variance (shape `1`, on the device, the table's dtype);
+    /// `None` with local ones (N·H·W of `x`, known on the host).
+    pub unbiasing: Option<Tensor>,
 }
 
 impl BatchNormOutput {
@@ -69,14 +75,15 @@ pub struct BatchNormGrads {
 }
 
 /// [`batch_norm_train`] (or, with `relu`, [`batch_norm_relu_train`]) without an autograd
-/// graph, for blocks with their own backward. The tensors must take weft's kernels
-/// ([`super::has_kernels`]).
+/// graph, for blocks with their own backward, with the statistics `stats` says. The tensors
+/// must take weft's kernels ([`super::has_kernels`]).
 pub fn batch_norm_train_forward(
     x: &Tensor,
     weight: &Tensor,
     bias: &Tensor,
     eps: f64,
     relu: bool,
+    stats: BatchStats<'_>,
 ) -> Result<BatchNormOutput> {
     check_arguments(x, weight, bias, eps)?;
     let tensors = [x, weight, bias];
@@ -89,17 +96,23 @@ pub fn batch_norm_train_forward(
     }
     let (weight, bias) = (weight.contiguous()?, bias.contiguous()?);
     if channels_last_on_cuda(x) {
-        let (x, table) = nhwc_table(x, &weight, &bias, eps)?;
+        let (x, table, unbiasing) = nhwc_table(x, &weight, &bias, eps, stats)?;
         let y = x.apply_op2_no_bwd(&table, &BatchNormOp::nhwc(BnPass::ForwardTable, eps, relu))?;
         return Ok(BatchNormOutput {
             y: from_nhwc(&y)?,
             table,
+            unbiasing,
         });
     }
     let x = x.contiguous()?;
     let table = x.apply_op3_no_bwd(&weight, &bias, &BatchNormOp::new(BnPass::Table, eps, false))?;
+    let (table, unbiasing) = stats.combine(table, per_channel_count(&x, &weight)?)?;
     let y = x.apply_op2_no_bwd(&table, &BatchNormOp::new(BnPass::ForwardTable, eps, relu))?;
-    Ok(BatchNormOutput { y, table })
+    Ok(BatchNormOutput {
+        y,
+        table,
+        unbiasing,
+    })
 }
 
 /// [`batch_norm_train_forward`] without ReLU followed by `max(y + residual, 0)` (the end of a
@@ -112,6 +125,7 @@ pub fn batch_norm_train_forward_add_relu(
     bias: &Tensor,
     eps: f64,
     residual: &Tensor,
+    stats: BatchStats<'_>,
 ) -> Result<BatchNormOutput> {
     if residual.dims() != x.dims() {
         bail!(
@@ -121,28 +135,42 @@ pub fn batch_norm_train_forward_add_relu(
         );
     }
     if !channels_last_on_cuda(x) {
-        let out = batch_norm_train_forward(x, weight, bias, eps, false)?;
+        let out = batch_norm_train_forward(x, weight, bias, eps, false, stats)?;
         return Ok(BatchNormOutput {
             y: add_relu_forward(&out.y, residual)?,
-            table: out.table,
+            ..out
         });
     }
     check_arguments(x, weight, bias, eps)?;
-    let (x, table) = nhwc_table(x, &weight.contiguous()?, &bias.contiguous()?, eps)?;
+    let (x, table, unbiasing) =
+        nhwc_table(x, &weight.contiguous()?, &bias.contiguous()?, eps, stats)?;
     let op = BatchNormOp::nhwc(BnPass::ForwardTableAddRelu, eps, false);
     let y = x.apply_op3_no_bwd(&table, &nhwc(residual)?, &op)?;
     Ok(BatchNormOutput {
         y: from_nhwc(&y)?,
         table,
+        unbiasing,
     })
 }
 
-/// The NHWC view of channels-last `x` and its `[mean; var; weight; bias]` table (contiguous
-/// `weight` and `bias`).
-fn nhwc_table(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+/// The NHWC view of channels-last `x` and the `[mean; var; weight; bias]` table `stats` says
+/// (contiguous `weight` and `bias`), with the variance's unbiasing factor when global.
+fn nhwc_table(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    stats: BatchStats<'_>,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let x = nhwc(x)?;
     let table = x.apply_op3_no_bwd(weight, bias, &BatchNormOp::nhwc(BnPass::Table, eps, false))?;
-    Ok((x, table))
+    let (table, unbiasing) = stats.combine(table, per_channel_count(&x, weight)?)?;
+    Ok((x, table, unbiasing))
+}
+
+/// The elements per channel of `x` (either layout) for a batch norm with `weight`.
+fn per_channel_count(x: &Tensor, weight: &Tensor) -> Result<usize> {
+    Ok(x.elem_count() / weight.dim(0)?)
 }
 
 /// The gradients of the [`batch_norm_train_forward`]`(x, ..)` that gave the statistics
@@ -150,7 +178,9 @@ fn nhwc_table(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<(T
 /// when `input_grad`. With the fused ReLU, `relu_output` is the forward's output `y` (its
 /// mask); without it, the output need not be kept at all. On channels-last CUDA data the mask
 /// is recomputed from `x` and `table` inside the backward kernels (the same values as `y`'s, no
-/// separate ReLU pass).
+/// separate ReLU pass). `stats` must be the forward's: with global statistics the input
+/// gradient is the global batch's (the per-channel sums over every rank), while the weight and
+/// bias gradients stay this rank's, for the data-parallel reduction to combine.
 pub fn batch_norm_train_backward(
     x: &Tensor,
     table: &Tensor,
@@ -158,6 +188,7 @@ pub fn batch_norm_train_backward(
     dy: &Tensor,
     eps: f64,
     input_grad: bool,
+    stats: BatchStats<'_>,
 ) -> Result<BatchNormGrads> {
     if dy.dims() != x.dims() {
         bail!(
@@ -171,11 +202,14 @@ pub fn batch_norm_train_backward(
         let op = |pass| BatchNormOp::nhwc(pass, eps, relu_output.is_some());
         let table = x.apply_op3_no_bwd(&dy, table, &op(BnPass::GradTable))?;
         let dx = match input_grad {
-            true => Some(from_nhwc(&x.apply_op3_no_bwd(
-                &dy,
-                &table,
-                &op(BnPass::GradInput),
-            )?)?),
+            true => {
+                let grads = stats.combine_grads(&table, per_channel_count(&x, &table.get(0)?)?)?;
+                Some(from_nhwc(&x.apply_op3_no_bwd(
+                    &dy,
+                    &grads,
+                    &op(BnPass::GradInput),
+                )?)?)
+            }
             false => None,
         };
         return Ok(BatchNormGrads {
@@ -191,7 +225,10 @@ pub fn batch_norm_train_backward(
     let x = x.contiguous()?;
     let table = x.apply_op3_no_bwd(&dy, table, &BatchNormOp::new(BnPass::GradTable, eps, false))?;
     let dx = match input_grad {
-        true => Some(input_gradient(&x, &dy, &table, eps)?),
+        true => {
+            let grads = stats.combine_grads(&table, per_channel_count(&x, &table.get(0)?)?)?;
+            Some(input_gradient(&x, &dy, &grads, eps)?)
+        }
         false => None,
     };
     Ok(BatchNormGrads {

@@ -54,6 +54,10 @@ pub(crate) const BATCH_NORM_NHWC: Module = Module {
     name: "weft_batch_norm_nhwc",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm_nhwc.ptx")),
 };
+pub(crate) const BATCH_NORM_SYNC: Module = Module {
+    name: "weft_batch_norm_sync",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm_sync.ptx")),
+};
 pub(crate) const TRANSPOSE: Module = Module {
     name: "weft_transpose",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/transpose.ptx")),

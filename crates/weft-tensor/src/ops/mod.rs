@@ -51,6 +51,10 @@ mod batch_norm_eval;
 #[cfg(feature = "cuda")]
 mod batch_norm_nhwc_cuda;
 mod batch_norm_op;
+mod batch_norm_sync;
+#[cfg(feature = "cuda")]
+mod batch_norm_sync_cuda;
+mod batch_norm_sync_op;
 mod bias;
 #[cfg(feature = "cuda")]
 mod bias_cuda;
@@ -125,6 +129,7 @@ pub use batch_norm::{
     batch_norm_train_forward_add_relu, BatchNormGrads, BatchNormOutput,
 };
 pub use batch_norm_eval::{batch_norm_eval, EvalStats};
+pub use batch_norm_sync::BatchStats;
 pub use bias::add_bias;
 pub use channels_last::{is_channels_last, to_channels_last};
 pub use conv2d::{conv2d, conv2d_backward, conv2d_filter_for, conv2d_forward, set_conv_nhwc};

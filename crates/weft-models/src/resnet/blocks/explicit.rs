@@ -3,8 +3,8 @@
 //! norm's input and statistics (and its output where a ReLU mask needs it), and the backward
 //! written out from them (ReLU masks from the outputs, batch-norm and convolution gradients;
 //! where the shortcut meets the branch, the first convolution's input gradient is added in
-//! place into the shortcut's). Used in local training mode on tensors weft's kernels take;
-//! otherwise (evaluation, SyncBatchNorm, other dtypes) the tape records Candle's graph.
+//! place into the shortcut's). Used in training mode (SyncBatchNorm's included) on tensors
+//! weft's kernels take; otherwise (evaluation, other dtypes) the tape records Candle's graph.
 
 use candle_core::Tensor;
 use weft_tensor::ops::{self, BatchNormOutput};
@@ -48,7 +48,7 @@ impl ConvBnSaved {
         after: After<'_>,
     ) -> Result<(Tensor, Self)> {
         let (z, filter) = conv.forward_graph_free(x)?;
-        let BatchNormOutput { y, table } = match after {
+        let BatchNormOutput { y, table, .. } = match after {
             After::AddRelu(shortcut) => bn.forward_graph_free_add_relu(&z, mode, shortcut)?,
             _ => bn.forward_graph_free(&z, mode, matches!(after, After::Relu))?,
         };

@@ -7,7 +7,7 @@ use super::support::seeded;
 use crate::ops::{
     add_relu_forward, batch_norm_train_backward, batch_norm_train_forward, blend_into,
     conv2d_backward, conv2d_backward_add, conv2d_forward, has_kernels, max_pool2d_backward,
-    max_pool2d_forward, relu_backward,
+    max_pool2d_forward, relu_backward, BatchStats::Local,
 };
 use candle_core::{DType, Result, Tensor};
 
@@ -54,13 +54,15 @@ fn batch_norm_keeps_f32_statistics_and_rounds_its_data() -> Result<()> {
             "16-bit CPU tensors take the graph-free kernels"
         );
         for relu in [false, true] {
-            let half = batch_norm_train_forward(&x, &w, &b, 1e-5, relu)?;
-            let full = batch_norm_train_forward(&wide(&x), &wide(&w), &wide(&b), 1e-5, relu)?;
+            let half = batch_norm_train_forward(&x, &w, &b, 1e-5, relu, Local)?;
+            let full =
+                batch_norm_train_forward(&wide(&x), &wide(&w), &wide(&b), 1e-5, relu, Local)?;
             assert_eq!(half.table.dtype(), DType::F32, "statistics in f32");
             assert_same(&half.table, &full.table, "table");
             assert_rounded(&half.y, &full.y, "y");
             let relu_output = relu.then_some(&half.y);
-            let g = batch_norm_train_backward(&x, &half.table, relu_output, &dy, 1e-5, true)?;
+            let g =
+                batch_norm_train_backward(&x, &half.table, relu_output, &dy, 1e-5, true, Local)?;
             // The f32 backward sees the rounded output as its ReLU mask, as the 16-bit one does.
             let mask = relu.then(|| wide(&half.y));
             let f = batch_norm_train_backward(
@@ -70,6 +72,7 @@ fn batch_norm_keeps_f32_statistics_and_rounds_its_data() -> Result<()> {
                 &wide(&dy),
                 1e-5,
                 true,
+                Local,
             )?;
             assert_rounded(g.x.as_ref().expect("dx"), f.x.as_ref().expect("dx"), "dx");
             assert_same(&g.weight, &f.weight, "dweight");
