@@ -121,8 +121,9 @@ fn reference(full: &Tensor, relu: bool) -> Outcome {
     }
 }
 
-/// Two f32 thread ranks, each with half of `full`, along `path`.
-fn two_ranks(full: &Tensor, path: Path) -> Vec<Outcome> {
+/// Two f32 thread ranks along `path`, the first with `split` samples of `full`, the second
+/// with the rest.
+fn two_ranks(full: &Tensor, path: Path, split: usize) -> Vec<Outcome> {
     let comms = ShmCommunicator::new_thread_group(2).unwrap();
     std::thread::scope(|scope| {
         let handles: Vec<_> = comms
@@ -133,8 +134,9 @@ fn two_ranks(full: &Tensor, path: Path) -> Vec<Outcome> {
                     let comm: Arc<dyn Communicator> = Arc::new(comm);
                     let slot = CrossRankSlot::default();
                     slot.set(Arc::new(AllReduceSum::new(comm)));
-                    let mine = full.narrow(0, rank * N / 2, N / 2).unwrap();
-                    let first = rank * mine.elem_count();
+                    let (start, len) = [(0, split), (split, N - split)][rank];
+                    let mine = full.narrow(0, start, len).unwrap();
+                    let first = start * mine.elem_count() / len;
                     run(mine, first, &slot, DType::F32, path)
                 })
             })
@@ -155,9 +157,10 @@ fn full_batch() -> Tensor {
 /// reference's (each rank's is its batch's part; data parallelism then combines them).
 /// `dx_tolerance` as the test states it.
 fn assert_ranks_match(ranks: &[Outcome], reference: &Outcome, dx_tolerance: f64) {
-    let half = reference.y.len() / 2;
-    for (rank, outcome) in ranks.iter().enumerate() {
-        let rows = rank * half..(rank + 1) * half;
+    let mut start = 0;
+    for outcome in ranks {
+        let rows = start..start + outcome.y.len();
+        start = rows.end;
         assert_close_each(&outcome.y, &reference.y[rows.clone()], 1e-3);
         assert_close_each(&outcome.running_var, &reference.running_var, 1e-3);
         assert_close_each(&outcome.dx, &reference.dx[rows], dx_tolerance);
@@ -188,7 +191,7 @@ fn synced_statistics_survive_a_large_mean_in_f32() {
     // The f32 global mean of values near 1000 rounds by up to half its ulp (3e-5), which
     // moves every x − mean: 1.1e-5 measured. Differentiating `x · scale + shift` instead of
     // the centred form sums dy · x less mean · Σ dy in f32: 4.5e-5, which this fails.
-    assert_ranks_match(&two_ranks(&full, Path::Autograd), &reference, 2e-5);
+    assert_ranks_match(&two_ranks(&full, Path::Autograd, N / 2), &reference, 2e-5);
 }
 
 #[test]
@@ -201,10 +204,21 @@ fn graph_free_synced_batch_norm_equals_one_process() {
         // 1000 · 2^-24 · |a| (1.5e-5 measured). The autograd path (above) keeps the centred
         // form; the bound here is twice what was measured.
         assert_ranks_match(
-            &two_ranks(&full, Path::GraphFree { relu }),
+            &two_ranks(&full, Path::GraphFree { relu }, N / 2),
             &reference,
             3e-5,
         );
+    }
+}
+
+/// Ranks with batches of different sizes (3 and 5 samples: an epoch's last batch, split
+/// unevenly) weigh each rank's statistics by its count, on both paths.
+#[test]
+fn uneven_batches_weigh_each_rank_by_its_count() {
+    let full = full_batch();
+    let reference = reference(&full, false);
+    for path in [Path::Autograd, Path::GraphFree { relu: false }] {
+        assert_ranks_match(&two_ranks(&full, path, 3), &reference, 3e-5);
     }
 }
 
