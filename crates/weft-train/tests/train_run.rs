@@ -511,3 +511,36 @@ fn every_epoch_is_the_samplers_number_of_steps() {
     };
     assert_eq!((steps_in(0), steps_in(1)), (14, 14));
 }
+
+/// `--sync-bn` on two thread ranks (through `parallelize::resnet`) trains as one process does on the same global batches: the logged losses agree to f32
+/// rounding (the two runs sum each batch in different orders: 1e-4 relative holds it).
+#[test]
+fn sync_bn_on_two_ranks_trains_as_one_process() {
+    let out = tempfile::tempdir().unwrap();
+    let out_dir = out.path().to_str().unwrap();
+    let flags = |name: &str, more: &[&str]| {
+        let base = [
+            "--steps",
+            "3",
+            "--augment",
+            "none",
+            "--out",
+            out_dir,
+            "--name",
+            name,
+        ];
+        args(&[&base[..], more].concat())
+    };
+    run_on_ranks(&flags("one", &[]), 1);
+    run_on_ranks(&flags("synced", &["--nproc", "2", "--sync-bn"]), 2);
+    let losses = |name: &str| -> Vec<f64> {
+        std::fs::read_to_string(out.path().join(name).join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+            .collect()
+    };
+    let (one, synced) = (losses("one"), losses("synced"));
+    assert_eq!(one.len(), 3);
+    weft_testing::assert_close_each(&synced, &one, 1e-4);
+}
