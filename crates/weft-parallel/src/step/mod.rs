@@ -38,6 +38,12 @@ pub(crate) use run::BackwardSeed;
 /// A model with its objective, flat gradients, optimizer (with a flat master copy of the
 /// parameters it steps where it needs one) and strategy.
 pub struct Trainer {
+    /// The captured step, first so that it is dropped first: it holds NCCL operations of
+    /// communicators the other fields may own alone (the strategy's, SyncBatchNorm's in the
+    /// model), and NCCL's destroy waits until no CUDA graph holds a communicator's operations
+    /// (`commDestroySync` polls for them), so a graph dropped after its communicator hangs.
+    #[cfg(feature = "cuda")]
+    graph: Option<cuda_graph::StepGraph>,
     model: BlockModel,
     objective: Box<dyn Objective>,
     /// The flat master copy of the parameters over the range the optimizer steps
@@ -68,8 +74,6 @@ pub struct Trainer {
     pub(crate) synchronized_timings: bool,
     /// Memory samples of each step, when tracked.
     memory: Option<memory::MemoryTracker>,
-    #[cfg(feature = "cuda")]
-    graph: Option<cuda_graph::StepGraph>,
 }
 
 /// The totals of evaluating one batch.
