@@ -66,6 +66,8 @@ pub(crate) const PIXELS: Module = Module {
     name: "weft_pixels",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/pixels.ptx")),
 };
+/// Launched by `space_to_depth_cuda`, a cuDNN path.
+#[cfg(feature = "cudnn")]
 pub(crate) const SPACE_TO_DEPTH: Module = Module {
     name: "weft_space_to_depth",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/space_to_depth.ptx")),
