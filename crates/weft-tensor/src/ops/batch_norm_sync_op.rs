@@ -90,6 +90,14 @@ fn run_cpu<T: WithDType>(pass: SyncPass, a: &[T], b: &[T], c: usize) -> Vec<T> {
     }
 }
 
+/// The two arguments hold statistics of one type.
+fn same_dtype<S: BackendStorage>(a: &S, b: &S) -> Result<()> {
+    if a.dtype() != b.dtype() {
+        bail!("weft-batch-norm-sync: the arguments' dtypes differ");
+    }
+    Ok(())
+}
+
 /// The contiguous elements of a CPU argument.
 fn slice<'a, T: WithDType>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [T]> {
     match layout.contiguous_offsets() {
@@ -155,9 +163,7 @@ impl CustomOp2 for SyncOp {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (c, shape) = self.check(l1.dims(), Some(l2.dims()))?;
-        if s1.dtype() != s2.dtype() {
-            bail!("weft-batch-norm-sync: the arguments' dtypes differ");
-        }
+        same_dtype(s1, s2)?;
         Ok((cpu(self.0, (s1, l1), Some((s2, l2)), c)?, shape))
     }
 
@@ -170,9 +176,7 @@ impl CustomOp2 for SyncOp {
         l2: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let (c, shape) = self.check(l1.dims(), Some(l2.dims()))?;
-        if s1.dtype() != s2.dtype() {
-            bail!("weft-batch-norm-sync: the arguments' dtypes differ");
-        }
+        same_dtype(s1, s2)?;
         let out = super::batch_norm_sync_cuda::run(self.0, (s1, l1), Some((s2, l2)), c)?;
         Ok((out, shape))
     }
