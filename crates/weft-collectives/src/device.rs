@@ -163,8 +163,15 @@ pub trait DeviceCollectives: Send + Sync {
     /// Runs the operations issued from now on outside a CUDA graph's capture on the compute
     /// stream itself (`on`) instead of beside it on a stream of their own (the default, off):
     /// for a process that replays CUDA graphs, whose replays slow down once a second stream
-    /// has run kernels eagerly. Captured operations always fork to the communication stream.
+    /// has run kernels eagerly. Captured operations fork to the communication stream (unless
+    /// [`Self::set_all_on_compute`]).
     fn set_eager_on_compute(&self, on: bool);
+
+    /// Runs every operation issued from now on, captured into a CUDA graph or not, on the
+    /// compute stream itself (`on`; off at first): for a communicator whose results the
+    /// compute stream waits for at once (SyncBatchNorm's statistics), so that no operation
+    /// forks to another stream and joins back. Its operations then never overlap compute.
+    fn set_all_on_compute(&self, on: bool);
 
     /// The ordered operations timed since the last call, in issue order, on the host's clock
     /// (at most the last 4096). Call it once the device has finished them, after a fence.

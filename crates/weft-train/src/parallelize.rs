@@ -37,14 +37,22 @@ pub struct ResNetParallelism {
 /// Data parallelism over `comm`'s ranks (one process without it; ZeRO's sharded optimizer
 /// with `plan.zero` 1 or 2, and sharded parameters with 3), SyncBatchNorm if asked,
 /// and the CUDA graph where it can capture the step (SyncBatchNorm included: its statistics
-/// are summed over the ranks on the device).
+/// are summed over the ranks on the device, through a communicator of their own).
 pub fn resnet(
     trainer: Trainer,
     comm: Option<&Arc<dyn Communicator>>,
     plan: &ResNetParallelism,
 ) -> Result<Trainer> {
     if let (Some(comm), true) = (comm, plan.sync_bn) {
-        weft_parallel::convert_sync_batch_norm(trainer.model(), comm.clone());
+        // The statistics on a communicator of their own (the same ranks), whose operations run
+        // on the compute stream itself, captured or not: the layer waits for each sum at once,
+        // so a fork to another stream and back only adds time, and none waits behind a
+        // gradient bucket's all-reduce.
+        let statistics: Arc<dyn Communicator> = Arc::from(comm.split(0, comm.rank() as i64)?);
+        if let Some(device) = statistics.device_collectives() {
+            device.set_all_on_compute(true);
+        }
+        weft_parallel::convert_sync_batch_norm(trainer.model(), statistics);
     }
     let replays = plan.cuda_graph;
     if let (Some(comm), true, 0) = (comm, replays, plan.zero) {

@@ -100,31 +100,45 @@ pub(crate) struct IssueOrder {
     queued: AtomicU64,
 }
 
-/// The stream that runs the operations issued outside a CUDA graph's capture: the
-/// communication stream, beside the compute stream's work, or in a process that replays CUDA
-/// graphs the compute stream itself. Once a second stream of the process has run a kernel
+/// Which stream an operation runs on. By default the communication stream, beside the compute
+/// stream's work. In a process that replays CUDA graphs, the operations issued outside a capture
+/// run on the compute stream itself: once a second stream of the process has run a kernel
 /// eagerly, the kernels of every graph replay start about 0.3 µs later after one another
-/// (BENCHMARKS.md, eighteenth and nineteenth sessions): with NCCL's eager work on the compute
-/// stream, the communication stream runs kernels only inside graphs.
+/// (BENCHMARKS.md, eighteenth and nineteenth sessions), so the communication stream runs
+/// kernels only inside graphs. A communicator whose every operation the compute stream waits
+/// for at once (SyncBatchNorm's statistics) runs all of them, captured ones included, on the
+/// compute stream: no fork to another stream and join back.
 pub(crate) struct EagerStream {
     communication: Arc<CudaStream>,
     compute: Arc<CudaStream>,
     on_compute: AtomicBool,
+    all_on_compute: AtomicBool,
 }
 
 impl EagerStream {
     /// The stream an operation issued now, outside a capture, runs on.
     pub fn get(&self) -> &Arc<CudaStream> {
-        match self.on_compute.load(Ordering::Acquire) {
+        self.placed(false)
+    }
+
+    /// The stream an operation issued now runs on, inside a capture (`capturing`) or not.
+    pub fn placed(&self, capturing: bool) -> &Arc<CudaStream> {
+        let all = self.all_on_compute.load(Ordering::Acquire);
+        match all || (!capturing && self.on_compute.load(Ordering::Acquire)) {
             true => &self.compute,
             false => &self.communication,
         }
     }
 
-    /// Operations issued from now on run on the compute stream (`on`) or on the
-    /// communication stream.
+    /// Operations issued from now on outside a capture run on the compute stream (`on`) or on
+    /// the communication stream.
     pub fn set_on_compute(&self, on: bool) {
         self.on_compute.store(on, Ordering::Release);
+    }
+
+    /// Every operation issued from now on, captured or not, runs on the compute stream (`on`).
+    pub fn set_all_on_compute(&self, on: bool) {
+        self.all_on_compute.store(on, Ordering::Release);
     }
 }
 
@@ -170,6 +184,7 @@ impl Engine {
             communication: stream.clone(),
             compute,
             on_compute: AtomicBool::new(false),
+            all_on_compute: AtomicBool::new(false),
         });
         let (launcher_order, launcher_eager) = (order.clone(), eager.clone());
         let launcher = std::thread::Builder::new()

@@ -106,10 +106,7 @@ impl NcclCommunicator {
             .capture_status()
             .map_err(|e| driver(op, self.rank, e))?
             != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let stream = match capturing {
-            true => &self.engine.stream,
-            false => self.engine.eager.get(),
-        };
+        let stream = self.engine.eager.placed(capturing);
         let issuing = self.engine.issue_here(op)?;
         // A rank that did not enqueue its part leaves the others waiting: the communicator is
         // failed and aborted, on another thread (the abort may wait on the GPU; this thread
@@ -277,6 +274,10 @@ impl DeviceCollectives for NcclCommunicator {
 
     fn set_eager_on_compute(&self, on: bool) {
         self.engine.eager.set_on_compute(on);
+    }
+
+    fn set_all_on_compute(&self, on: bool) {
+        self.engine.eager.set_all_on_compute(on);
     }
 
     fn take_spans(&self) -> Result<Vec<DeviceSpan>> {
