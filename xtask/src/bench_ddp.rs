@@ -87,6 +87,10 @@ pub struct BenchDdpArgs {
     /// Channels-last tensors in weft's runs and in the GPU anchor
     #[arg(long, default_value_t = false)]
     channels_last: bool,
+    /// weft's runs launch each replayed step before reading the one before (train-resnet's
+    /// flag)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    launch_ahead: bool,
 }
 
 struct Measured {
@@ -251,6 +255,7 @@ fn measure(
             &(global_batch * args.steps).max(8192).to_string(),
         ])
         .args(["--cuda-graph", &args.cuda_graph.to_string()])
+        .args(["--launch-ahead", &args.launch_ahead.to_string()])
         .args(
             args.workers
                 .iter()

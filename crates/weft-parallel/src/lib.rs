@@ -43,6 +43,8 @@ pub use collectives::{init_for_device, TensorCollectives, TensorWork};
 pub use ddp::{DdpConfig, DistributedDataParallel, GradCompression, NaiveDataParallel};
 pub use error::{ParallelError, Result};
 pub use single::SingleProcess;
-pub use step::{EvalOutcome, MemorySample, ModelStateBytes, StepOutcome, StepTimings, Trainer};
+pub use step::{
+    EvalOutcome, LaunchedStep, MemorySample, ModelStateBytes, StepOutcome, StepTimings, Trainer,
+};
 pub use strategy::{ReadyGrads, Strategy};
 pub use sync_bn::{convert_sync_batch_norm, AllReduceSum};

@@ -26,6 +26,7 @@
 use std::ops::Range;
 
 use candle_core::Tensor;
+use weft_collectives::Work;
 use weft_tensor::{BlockModel, EntryId, FlatBuffer, Slot};
 
 use crate::error::Result;
@@ -207,6 +208,15 @@ pub trait Strategy: Send {
     fn wait_for_device(&mut self) -> Result<()> {
         self.wrapped_mut()
             .map_or(Ok(()), |inner| inner.wait_for_device())
+    }
+
+    /// Marks the end of the device work queued so far (for strategies whose operations are
+    /// ordered on the device only): waiting on the returned work later, e.g. once the next
+    /// step is queued too, is [`Strategy::wait_for_device`]'s watched wait for this point.
+    /// `None`: nothing to wait for beyond the device's stream.
+    fn device_fence(&mut self) -> Result<Option<Work<()>>> {
+        self.wrapped_mut()
+            .map_or(Ok(None), |inner| inner.device_fence())
     }
 
     /// Whether a step under this strategy can be captured in a CUDA graph (its operations

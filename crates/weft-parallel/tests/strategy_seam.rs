@@ -205,6 +205,45 @@ fn meanwhile_runs_once_after_the_step_is_issued() {
     assert_eq!(at[1], log.len() - 1, "{log:?}");
 }
 
+/// A step launched and finished later is the step `step` takes: launched one ahead of the
+/// step being read (as the trainers do), the losses are those of plain steps, in order, and
+/// `meanwhile` runs once per launch, after the step's update is issued. (On the CPU every
+/// step runs when launched; a GPU's queued replays are checked by `xtask gpu-check`.)
+#[test]
+fn launched_steps_finished_later_equal_plain_steps() {
+    let lrs = [0.1, 0.05, 0.02, 0.01];
+    let batches: Vec<_> = (0..lrs.len()).map(|i| tied_batch(4, i)).collect();
+    let mut plain = trainer(tied_model(0, DType::F64, false), 0.9);
+    let expected: Vec<f64> = batches
+        .iter()
+        .zip(lrs)
+        .map(|((x, y), lr)| plain.step(x, y, lr).unwrap().loss)
+        .collect();
+
+    let (mut t, log) = recorded_trainer();
+    let mut ahead = trainer(tied_model(0, DType::F64, false), 0.9);
+    let mut losses = Vec::new();
+    let mut in_flight = None;
+    for ((x, y), lr) in batches.iter().zip(lrs) {
+        let launched = ahead.launch(x, y, (1, lr)).unwrap();
+        assert!(!launched.is_queued(), "a CPU step runs when launched");
+        if let Some(earlier) = in_flight.replace(launched) {
+            losses.push(ahead.finish(earlier).unwrap().loss);
+        }
+    }
+    losses.push(ahead.finish(in_flight.unwrap()).unwrap().loss);
+    assert_eq!(losses, expected);
+
+    let (x, y) = tied_batch(4, 0);
+    let note = || log.lock().unwrap().push("meanwhile".to_string());
+    let launched = t.launch_then(&x, &y, (2, 0.1), &mut || note()).unwrap();
+    t.finish(launched).unwrap();
+    let log = log.lock().unwrap();
+    let at: Vec<usize> = (0..log.len()).filter(|&i| log[i] == "meanwhile").collect();
+    assert_eq!(at, [log.len() - 1], "{log:?}");
+    assert_eq!(log[at[0] - 1], "after step", "{log:?}");
+}
+
 #[test]
 fn a_gradient_reported_twice_is_an_error_naming_it() {
     let model = tied_model(0, DType::F64, false);

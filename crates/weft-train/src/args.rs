@@ -157,6 +157,11 @@ pub struct TrainArgs {
     /// On one GPU, replay the training step from a CUDA graph after two warm-up steps
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub cuda_graph: bool,
+    /// Launch each replayed step before reading the one before, so that the GPU goes from one
+    /// replay to the next without waiting for the host; `false` reads every step before
+    /// launching the next
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub launch_ahead: bool,
     /// ZeRO stage over the data-parallel ranks: 0 (plain DDP), 1 (optimizer states sharded:
     /// each rank steps its 1/N of the flat buffers and all-gathers the parameters), 2 (also
     /// each gradient bucket reduced into the ranks that own its parts), 3 (also the parameters

@@ -13,7 +13,7 @@ use serde::Serialize;
 use weft_data::DistributedSampler;
 use weft_models::loss::Classification;
 use weft_models::ResNetConfig;
-use weft_parallel::{DdpConfig, Trainer};
+use weft_parallel::{DdpConfig, LaunchedStep, Trainer};
 use weft_precision::PrecisionPolicy;
 use weft_tensor::{Checkpointing, Timeline};
 
@@ -229,81 +229,109 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         };
         let mut next = fetch(&mut loader);
         let mut period = Instant::now();
-        // Device time on a GPU, as the step's blocks are (`Timeline::time_on_device`).
-        let mut step_span = Some(timeline.open(format!("step {step}"), "step", "steps"));
+        // A replayed step launched and not yet read: the next one is launched before it is
+        // read, so the device goes from one to the next (`Trainer::launch`).
+        let mut in_flight: Option<(LaunchedStep, Launch)> = None;
         while let Some(batch) = next.take() {
             if step == total_steps {
                 break;
             }
             let (images, labels) = batch?;
-            let lr = schedule.lr_at(step);
-            let spans_before = timeline.len();
-            let micro = (args.micro_batches, lr);
+            let this = Launch {
+                step,
+                lr: schedule.lr_at(step),
+                spans_before: timeline.len(),
+            };
+            let micro = (args.micro_batches, this.lr);
             // While the device runs this step: the next batch, the last step's report, and the
             // spans before this step into the trace (writing them took ~150 µs of the host's
             // turn between steps).
             let (mut reported, mut flushed) = (Ok(()), Ok(0));
-            let stepped = trainer.step_micro_batches_then(&images, &labels, micro, &mut || {
+            // Device time on a GPU, as the step's blocks are (`Timeline::time_on_device`).
+            let step_span = timeline.open(format!("step {step}"), "step", "steps");
+            let launched = trainer.launch_then(&images, &labels, micro, &mut || {
                 next = fetch(&mut loader);
                 reported = reports.make(run.writer.as_mut(), &mut progress);
-                flushed = timeline.flush_first(spans_before);
+                flushed = timeline.flush_first(this.spans_before);
             });
-            let outcome = match stepped {
-                Ok(outcome) => outcome,
+            step_span.close();
+            step += 1;
+            // The steps to read now, in order: the one before (launched ahead of this one), and
+            // this one unless it can be read after the next launch — not if the model is read
+            // after it (a checkpoint, the epoch's end), it ran to completion anyway, or
+            // `--launch-ahead false`.
+            let mut finished = Vec::with_capacity(2);
+            let flushed = (|| -> Result<usize> {
+                let launched = launched?;
+                if let Some((earlier, launch)) = in_flight.take() {
+                    finished.push((trainer.finish(earlier)?, launch));
+                }
+                let read_now = !args.launch_ahead
+                    || !launched.is_queued()
+                    || next.is_none()
+                    || step == total_steps
+                    || args.checkpoints.saves_after(step);
+                match read_now {
+                    true => finished.push((trainer.finish(launched)?, this)),
+                    false => in_flight = Some((launched, this)),
+                }
+                reported?;
+                Ok(flushed?)
+            })();
+            let flushed = match flushed {
+                Ok(flushed) => flushed,
                 Err(failure) => {
                     // The last step's line still reaches metrics.jsonl (the step's own error
                     // is the one reported).
                     let _ = reports.make(run.writer.as_mut(), &mut progress);
-                    return Err(failure.into());
+                    return Err(failure);
                 }
             };
-            reported?;
-            let spans_before = spans_before.saturating_sub(flushed?);
-            let seconds = period.elapsed().as_secs_f64();
-            period = Instant::now();
-            let global = ctx.step_loss_sum(&outcome, Some(&timeline))?;
-            timeline.settle()?;
-            let hidden = (ctx.world_size > 1)
-                .then(|| comm_hidden(&timeline.spans_since(spans_before)))
-                .flatten();
-            let line = StepMetrics {
-                step,
-                epoch,
-                loss: global[0] / global[1],
-                lr,
-                images_per_sec: args.batch_size as f64 / seconds,
-                comm_hidden: hidden,
-                grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
-                loss_scale: outcome.loss_scale,
-            };
-            let report = StepReport {
-                line,
-                skipped: outcome.skipped,
-            };
-            reports.hold(report, run.writer.as_mut(), &mut progress)?;
-            skipped += usize::from(outcome.skipped);
-            accumulate(&mut totals, &outcome);
-            memory_log.push(step, trainer.take_memory_samples())?;
-            if step == 0 && !args.quiet {
-                let settings = memory_report::plan_settings(args, policy, ctx.world_size);
-                for line in memory_report::model_state_table(&trainer, &settings)?.lines() {
-                    tracing::info!("{line}");
+            for (outcome, launch) in finished {
+                let spans_before = launch.spans_before.saturating_sub(flushed);
+                let seconds = period.elapsed().as_secs_f64();
+                period = Instant::now();
+                let global = ctx.step_loss_sum(&outcome, Some(&timeline))?;
+                timeline.settle()?;
+                // A replay records no communication spans: nothing to attribute.
+                let hidden = (ctx.world_size > 1 && !outcome.graphed)
+                    .then(|| comm_hidden(&timeline.spans_since(spans_before)))
+                    .flatten();
+                let line = StepMetrics {
+                    step: launch.step,
+                    epoch,
+                    loss: global[0] / global[1],
+                    lr: launch.lr,
+                    images_per_sec: args.batch_size as f64 / seconds,
+                    comm_hidden: hidden,
+                    grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
+                    loss_scale: outcome.loss_scale,
+                };
+                let report = StepReport {
+                    line,
+                    skipped: outcome.skipped,
+                };
+                reports.hold(report, run.writer.as_mut(), &mut progress)?;
+                skipped += usize::from(outcome.skipped);
+                accumulate(&mut totals, &outcome);
+                memory_log.push(launch.step, trainer.take_memory_samples())?;
+                if launch.step == 0 && !args.quiet {
+                    let settings = memory_report::plan_settings(args, policy, ctx.world_size);
+                    for line in memory_report::model_state_table(&trainer, &settings)?.lines() {
+                        tracing::info!("{line}");
+                    }
+                    if let Some(peak) = trainer.memory_peak() {
+                        tracing::info!("{}", memory_report::peak_line(peak));
+                    }
                 }
-                if let Some(peak) = trainer.memory_peak() {
-                    tracing::info!("{}", memory_report::peak_line(peak));
+                let after = launch.step + 1;
+                if let (true, Some(layout)) = (args.checkpoints.saves_after(after), &layout) {
+                    reports.make(run.writer.as_mut(), &mut progress)?;
+                    let keep = args.checkpoints.keep_last;
+                    let at = resume::SavePoint::after(after, steps_per_epoch, &totals, keep);
+                    resume::save(&mut trainer, (layout, Stage::WHOLE), ctx, &run.path, at)?;
                 }
             }
-            if let Some(span) = step_span.take() {
-                span.close();
-            }
-            step += 1;
-            if let (true, Some(layout)) = (args.checkpoints.saves_after(step), &layout) {
-                reports.make(run.writer.as_mut(), &mut progress)?;
-                let keep = args.checkpoints.keep_last;
-                let at = resume::SavePoint::after(step, steps_per_epoch, &totals, keep);
-                resume::save(&mut trainer, (layout, Stage::WHOLE), ctx, &run.path, at)?;
-            }
-            step_span = Some(timeline.open(format!("step {step}"), "step", "steps"));
         }
         reports.make(run.writer.as_mut(), &mut progress)?;
         ctx.sum(&mut totals)?;
@@ -369,6 +397,14 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     }
     ctx.barrier()?;
     Ok(summary)
+}
+
+/// What the loop knew of a step when it launched it.
+struct Launch {
+    step: usize,
+    lr: f64,
+    /// The timeline's length before the step.
+    spans_before: usize,
 }
 
 /// `model-data-<unix seconds>`.

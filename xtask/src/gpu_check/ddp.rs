@@ -202,14 +202,27 @@ fn scenario(
     let mut replayed = 0;
     // Each step's mean loss over the job, as summed over the ranks inside the step.
     let mut summed_losses = Vec::with_capacity(steps);
+    // With the graph, each step is launched before the one before it is read, as the trainer
+    // does (`Trainer::launch`): replays queue behind each other, collectives included.
+    let mut in_flight = None;
     for step in 0..steps {
         let (x, y) = batch(PER_RANK * world, step, device)?;
         let mine = |t: &Tensor| t.narrow(0, rank * PER_RANK, PER_RANK);
         // Static shapes for the graph: copies of this rank's rows.
-        let outcome = ddp.step(&mine(&x)?.copy()?, &mine(&y)?.copy()?, 1e-3)?;
-        replayed += usize::from(outcome.graphed);
-        let sums = outcome.replicas_loss_sum();
-        summed_losses.push(sums.map_or(f64::NAN, |[loss, samples]| loss / samples));
+        let launched = ddp.launch(&mine(&x)?.copy()?, &mine(&y)?.copy()?, (1, 1e-3))?;
+        let mut outcomes = Vec::new();
+        if let Some(earlier) = in_flight.take() {
+            outcomes.push(ddp.finish(earlier)?);
+        }
+        match graph && step + 1 < steps {
+            true => in_flight = Some(launched),
+            false => outcomes.push(ddp.finish(launched)?),
+        }
+        for outcome in outcomes {
+            replayed += usize::from(outcome.graphed);
+            let sums = outcome.replicas_loss_sum();
+            summed_losses.push(sums.map_or(f64::NAN, |[loss, samples]| loss / samples));
+        }
     }
     // ZeRO-2 and -3 keep their shard of the gradients only.
     let gradient_bytes = ddp.model_state_bytes().gradients;
@@ -252,9 +265,9 @@ fn scenario(
         let mut error = max_abs(&(&trained - &expected)?)? / max_abs(&expected)?;
         let what = match (sync_bn, graph, scaled) {
             (true, false, _) => "SyncBatchNorm, training mode",
-            (true, true, _) => "CUDA graph, SyncBatchNorm in training mode",
+            (true, true, _) => "CUDA graph launched ahead, SyncBatchNorm in training mode",
             (false, false, _) => "BatchNorm in eval mode",
-            (false, true, false) => "CUDA graph, eval-mode BatchNorm",
+            (false, true, false) => "CUDA graph launched ahead, eval-mode BatchNorm",
             (false, true, true) => "CUDA graph, eval-mode BatchNorm, loss scaler",
         };
         if graph && replayed < steps - 3 {

@@ -27,7 +27,8 @@ use candle_core::{DType, Device, Tensor};
 use weft_tensor::ops;
 
 use self::resnet::{
-    compare_f32_losses, compare_graph_replay, compare_training, compare_whole_graph,
+    compare_f32_losses, compare_graph_launched_ahead, compare_graph_replay, compare_training,
+    compare_whole_graph,
 };
 use self::single_ops::{
     compare_blend, compare_conv_backward_add, compare_graph_free_batch_norm, compare_multi_tensor,
@@ -412,6 +413,11 @@ pub fn run() -> Result<()> {
         // (atomics in cuDNN's NHWC weight gradients; cuBLAS's kernels under stream capture):
         // 3.7e-5 measured after 6 steps. A wrong batch in the static buffer differs at O(1).
         tolerance: 1e-3,
+    });
+    checks.push(Check {
+        name: "ResNet-18 f64 8 steps, another batch each: CUDA graph launched ahead = eager".into(),
+        error: compare_graph_launched_ahead(&gpu)?,
+        tolerance: 1e-12,
     });
     checks.push(Check {
         name: "ResNet-18 f64 6 steps with a loss scaler: CUDA graph = eager".into(),

@@ -192,6 +192,11 @@ struct Resnet18Run<'a> {
     /// In f32 with the model and its batch channels-last (cuDNN's NHWC convolutions), instead
     /// of f64 NCHW.
     channels_last: bool,
+    /// Each step's batch scaled by its own factor (the replays must read their own batch).
+    batches_vary: bool,
+    /// Each step launched before the one before it is read (`Trainer::launch`), as the
+    /// trainers do, except around the evaluation.
+    launch_ahead: bool,
 }
 
 /// The steps at which a scaled run's batch is all NaN: its gradients are, and the step is
@@ -209,7 +214,7 @@ const EVALUATED_AFTER: usize = 4;
 fn train_resnet18(
     gpu: &Device,
     run: Resnet18Run,
-) -> Result<(Tensor, usize, Option<LossScalerState>)> {
+) -> Result<(Tensor, Replays, Option<LossScalerState>)> {
     let dtype = match run.channels_last {
         true => DType::F32,
         false => DType::F64,
@@ -240,15 +245,35 @@ fn train_resnet18(
     if run.graph {
         trainer = trainer.with_cuda_graph();
     }
-    let mut replayed = 0;
+    let mut replays = Replays::default();
     let poisoned = (&images * f64::NAN)?;
+    let mut in_flight = None;
     for step in 0..run.steps {
-        let batch = match run.scaled && POISONED_STEPS.contains(&step) {
-            true => &poisoned,
-            false => &images,
+        let batch = match (
+            run.scaled && POISONED_STEPS.contains(&step),
+            run.batches_vary,
+        ) {
+            (true, _) => poisoned.clone(),
+            (false, true) => (&images * (1.0 + step as f64 / 4.0))?,
+            (false, false) => images.clone(),
         };
-        let outcome = trainer.step(batch, &labels, 0.01 / (1 + step) as f64)?;
-        replayed += usize::from(outcome.graphed);
+        let lr = 0.01 / (1 + step) as f64;
+        let mut outcomes = Vec::new();
+        match run.launch_ahead {
+            true => {
+                let launched = trainer.launch(&batch, &labels, (1, lr))?;
+                replays.queued += usize::from(launched.is_queued());
+                if let Some(earlier) = in_flight.take() {
+                    outcomes.push(trainer.finish(earlier)?);
+                }
+                match step == EVALUATED_AFTER || step + 1 == run.steps {
+                    true => outcomes.push(trainer.finish(launched)?),
+                    false => in_flight = Some(launched),
+                }
+            }
+            false => outcomes.push(trainer.step(&batch, &labels, lr)?),
+        }
+        replays.replayed += outcomes.iter().filter(|o| o.graphed).count();
         if step == EVALUATED_AFTER {
             trainer.evaluate(&images, &labels)?;
         }
@@ -260,7 +285,16 @@ fn train_resnet18(
         .map(|id| store.entries()[id].tensor().flatten_all())
         .collect::<candle_core::Result<_>>()?;
     let params = Tensor::cat(&params, 0)?.to_device(&Device::Cpu)?;
-    Ok((params, replayed, trainer.loss_scaler_state()?))
+    Ok((params, replays, trainer.loss_scaler_state()?))
+}
+
+/// How a run's steps went.
+#[derive(Default)]
+struct Replays {
+    /// Steps replayed from the CUDA graph.
+    replayed: usize,
+    /// Steps still queued on the device when their launch returned.
+    queued: usize,
 }
 
 /// ResNet-18 in f64 trained for 6 steps by an eager trainer and by one replaying a CUDA graph
@@ -272,21 +306,45 @@ fn train_resnet18(
 /// (else infinity). Both runs evaluate between two steps: a replay after the graph's memory
 /// went back to the device for the evaluation must compute the same step.
 pub(super) fn compare_graph_replay(gpu: &Device, scaled: bool, channels_last: bool) -> Result<f64> {
+    compare_graph_runs(gpu, (scaled, channels_last), false)
+}
+
+/// [`compare_graph_replay`] in f64 with another batch at every step, the graph run launching
+/// each step before it reads the one before (`Trainer::launch`), over 8 steps: the replays
+/// queued behind a running one must read their own learning rate and batch. Infinity unless at
+/// least four launches returned with the step still queued.
+pub(super) fn compare_graph_launched_ahead(gpu: &Device) -> Result<f64> {
+    compare_graph_runs(gpu, (false, false), true)
+}
+
+fn compare_graph_runs(
+    gpu: &Device,
+    (scaled, channels_last): (bool, bool),
+    launch_ahead: bool,
+) -> Result<f64> {
     let run = |graph| Resnet18Run {
         optimizer_device: gpu,
         graph,
-        steps: 6,
+        // Launched ahead: three replays queued behind a running one, the evaluation between.
+        steps: if launch_ahead { 8 } else { 6 },
         scaled,
         channels_last,
+        batches_vary: launch_ahead,
+        launch_ahead: launch_ahead && graph,
     };
     gpu.set_seed(0)?;
     let (eager, _, eager_scaler) = train_resnet18(gpu, run(false))?;
     gpu.set_seed(0)?;
-    let (graphed, replayed, graphed_scaler) = train_resnet18(gpu, run(true))?;
-    println!("CUDA graph: {replayed} of 6 steps replayed, loss scaler {graphed_scaler:?}");
+    let (graphed, replays, graphed_scaler) = train_resnet18(gpu, run(true))?;
+    let (replayed, queued) = (replays.replayed, replays.queued);
+    println!(
+        "CUDA graph: {replayed} steps replayed ({queued} queued at launch), loss scaler \
+         {graphed_scaler:?}"
+    );
     let skipped = graphed_scaler.as_ref().map_or(0, |s| s.skipped_steps);
     let skipped_as_poisoned = !scaled || skipped == POISONED_STEPS.len() as u64;
-    if replayed < 3 || eager_scaler != graphed_scaler || !skipped_as_poisoned {
+    let queued_enough = !launch_ahead || queued >= 4;
+    if replayed < 3 || eager_scaler != graphed_scaler || !skipped_as_poisoned || !queued_enough {
         return Ok(f64::INFINITY);
     }
     relative_error(&eager, &graphed)
@@ -302,6 +360,8 @@ pub(super) fn compare_offload(gpu: &Device) -> Result<f64> {
         steps: 3,
         scaled: false,
         channels_last: false,
+        batches_vary: false,
+        launch_ahead: false,
     };
     gpu.set_seed(0)?;
     let (on_gpu, ..) = train_resnet18(gpu, run(gpu))?;

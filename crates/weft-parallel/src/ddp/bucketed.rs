@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Tensor;
-use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
+use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp, Work};
 use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, Timeline};
 
 use super::{
@@ -204,10 +204,16 @@ impl DistributedDataParallel {
 /// communicator's device collectives, when the gradients are on their device), watched for
 /// dead peers and timeouts; nothing to wait for otherwise.
 pub(crate) fn fence(native: Option<&dyn DeviceCollectives>) -> Result<()> {
-    if let Some(device) = native {
-        device.fence()?.wait()?;
+    if let Some(fence) = fence_later(native)? {
+        fence.wait()?;
     }
     Ok(())
+}
+
+/// The end of the operations ordered on the device so far, to wait for later ([`fence`]'s
+/// wait); `None` when they are not ordered on the device.
+pub(crate) fn fence_later(native: Option<&dyn DeviceCollectives>) -> Result<Option<Work<()>>> {
+    Ok(native.map(|device| device.fence()).transpose()?)
 }
 
 /// What every bucketed gradient sync does first: checks its bucket caps and that every rank
@@ -341,6 +347,10 @@ impl Strategy for DistributedDataParallel {
     fn wait_for_device(&mut self) -> Result<()> {
         fence(self.native())?;
         self.record_device_spans()
+    }
+
+    fn device_fence(&mut self) -> Result<Option<Work<()>>> {
+        fence_later(self.native())
     }
 
     fn capturable(&self) -> bool {

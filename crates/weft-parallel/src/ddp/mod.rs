@@ -13,7 +13,7 @@ mod naive;
 
 use candle_core::DType;
 
-pub(crate) use bucketed::{fence, prepare_replicas};
+pub(crate) use bucketed::{fence, fence_later, prepare_replicas};
 pub use bucketed::{BucketTiming, DistributedDataParallel};
 pub(crate) use buckets::BucketCountdown;
 pub use buckets::{Bucket, BucketCaps, BucketPlan};

@@ -10,12 +10,19 @@
 //! once. The learning rate is read by the optimizer kernel from device memory, so schedules
 //! keep working. Anything the capture cannot take (a host copy, a batch of another shape) makes
 //! the trainer run eagerly instead, saying so once.
+//!
+//! A replay can also be queued and read later ([`StepGraph::queue`], [`StepGraph::finish`]):
+//! its results are copied into one of two pinned host slots behind it on the stream, and the
+//! strategy's fence is recorded, so that the next step is launched before this one is read and
+//! the device goes from one replay to the next without waiting for the host.
 
 use candle_core::cuda_backend::cudarc::driver::sys::{
     CUgraphInstantiate_flags, CUstreamCaptureMode,
 };
 use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::{DType, Device, Tensor};
+use weft_collectives::Work;
+use weft_tensor::flat::HostStaging;
 use weft_tensor::ops::{copy_tensors, is_channels_last};
 
 use super::outcome::{outcome, BatchResult, StepOutcome, StepTimings};
@@ -70,12 +77,19 @@ enum State {
     Off,
 }
 
+/// Replays queued and not yet finished, at most.
+const QUEUED_SLOTS: usize = 2;
+
 /// The capture state of one trainer.
 pub struct StepGraph {
     state: State,
     buffers: Option<Buffers>,
     /// The graph's memory went back to the device for eager work since the last launch.
     released: bool,
+    /// Where queued replays' outputs are copied (pinned host memory), and which slots hold a
+    /// replay not yet finished.
+    results: [HostStaging<f64>; QUEUED_SLOTS],
+    taken: [bool; QUEUED_SLOTS],
 }
 
 impl Default for StepGraph {
@@ -84,8 +98,18 @@ impl Default for StepGraph {
             state: State::WarmingUp(0),
             buffers: None,
             released: false,
+            results: Default::default(),
+            taken: [false; QUEUED_SLOTS],
         }
     }
+}
+
+/// A replay queued on the device ([`StepGraph::queue`]), read by [`StepGraph::finish`].
+pub struct QueuedReplay {
+    slot: usize,
+    /// The strategy's fence right behind the replay (the watched wait for its collectives).
+    fence: Option<Work<()>>,
+    samples: usize,
 }
 
 impl StepGraph {
@@ -122,6 +146,11 @@ impl StepGraph {
         if matches!(self.state, State::Off) || !buffers.fits(inputs, targets) {
             let batch = [(inputs.clone(), targets.clone())];
             return trainer.step_accumulated_then(&batch, lr, meanwhile);
+        }
+        if matches!(self.state, State::Ready(_)) {
+            let queued = self.queue(trainer, (inputs, targets, lr))?;
+            meanwhile();
+            return self.finish(queued);
         }
         let cuda = inputs.device().as_cuda_device()?.clone();
         trainer.set_lr(lr)?;
@@ -171,24 +200,73 @@ impl StepGraph {
                     }
                 }
             }
-            State::Ready(graph) => {
-                if std::mem::take(&mut self.released) {
-                    weft_tensor::cuda_runtime::release_cached_memory(inputs.device())?;
-                }
-                // The replay's launch as one span (its blocks record nothing; the GPU runs it
-                // after the launch returns).
-                let timeline = trainer.options.timeline.as_ref();
-                let span = timeline.map(|t| t.open("cuda graph launch", "graph", "compute"));
-                graph.launch().map_err(|e| cuda_error("graph launch", e))?;
-                meanwhile();
-                trainer.wait_for_device()?;
-                if let Some(span) = span {
-                    span.close();
-                }
-                read(buffers, trainer, targets)
-            }
-            State::Off => unreachable!("handled above"),
+            State::Ready(_) | State::Off => unreachable!("handled above"),
         }
+    }
+
+    /// Whether the step on this batch would be a replay ([`Self::queue`] takes it).
+    pub fn replays(&self, inputs: &Tensor, targets: &Tensor) -> bool {
+        matches!(self.state, State::Ready(_))
+            && self
+                .buffers
+                .as_ref()
+                .is_some_and(|b| b.fits(inputs, targets))
+    }
+
+    /// Queues a replay of the captured step on the batch and returns without waiting for the
+    /// device: the learning rate and the batch written into the static buffers behind the
+    /// work queued before (so a replay still running reads its own), the graph launched, its
+    /// outputs copied into a free host slot and the strategy's fence recorded behind it.
+    pub fn queue(
+        &mut self,
+        trainer: &mut Trainer,
+        (inputs, targets, lr): (&Tensor, &Tensor, f64),
+    ) -> Result<QueuedReplay> {
+        let (State::Ready(graph), Some(buffers)) = (&self.state, &self.buffers) else {
+            return Err(ParallelError::CudaGraph(
+                "no captured step to replay".into(),
+            ));
+        };
+        let slot = self.taken.iter().position(|taken| !taken).ok_or_else(|| {
+            ParallelError::Config(format!(
+                "{QUEUED_SLOTS} launched steps are unfinished: finish the oldest before \
+                 launching another"
+            ))
+        })?;
+        trainer.set_lr(lr)?;
+        buffers.load(inputs, targets)?;
+        if std::mem::take(&mut self.released) {
+            weft_tensor::cuda_runtime::release_cached_memory(inputs.device())?;
+        }
+        // The replay as one span (its blocks record nothing), on the device's clock: it ends
+        // where the replay does on the stream.
+        let timeline = trainer.options.timeline.as_ref();
+        let span = timeline.map(|t| t.open("cuda graph launch", "graph", "compute"));
+        graph.launch().map_err(|e| cuda_error("graph launch", e))?;
+        let len = buffers.outputs.elem_count();
+        self.results[slot].queue_download(&buffers.outputs, 0..len)?;
+        if let Some(span) = span {
+            span.close();
+        }
+        let fence = trainer.strategy.device_fence()?;
+        self.taken[slot] = true;
+        Ok(QueuedReplay {
+            slot,
+            fence,
+            samples: trainer.objective.samples(targets),
+        })
+    }
+
+    /// The outcome of a queued replay, once the device has run it (the strategy's watched
+    /// wait first: a dead peer is an error, not a hang).
+    pub fn finish(&mut self, queued: QueuedReplay) -> Result<StepOutcome> {
+        self.taken[queued.slot] = false;
+        if let Some(fence) = queued.fence {
+            fence.wait()?;
+        }
+        let values = self.results[queued.slot].as_slice()?;
+        let names = self.buffers.as_ref().map_or(&[][..], |b| &b.metric_names);
+        Ok(replayed_outcome(values, names, queued.samples))
     }
 }
 
@@ -240,23 +318,28 @@ fn capture(
         .ok_or_else(|| ParallelError::CudaGraph("the capture recorded no work".into()))
 }
 
-/// The outcome of a replayed step: its loss and metrics, read from the static outputs in one
-/// copy.
+/// The outcome of the captured step's first replay: its loss and metrics, read from the
+/// static outputs in one copy.
 fn read(buffers: &Buffers, trainer: &Trainer, targets: &Tensor) -> Result<StepOutcome> {
     let values = buffers.outputs.to_vec1::<f64>()?;
-    let metrics = buffers
-        .metric_names
+    let samples = trainer.objective.samples(targets);
+    Ok(replayed_outcome(&values, &buffers.metric_names, samples))
+}
+
+/// A replayed step's outcome from its outputs: the loss, then each metric of `names`.
+fn replayed_outcome(values: &[f64], names: &[&'static str], samples: usize) -> StepOutcome {
+    let metrics = names
         .iter()
         .zip(&values[1..])
         .map(|(name, value)| (*name, *value))
         .collect();
-    Ok(StepOutcome {
+    StepOutcome {
         loss: values[0],
-        samples: trainer.objective.samples(targets),
+        samples,
         metrics,
         timings: StepTimings::default(),
         graphed: true,
         loss_scale: None,
         skipped: false,
-    })
+    }
 }

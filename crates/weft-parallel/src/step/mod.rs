@@ -11,6 +11,7 @@
 #[cfg(feature = "cuda")]
 mod cuda_graph;
 mod delayed_update;
+mod launched;
 mod memory;
 use delayed_update::lost_optimizer;
 mod outcome;
@@ -26,6 +27,7 @@ use weft_tensor::ops::dropout::derive_seed;
 use weft_tensor::tape::{self, TapeOptions};
 use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Objective, Timeline};
 
+pub use launched::LaunchedStep;
 pub use memory::{MemorySample, ModelStateBytes};
 pub use outcome::{StepOutcome, StepTimings};
 

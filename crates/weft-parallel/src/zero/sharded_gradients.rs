@@ -19,13 +19,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
-use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp};
+use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp, Work};
 use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
 
 use super::ShardLayout;
 use crate::collectives::{native_for, reduce_ordered, TensorCollectives, TensorWork};
 use crate::ddp::{
-    broadcast_buffers, fence, prepare_replicas, BucketCountdown, BucketPlan, DdpConfig,
+    broadcast_buffers, fence, fence_later, prepare_replicas, BucketCountdown, BucketPlan, DdpConfig,
 };
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
@@ -274,5 +274,9 @@ impl Strategy for ShardedGradients {
 
     fn wait_for_device(&mut self) -> Result<()> {
         fence(self.native())
+    }
+
+    fn device_fence(&mut self) -> Result<Option<Work<()>>> {
+        fence_later(self.native())
     }
 }

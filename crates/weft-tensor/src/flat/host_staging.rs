@@ -37,6 +37,9 @@ pub struct HostStaging<T> {
     /// Done once the device has read the memory for the last upload.
     #[cfg(feature = "cuda")]
     uploaded: Option<cudarc::driver::CudaEvent>,
+    /// Done once the device has written the memory for the last queued download.
+    #[cfg(feature = "cuda")]
+    downloaded: Option<cudarc::driver::CudaEvent>,
 }
 
 enum Memory<T> {
@@ -51,6 +54,8 @@ impl<T: StagingElement> Default for HostStaging<T> {
             memory: Memory::Heap(Vec::new()),
             #[cfg(feature = "cuda")]
             uploaded: None,
+            #[cfg(feature = "cuda")]
+            downloaded: None,
         }
     }
 }
@@ -59,6 +64,14 @@ impl<T: StagingElement> HostStaging<T> {
     /// Copies the elements `range` of the 1-D contiguous tensor `src` (on the CPU or a GPU)
     /// into this memory, which then holds exactly them.
     pub fn download(&mut self, src: &Tensor, range: Range<usize>) -> Result<()> {
+        self.queue_download(src, range)?;
+        self.wait_for_download()
+    }
+
+    /// [`Self::download`] without waiting: from a GPU the copy is queued on the device's stream
+    /// after the work queued so far, and [`Self::as_slice`] waits for it (work queued later
+    /// does not delay it). From the CPU the copy is done at once.
+    pub fn queue_download(&mut self, src: &Tensor, range: Range<usize>) -> Result<()> {
         if src.dtype() != T::DTYPE || range.end > src.elem_count() || src.rank() != 1 {
             return Err(TensorError::Flat(format!(
                 "cannot stage elements {range:?} of a {:?} tensor of {} elements as {:?}",
@@ -68,6 +81,7 @@ impl<T: StagingElement> HostStaging<T> {
             )));
         }
         self.wait_for_upload()?;
+        self.wait_for_download()?;
         let src = src.contiguous()?;
         let (storage, layout) = src.storage_and_layout();
         let range = layout.start_offset() + range.start..layout.start_offset() + range.end;
@@ -94,7 +108,7 @@ impl<T: StagingElement> HostStaging<T> {
                 stream.memcpy_dtoh(&source, pinned).map_err(driver)?;
                 // The host reads the memory once the copy is done. (The pinned slice's own
                 // event is not recorded: weft turns cudarc's stream tracking off.)
-                stream.synchronize().map_err(driver)?;
+                self.downloaded = Some(stream.record_event(None).map_err(driver)?);
                 Ok(())
             }
             #[allow(unreachable_patterns)]
@@ -104,8 +118,9 @@ impl<T: StagingElement> HostStaging<T> {
         }
     }
 
-    /// The staged elements.
-    pub fn as_slice(&self) -> Result<&[T]> {
+    /// The staged elements (once a queued download has written them).
+    pub fn as_slice(&mut self) -> Result<&[T]> {
+        self.wait_for_download()?;
         match &self.memory {
             Memory::Heap(v) => Ok(v),
             #[cfg(feature = "cuda")]
@@ -150,6 +165,15 @@ impl<T: StagingElement> HostStaging<T> {
         Ok(())
     }
 
+    /// Waits until the device has written the memory for the last queued download.
+    fn wait_for_download(&mut self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(written) = self.downloaded.take() {
+            written.synchronize().map_err(driver)?;
+        }
+        Ok(())
+    }
+
     #[cfg(not(feature = "cuda"))]
     fn upload_to_gpu(&mut self, _values: &[T], device: &Device) -> Result<Tensor> {
         Err(TensorError::Flat(format!(
@@ -166,8 +190,10 @@ impl<T: StagingElement> HostStaging<T> {
         };
         let len = values.len();
         let stream = gpu.cuda_stream();
-        // The copy queued by the last upload must have read the memory the host writes now.
+        // The copy queued by the last upload must have read the memory the host writes now,
+        // and a queued download written it.
         self.wait_for_upload()?;
+        self.wait_for_download()?;
         let pinned = self.pinned(&stream, len)?;
         parallel_copy(values, pinned.as_mut_slice().map_err(driver)?);
         // SAFETY: the whole allocation is written by the copy below before any use.
