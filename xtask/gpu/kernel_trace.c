@@ -5,6 +5,8 @@
  *   kind,device,stream,channel,graph,correlation,start_ns,end_ns,name
  * (channel: the hardware channel the work went through; a copy's name gives its direction,
  * source and destination memory kinds and bytes, a memset's its bytes)
+ * With KERNEL_TRACE_API=1 it also writes a row per CUDA driver call, on the same clock
+ * (kind `api`, stream = the calling thread, name = the call): where the host waited.
  * Kernels replayed from a CUDA graph come one row each (graph = the graph's id, correlation =
  * the graph launch's), so one replay's rows share their correlation id; NCCL's kernels are
  * rows like the others. `xtask/python/kernel_steps.py` reads the files.
@@ -12,8 +14,9 @@
  * microseconds more under it (BENCHMARKS.md, eighteenth session: a traced ResNet-50 step idled
  * 0.3 ms around its 55 memsets, which cost nothing measurable untraced); compare kernels and
  * rates against an untraced run before acting on them.
- * Build: cc -shared -fPIC -O2 -I<cupti include> -o kernel_trace.so kernel_trace.c
- *        -L<cupti lib> -l:libcupti.so.13 */
+ * Build: cc -shared -fPIC -O2 -I<cupti include> -I<CUDA include> -o kernel_trace.so
+ *        kernel_trace.c -L<cupti lib> -l:libcupti.so.13 (the GPU machine's pip headers lack
+ *        crt/host_defines.h: build it where the CUDA toolkit is and carry it in the bundle) */
 #include <cupti.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -52,6 +55,13 @@ static void write_memset(const CUpti_ActivityMemset4 *m) {
             (unsigned long long)m->bytes);
 }
 
+static void write_api(const CUpti_ActivityAPI *a) {
+    const char *name = "?";
+    cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, &name);
+    fprintf(out, "api,0,%u,0,0,%u,%llu,%llu,%s\n", a->threadId, a->correlationId,
+            (unsigned long long)a->start, (unsigned long long)a->end, name);
+}
+
 static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t *buffer,
                                       size_t size, size_t valid) {
     (void)context;
@@ -67,6 +77,8 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_
             write_copy((const CUpti_ActivityMemcpy6 *)record);
         else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET)
             write_memset((const CUpti_ActivityMemset4 *)record);
+        else if (record->kind == CUPTI_ACTIVITY_KIND_DRIVER)
+            write_api((const CUpti_ActivityAPI *)record);
     }
     pthread_mutex_unlock(&lock);
     free(buffer);
@@ -110,6 +122,11 @@ int InitializeInjection(void) {
     if (r != CUPTI_SUCCESS) return fail("enabling copy records", r);
     r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
     if (r != CUPTI_SUCCESS) return fail("enabling memset records", r);
+    const char *api = getenv("KERNEL_TRACE_API");
+    if (api && strcmp(api, "1") == 0) {
+        r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER);
+        if (r != CUPTI_SUCCESS) return fail("enabling driver call records", r);
+    }
     atexit(flush_at_exit);
     return 1;
 }

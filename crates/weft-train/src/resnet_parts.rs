@@ -54,15 +54,18 @@ pub(crate) fn loader_workers(args: &TrainArgs) -> usize {
     })
 }
 
-/// Reused staging a batch's images go up through: pinned memory and a copy stream on a GPU.
+/// Reused staging a batch goes up through: pinned memory and a copy stream on a GPU.
 #[derive(Default)]
 pub(crate) struct BatchStaging {
     floats: BatchUpload<f32>,
     pixels: BatchUpload<u8>,
+    /// The labels too: a copy from pageable memory may wait for the device's stream, which
+    /// would hold the host until the step running now ends.
+    labels: BatchUpload<u32>,
 }
 
 /// `batch`'s images (`[N, C, H, W]`, `dtype`) and labels (u32 `[N]`) on `device`; on a GPU
-/// the images go through `staging`'s pinned memory, copied on a stream of their own while the
+/// both go through `staging`'s pinned memory, copied on a stream of their own while the
 /// device computes, without the host waiting for the device. Pixels handed over as bytes are converted and normalised
 /// there, into channels-last order when `channels_last` (else contiguous NCHW).
 pub(crate) fn upload_batch(
@@ -88,7 +91,7 @@ pub(crate) fn upload_batch(
             }
         }
     };
-    let labels = Tensor::from_slice(&batch.labels, batch.labels.len(), device)?;
+    let labels = staging.labels.upload(&batch.labels, device)?;
     Ok((images, labels))
 }
 

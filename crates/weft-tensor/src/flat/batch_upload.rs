@@ -3,8 +3,11 @@
 //! runs on a stream of its own, so it overlaps the step instead of queueing behind it on the
 //! compute stream; the compute stream then waits for the copy (not the host) and takes the
 //! batch into a tensor of its own with a device-to-device copy, so that the staging buffers are
-//! free for the next batch as soon as that copy has run. On the CPU a batch is a tensor of its
-//! own values.
+//! free for the next batch as soon as that copy has run. Two stagings take the batches in
+//! turn: a batch's copy then waits only for the batch before last to have been taken, which the
+//! compute stream did a step ago, so it runs while the device computes instead of between two
+//! steps (where a copy over PCIe also slows the small operations queued there). On the CPU a
+//! batch is a tensor of its own values.
 
 use candle_core::{Device, Tensor};
 
@@ -13,8 +16,12 @@ use crate::error::Result;
 
 /// Reused staging for one kind of batch data (e.g. the images' bytes).
 pub struct BatchUpload<T> {
+    /// The two stagings batches go through in turn, made at their first use.
     #[cfg(feature = "cuda")]
-    gpu: Option<gpu::Staging<T>>,
+    gpu: [Option<gpu::Staging<T>>; 2],
+    /// The staging the next batch goes through.
+    #[cfg(feature = "cuda")]
+    turn: usize,
     #[cfg(not(feature = "cuda"))]
     gpu: std::marker::PhantomData<T>,
 }
@@ -23,6 +30,8 @@ impl<T: StagingElement> Default for BatchUpload<T> {
     fn default() -> Self {
         Self {
             gpu: Default::default(),
+            #[cfg(feature = "cuda")]
+            turn: 0,
         }
     }
 }
@@ -37,7 +46,9 @@ impl<T: StagingElement> BatchUpload<T> {
             #[cfg(feature = "cuda")]
             Device::Cuda(cuda) => {
                 let stream = cuda.cuda_stream();
-                let staging = match &mut self.gpu {
+                let turn = self.turn;
+                self.turn = 1 - turn;
+                let staging = match &mut self.gpu[turn] {
                     Some(staging) if staging.serves(&stream) => staging,
                     gpu => gpu.insert(gpu::Staging::new(&stream)?),
                 };

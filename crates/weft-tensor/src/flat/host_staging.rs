@@ -15,7 +15,8 @@ use candle_core::{Device, Storage, Tensor};
 use super::host_update::HostElement;
 use crate::error::{Result, TensorError};
 
-/// An element type the staging memory holds (f32, f64; u8 for a batch's pixels).
+/// An element type the staging memory holds (f32, f64; u8 and u32 for a batch's pixels and
+/// labels).
 #[cfg(feature = "cuda")]
 pub trait StagingElement:
     HostElement
@@ -24,12 +25,14 @@ pub trait StagingElement:
     + candle_core::cuda::CudaDType
 {
 }
-/// An element type the staging memory holds (f32, f64; u8 for a batch's pixels).
+/// An element type the staging memory holds (f32, f64; u8 and u32 for a batch's pixels and
+/// labels).
 #[cfg(not(feature = "cuda"))]
 pub trait StagingElement: HostElement {}
 impl StagingElement for f32 {}
 impl StagingElement for f64 {}
 impl StagingElement for u8 {}
+impl StagingElement for u32 {}
 
 /// Reused host memory for copies between a flat buffer and the host.
 pub struct HostStaging<T> {

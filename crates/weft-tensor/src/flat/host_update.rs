@@ -114,6 +114,7 @@ macro_rules! host_element {
 host_element!(f32, F32);
 host_element!(f64, F64);
 host_element!(u8, U8);
+host_element!(u32, U32);
 
 /// In-place `f(&mut dst[ranges.0], &src[ranges.1])` over two CPU tensors of element type `T`.
 struct ZipUpdate<T, F> {
