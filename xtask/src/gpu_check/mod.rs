@@ -20,6 +20,7 @@ mod optimizers;
 mod resnet;
 mod single_ops;
 mod synced_batch_norm;
+mod train_loop;
 mod zero;
 
 use anyhow::{bail, Result};
@@ -418,6 +419,13 @@ pub fn run() -> Result<()> {
         name: "ResNet-18 f64 8 steps, another batch each: CUDA graph launched ahead = eager".into(),
         error: compare_graph_launched_ahead(&gpu)?,
         tolerance: 1e-12,
+    });
+    checks.push(Check {
+        name: "train-resnet ResNet-20 14 steps, checkpoint after 7: launched ahead = read first"
+            .into(),
+        error: train_loop::compare_launched_ahead_loop()?,
+        // --deterministic: the same kernels on the same batches in the same order.
+        tolerance: 1e-6,
     });
     checks.push(Check {
         name: "ResNet-18 f64 6 steps with a loss scaler: CUDA graph = eager".into(),

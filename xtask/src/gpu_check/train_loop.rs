@@ -1,0 +1,124 @@
+//! The ResNet trainer's loop on one GPU with each replay launched before the step before it is
+//! read (`--launch-ahead true`, the default) against the same run reading every step first:
+//! the loop must log each step's own loss, in order, and save its checkpoint after the step it
+//! names, with nothing launched beyond it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use weft_train::TrainArgs;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: TrainArgs,
+}
+
+/// Steps of each run; a checkpoint after [`SAVED_AFTER`] of them.
+const STEPS: usize = 14;
+const SAVED_AFTER: usize = 7;
+
+/// ResNet-20 on synthetic 32×32 images, `--deterministic`, with and without launching ahead:
+/// the largest relative difference of the step losses in `metrics.jsonl`. Infinity when a run
+/// logged another number of steps or its steps out of order, when the launched-ahead run
+/// replayed fewer than `STEPS - 4` steps from its graph (its trace's "cuda graph launch"
+/// spans), or when its checkpoint after step [`SAVED_AFTER`] holds other parameters than the
+/// other run's.
+pub(super) fn compare_launched_ahead_loop() -> Result<f64> {
+    let out = std::env::temp_dir().join(format!("weft-gpu-check-loop-{}", std::process::id()));
+    let result = (|| {
+        let ahead = train(&out, true)?;
+        let read_first = train(&out, false)?;
+        let (losses, graphed) = (step_losses(&ahead)?, graph_launches(&ahead)?);
+        let reference = step_losses(&read_first)?;
+        println!(
+            "train-resnet launched ahead: {} steps logged, {graphed} replays traced",
+            losses.len()
+        );
+        let in_order = |l: &[(usize, f64)]| l.iter().enumerate().all(|(i, (s, _))| i == *s);
+        if losses.len() != STEPS
+            || reference.len() != STEPS
+            || !in_order(&losses)
+            || !in_order(&reference)
+            || graphed + 4 < STEPS
+            || saved(&ahead)? != saved(&read_first)?
+        {
+            return Ok(f64::INFINITY);
+        }
+        Ok(losses
+            .iter()
+            .zip(&reference)
+            .map(|((_, a), (_, b))| ((a - b) / b).abs())
+            .fold(0f64, f64::max))
+    })();
+    // `--deterministic` set a process-wide switch; the other checks choose their algorithms.
+    weft_tensor::ops::set_deterministic(false);
+    let _ = std::fs::remove_dir_all(&out);
+    result
+}
+
+/// One run into `out/ahead-<launch_ahead>`; its folder.
+fn train(out: &Path, launch_ahead: bool) -> Result<PathBuf> {
+    let name = format!("ahead-{launch_ahead}");
+    let (steps, every) = (STEPS.to_string(), SAVED_AFTER.to_string());
+    let flags = [
+        "train-resnet",
+        "--device",
+        "cuda",
+        "--model",
+        "resnet20",
+        "--image-size",
+        "32",
+        "--synthetic-train",
+        "1024",
+        "--synthetic-val",
+        "64",
+        "--batch-size",
+        "32",
+        "--steps",
+        &steps,
+        "--save-every",
+        &every,
+        "--augment",
+        "none",
+        "--shuffle",
+        "false",
+        "--deterministic",
+        "--quiet",
+        "--launch-ahead",
+        if launch_ahead { "true" } else { "false" },
+        "--out",
+        out.to_str()
+            .context("the temporary folder's path is not UTF-8")?,
+        "--name",
+        &name,
+    ];
+    weft_train::resnet::run(&Cli::try_parse_from(flags)?.args)?;
+    Ok(out.join(name))
+}
+
+/// Each step line's step and loss, as logged.
+fn step_losses(run: &Path) -> Result<Vec<(usize, f64)>> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl"))?;
+    let mut losses = Vec::new();
+    for line in text.lines() {
+        let value: serde_json::Value = serde_json::from_str(line)?;
+        if let (Some(step), Some(loss)) = (value["step"].as_u64(), value["loss"].as_f64()) {
+            losses.push((step as usize, loss));
+        }
+    }
+    Ok(losses)
+}
+
+/// The replays the run's trace recorded.
+fn graph_launches(run: &Path) -> Result<usize> {
+    let trace = std::fs::read_to_string(run.join("trace-rank0.json"))?;
+    Ok(trace.matches("\"cuda graph launch\"").count())
+}
+
+/// The bytes of the model's weights in the checkpoint saved after step [`SAVED_AFTER`].
+fn saved(run: &Path) -> Result<Vec<u8>> {
+    let weights = weft_train::run_checkpoints::step_dir(run, SAVED_AFTER).join("model.safetensors");
+    std::fs::read(&weights).with_context(|| format!("{}: no checkpoint", weights.display()))
+}
