@@ -14,6 +14,27 @@ use super::{StepOutcome, Trainer};
 use crate::error::Result;
 
 /// A step launched by [`Trainer::launch`]; [`Trainer::finish`] gives its outcome.
+///
+/// A loop that keeps one step in flight, reading each step after launching the next:
+///
+/// ```no_run
+/// # fn demo(trainer: weft_parallel::Trainer, batches: Vec<(candle_core::Tensor, candle_core::Tensor)>)
+/// # -> weft_parallel::Result<()> {
+/// let mut trainer = trainer.with_cuda_graph();
+/// let mut in_flight = None;
+/// for (inputs, targets) in &batches {
+///     let launched = trainer.launch(inputs, targets, (1, 0.1))?;
+///     // The step before this one, read while this one runs.
+///     if let Some(earlier) = in_flight.replace(launched) {
+///         println!("loss {:.4}", trainer.finish(earlier)?.loss);
+///     }
+/// }
+/// if let Some(last) = in_flight {
+///     println!("loss {:.4}", trainer.finish(last)?.loss);
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "a launched step holds one of the trainer's result slots until it is finished"]
 pub struct LaunchedStep(Launched);
 
