@@ -264,7 +264,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             let flushed = (|| -> Result<usize> {
                 let launched = launched?;
                 if let Some((earlier, launch)) = in_flight.take() {
-                    finished.push((trainer.finish(earlier)?, launch));
+                    finished.push((trainer.finish(earlier)?, launch, Instant::now()));
                 }
                 let read_now = !args.launch_ahead
                     || !launched.is_queued()
@@ -272,7 +272,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                     || step == total_steps
                     || args.checkpoints.saves_after(step);
                 match read_now {
-                    true => finished.push((trainer.finish(launched)?, this)),
+                    true => finished.push((trainer.finish(launched)?, this, Instant::now())),
                     false => in_flight = Some((launched, this)),
                 }
                 reported?;
@@ -287,10 +287,12 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                     return Err(failure);
                 }
             };
-            for (outcome, launch) in finished {
+            // Each step's time runs from the end of the one before to its own end (two read in
+            // one turn each keep their own).
+            for (outcome, launch, ended) in finished {
                 let spans_before = launch.spans_before.saturating_sub(flushed);
-                let seconds = period.elapsed().as_secs_f64();
-                period = Instant::now();
+                let seconds = ended.duration_since(period).as_secs_f64();
+                period = ended;
                 let global = ctx.step_loss_sum(&outcome, Some(&timeline))?;
                 timeline.settle()?;
                 // A replay records no communication spans: nothing to attribute.
