@@ -84,6 +84,10 @@ pub struct BenchDdpArgs {
     /// weft's last DDP bucket in MiB (train-resnet's flag; 0: PyTorch's plan, the anchor's)
     #[arg(long, default_value_t = 0.0)]
     last_bucket_cap_mb: f64,
+    /// weft's optimizer steps the other buckets while the last one is reduced (train-resnet's
+    /// flag)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    step_during_last_bucket: bool,
     /// Channels-last tensors in weft's runs and in the GPU anchor
     #[arg(long, default_value_t = false)]
     channels_last: bool,
@@ -264,6 +268,10 @@ fn measure(
         .args(["--precision", &args.precision])
         .args(["--grad-compression", &args.grad_compression])
         .args(["--last-bucket-cap-mb", &args.last_bucket_cap_mb.to_string()])
+        .args([
+            "--step-during-last-bucket",
+            &args.step_during_last_bucket.to_string(),
+        ])
         .args(args.sync_bn.then_some("--sync-bn"))
         // Explicit either way: the trainer's own default (`auto`) differs from PyTorch's.
         .args([

@@ -83,6 +83,14 @@ pub enum OptimError {
         buffer: String,
         reason: String,
     },
+    #[error(
+        "{optimizer}: the update's parts {parts:?} do not cover the range {range:?} once each"
+    )]
+    PartsNotCoveringRange {
+        optimizer: &'static str,
+        range: Range<usize>,
+        parts: Vec<Range<usize>>,
+    },
     #[error("unknown learning-rate schedule `{name}` (known: {known:?})")]
     UnknownSchedule {
         name: String,

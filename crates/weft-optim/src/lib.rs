@@ -31,6 +31,7 @@ mod schedule;
 mod schedule_name;
 mod sgd;
 mod state;
+mod update_parts;
 mod validate;
 
 pub use adamw::{AdamW, AdamWConfig};

@@ -14,6 +14,7 @@ use weft_tensor::flat::StagingElement;
 use weft_tensor::{FlatBuffer, ParamStore};
 
 use crate::host_optimizer::HostOptimizer;
+use crate::update_parts::check_parts;
 use crate::{AdamW, AdamWConfig, OptimError, Optimizer, ParamGroups, Real, Sgd, SgdConfig, Shard};
 
 const NAME: &str = "model optimizer";
@@ -235,6 +236,34 @@ impl ModelOptimizer {
         self.download_gradients(grads, &range)?;
         self.step_master(master, shard)?;
         self.write_master(grads, store, range.start, master)
+    }
+
+    /// [`Self::step`] in parts: `parts` (disjoint, covering `range`) are stepped in their order,
+    /// `before_part(i)` called before part `i`. On a device the gradients of a part need only be
+    /// final once `before_part` has returned for it (DDP's last bucket: its all-reduce is joined
+    /// there, so it runs while the earlier parts are stepped); a host optimizer calls every
+    /// `before_part` first, then steps the whole range. The values are those of one step: every
+    /// rule is element-wise. An error from `before_part` leaves the parts before it stepped.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step_in_parts<E: From<OptimError>>(
+        &mut self,
+        master: Option<&Tensor>,
+        grads: &FlatBuffer,
+        store: &ParamStore,
+        range: Range<usize>,
+        skip: Option<&Tensor>,
+        parts: &[Range<usize>],
+        mut before_part: impl FnMut(usize) -> Result<(), E>,
+    ) -> Result<(), E> {
+        check_parts(NAME, &range, parts)?;
+        #[cfg(feature = "cuda")]
+        if let ModelOptimizer::Device(opt) = self {
+            return opt.step_in_parts(grads, store, range, skip, parts, before_part);
+        }
+        for part in 0..parts.len() {
+            before_part(part)?;
+        }
+        Ok(self.step(master, grads, store, range, skip)?)
     }
 
     /// Copies the elements `range` of the flat gradients into host memory (pinned on a GPU),

@@ -9,9 +9,11 @@
 //! | `gradient_window`, `stage_gradients` | all, — | all, — | stages 2, 3: the shard; bucket staging | — |
 //! | `block_ready` | check | launch a bucket's all-reduce | stages 2, 3: reduce to the owners | — |
 //! | `finish_backward` | — | wait for the buckets | wait | sum the tied table across the ends |
+//! | `finish_backward_holding_last`, `finish_held_gradients` | as `finish_backward` | the last bucket waited for mid-update | as `finish_backward` | as `finish_backward` |
 //! | `reduce_grad_norm_squared` | — | — | sum over the shards | sum over the stages |
 //! | `reduce_found_inf` (loss scaling) | — | max over ranks | max over ranks | max over stages |
 //! | `sum_over_replicas` (the step's loss) | — | sum over ranks | sum over ranks | over its replicas |
+//! | `start_sum_over_replicas` | as `sum_over_replicas` | the sum joined at `finish_backward` | as `sum_over_replicas` | as `sum_over_replicas` |
 //! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | the stage's own buffer |
 //! | `after_step` | — | — | 1, 2: all-gather the updated shards; 3: keep the shard | — |
 //! | `gather/release_parameters` | — | — | stage 3: whole model for reading | — |
@@ -105,6 +107,21 @@ pub trait Strategy: Send {
     /// [`Strategy::optimizer_range`] names are reduced over the ranks that share them.
     fn finish_backward(&mut self, grads: &FlatBuffer) -> Result<()>;
 
+    /// [`Strategy::finish_backward`], except that the gradients of one range of the flat
+    /// buffer may still be in flight on the device on return: that range is returned, and
+    /// [`Strategy::finish_held_gradients`] completes it. The optimizer steps the rest
+    /// meanwhile (DDP's last bucket, whose all-reduce then runs beside that update). By
+    /// default nothing is held.
+    fn finish_backward_holding_last(&mut self, grads: &FlatBuffer) -> Result<Option<Range<usize>>> {
+        self.finish_backward(grads).map(|()| None)
+    }
+
+    /// Completes the range [`Strategy::finish_backward_holding_last`] held back: on return its
+    /// gradients are reduced (ordered on the device before what is issued next).
+    fn finish_held_gradients(&mut self, _grads: &FlatBuffer) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether the next backward communicates (false for all but the last micro-batch of a
     /// step: PyTorch's `no_sync`).
     fn set_require_sync(&mut self, sync: bool);
@@ -157,6 +174,18 @@ pub trait Strategy: Send {
     ) -> Result<Option<Tensor>> {
         self.wrapped_mut()
             .map_or(Ok(None), |inner| inner.sum_over_replicas(local))
+    }
+
+    /// [`Strategy::sum_over_replicas`], started before the last backward of a step: the sum
+    /// may still be in flight on the device on return, complete (ordered before what is
+    /// issued next) once [`Strategy::finish_backward`] or
+    /// [`Strategy::finish_backward_holding_last`] has returned, so that its collective runs
+    /// beside backward instead of after the update (DDP). By default the sum itself.
+    fn start_sum_over_replicas(
+        &mut self,
+        local: &mut dyn FnMut() -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        self.sum_over_replicas(local)
     }
 
     /// Just before this rank's optimizer steps its range (not for a step the loss scaler

@@ -190,6 +190,11 @@ pub struct TrainArgs {
     /// PyTorch does
     #[arg(long, default_value_t = 0.0)]
     pub last_bucket_cap_mb: f64,
+    /// DDP: the optimizer steps every other bucket's parameters while the last bucket's
+    /// all-reduce runs, then that bucket's (without a loss scaler or gradient clipping, which
+    /// read every gradient first); the same values either way
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub step_during_last_bucket: bool,
     /// DDP: reduce gradient buckets as 16-bit copies and write the average back
     #[arg(long, value_enum, default_value_t = Compression::None)]
     pub grad_compression: Compression,

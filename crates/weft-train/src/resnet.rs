@@ -129,6 +129,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             ddp: DdpConfig {
                 bucket_cap_mb: args.bucket_cap_mb,
                 last_bucket_cap_mb: args.last_bucket_cap_mb,
+                step_during_last_bucket: args.step_during_last_bucket,
                 broadcast_buffers: args.broadcast_buffers,
                 find_unused_parameters: args.find_unused_parameters,
                 grad_compression: args.grad_compression.to_ddp(),

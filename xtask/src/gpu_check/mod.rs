@@ -351,6 +351,16 @@ pub fn run() -> Result<()> {
             });
         }
     }
+    // Stepped in two parts, as under DDP's held last bucket: the same bits.
+    for dtypes in [(DType::F32, DType::F32), (DType::BF16, DType::F32)] {
+        for (name, config) in optimizers::configs() {
+            checks.push(Check {
+                name: format!("optimizer {name}, {dtypes:?}, stepped in two parts = in one"),
+                error: optimizers::compare_in_parts(&config, &gpu, dtypes)?,
+                tolerance: 0.0,
+            });
+        }
+    }
     // A checkpoint of the optimizer keeps its fp32 master weights: resuming changes nothing.
     for (name, config) in optimizers::configs() {
         checks.push(Check {

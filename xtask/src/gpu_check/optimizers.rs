@@ -93,7 +93,12 @@ fn groups(len: usize) -> Result<ParamGroups> {
 /// dtype `grads` (the same, or fp32 for 16-bit parameters: fp32 master weights, a flat master
 /// copy on the CPU and the kernels' own on the GPU); returns the parameters after them (on
 /// the CPU, as f64).
-fn run(config: &OptimizerConfig, device: &Device, params: DType, grads: DType) -> Result<Tensor> {
+fn run(
+    config: &OptimizerConfig,
+    device: &Device,
+    (params, grads): (DType, DType),
+    in_parts: bool,
+) -> Result<Tensor> {
     let store = store(device, params)?;
     let layout = FlatLayout::parameters(&store);
     let len = layout.len();
@@ -102,17 +107,19 @@ fn run(config: &OptimizerConfig, device: &Device, params: DType, grads: DType) -
     let mut optimizer = ModelOptimizer::new(config.clone(), groups(len)?, device, grads)?;
     for step in 0..STEPS {
         let master = optimizer.needs_master_copy().then_some(&master);
-        one_step(&mut optimizer, (&gradients, step), &store, master)?;
+        one_step(&mut optimizer, (&gradients, step), &store, master, in_parts)?;
     }
     flat_params(&store)
 }
 
-/// Step `step` of every run: its gradients and learning rate.
+/// Step `step` of every run: its gradients and learning rate; `in_parts`: stepped as DDP's
+/// held last bucket is, the second half first (cut mid-parameter), then the first.
 fn one_step(
     optimizer: &mut ModelOptimizer,
     (gradients, step): (&FlatBuffer, usize),
     store: &ParamStore,
     master: Option<&Tensor>,
+    in_parts: bool,
 ) -> Result<()> {
     let len = gradients.layout().len();
     let values: Vec<f64> = (0..len)
@@ -122,7 +129,25 @@ fn one_step(
     let g = Tensor::from_vec(values, len, device)?.to_dtype(gradients.dtype())?;
     gradients.tensor().slice_set(&g, 0, 0)?;
     optimizer.set_lr(0.1 / (1 + step) as f64)?;
-    optimizer.step(master, gradients, store, 0..len, None)?;
+    if !in_parts {
+        optimizer.step(master, gradients, store, 0..len, None)?;
+        return Ok(());
+    }
+    let cut = len / 2 + 5;
+    let mut order = Vec::new();
+    optimizer.step_in_parts(
+        master,
+        gradients,
+        store,
+        0..len,
+        None,
+        &[cut..len, 0..cut],
+        |part| {
+            order.push(part);
+            anyhow::Ok(())
+        },
+    )?;
+    anyhow::ensure!(order == [0, 1], "parts announced as {order:?}");
     Ok(())
 }
 
@@ -166,7 +191,7 @@ pub(super) fn compare_resumed(config: &OptimizerConfig, gpu: &Device, dtype: DTy
                 optimizer = fresh()?;
                 optimizer.load_flat_state(&saved.optimizer, saved.step, 0..len, saved.buffers)?;
             }
-            one_step(&mut optimizer, (&gradients, step), &store, None)?;
+            one_step(&mut optimizer, (&gradients, step), &store, None, false)?;
         }
         flat_params(&store)
     };
@@ -180,8 +205,8 @@ pub(super) fn compare_optimizer(
     gpu: &Device,
     dtype: DType,
 ) -> Result<f64> {
-    let cpu = run(config, &Device::Cpu, dtype, dtype)?;
-    let on_gpu = run(config, gpu, dtype, dtype)?;
+    let cpu = run(config, &Device::Cpu, (dtype, dtype), false)?;
+    let on_gpu = run(config, gpu, (dtype, dtype), false)?;
     relative_error(&cpu, &on_gpu)
 }
 
@@ -189,7 +214,20 @@ pub(super) fn compare_optimizer(
 /// mixed-precision steps on the GPU (master-weight kernels) and on the CPU (fp32 master copy,
 /// rounded back).
 pub(super) fn compare_mixed(config: &OptimizerConfig, gpu: &Device, dtype: DType) -> Result<f64> {
-    let cpu = run(config, &Device::Cpu, dtype, DType::F32)?;
-    let on_gpu = run(config, gpu, dtype, DType::F32)?;
+    let cpu = run(config, &Device::Cpu, (dtype, DType::F32), false)?;
+    let on_gpu = run(config, gpu, (dtype, DType::F32), false)?;
     relative_error(&cpu, &on_gpu)
+}
+
+/// The largest relative difference of the parameters after `STEPS` steps on the GPU, each
+/// in one launch sequence and each in two parts (DDP's held last bucket), with parameters of
+/// `params` and gradients of `grads`: 0, every rule being element-wise.
+pub(super) fn compare_in_parts(
+    config: &OptimizerConfig,
+    gpu: &Device,
+    dtypes: (DType, DType),
+) -> Result<f64> {
+    let whole = run(config, gpu, dtypes, false)?;
+    let in_parts = run(config, gpu, dtypes, true)?;
+    relative_error(&whole, &in_parts)
 }

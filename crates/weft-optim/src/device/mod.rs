@@ -13,6 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use weft_tensor::ops::cuda_launch::device_address;
 use weft_tensor::{FlatBuffer, ParamStore};
 
+use crate::update_parts::check_parts;
 use crate::{validate, AdamWConfig, OptimError, ParamGroups, SgdConfig};
 use launch::{AdamWState, Run};
 
@@ -65,6 +66,14 @@ fn tensor_error(optimizer: &'static str) -> impl Fn(candle_core::Error) -> Optim
 
 /// The name of the fp32 master weights among a device optimizer's state buffers.
 pub const MASTER_WEIGHTS: &str = "master_weights";
+
+/// What a step's launches need: the runs of each part, the flat gradients over the range, and
+/// the skip flag.
+struct Prepared {
+    runs: Vec<Vec<Run>>,
+    flat: Tensor,
+    skip: Tensor,
+}
 
 /// An optimizer whose state and scalars live on the parameters' CUDA device.
 pub struct DeviceOptimizer {
@@ -267,6 +276,70 @@ impl DeviceOptimizer {
         range: Range<usize>,
         skip: Option<&Tensor>,
     ) -> Result<(), OptimError> {
+        let whole = [range.clone()];
+        self.step_in_parts(grads, store, range, skip, &whole, |_| Ok(()))
+    }
+
+    /// [`Self::step`] with its kernels launched part by part: `parts` (disjoint, covering
+    /// `range`) in their order, `before_part(i)` called before part `i`'s launches, so a part's
+    /// gradients need only be final on the device's stream from there on. The step count
+    /// advances once, before the first part. When the checks fail nothing is launched; an
+    /// error from `before_part` leaves the parts before it stepped.
+    pub fn step_in_parts<E: From<OptimError>>(
+        &mut self,
+        grads: &FlatBuffer,
+        store: &ParamStore,
+        range: Range<usize>,
+        skip: Option<&Tensor>,
+        parts: &[Range<usize>],
+        mut before_part: impl FnMut(usize) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let err = tensor_error(self.rule.name());
+        let Prepared { runs, flat, skip } = self.prepare(grads, store, &range, skip, parts)?;
+        let (lr, step) = (
+            self.lr_value.as_ref().expect("made above"),
+            self.step_value.as_ref().expect("made above"),
+        );
+        match &self.rule {
+            DeviceRule::Sgd(_) => launch::increment_step(step, &skip).map_err(&err)?,
+            DeviceRule::AdamW(config) => {
+                launch::advance_adamw(step, config, &skip).map_err(&err)?
+            }
+        }
+        self.issued += 1;
+        let master = self.master.as_ref().map(|(m, d)| (m, *d));
+        for (part, runs) in runs.iter().enumerate() {
+            before_part(part)?;
+            match &self.rule {
+                DeviceRule::Sgd(config) => {
+                    // Without momentum the buffer is never read or written.
+                    let momentum = self.state.first().unwrap_or(&flat);
+                    launch::sgd(runs, &flat, master, momentum, (lr, step), config, &skip)
+                        .map_err(&err)?;
+                }
+                DeviceRule::AdamW(config) => {
+                    let state = AdamWState {
+                        exp_avg: &self.state[0],
+                        exp_avg_sq: &self.state[1],
+                        max_exp_avg_sq: self.state.get(2),
+                    };
+                    launch::adamw(runs, &flat, master, &state, (lr, step), config, &skip)
+                        .map_err(&err)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks of a step and what its launches need, the state made at the first step.
+    fn prepare(
+        &mut self,
+        grads: &FlatBuffer,
+        store: &ParamStore,
+        range: &Range<usize>,
+        skip: Option<&Tensor>,
+        parts: &[Range<usize>],
+    ) -> Result<Prepared, OptimError> {
         let optimizer = self.rule.name();
         let err = tensor_error(optimizer);
         if range.end > grads.layout().len() || range.start > range.end {
@@ -278,20 +351,24 @@ impl DeviceOptimizer {
                 ),
             });
         }
-        if let Some(previous) = self.range.as_ref().filter(|r| **r != range) {
+        if let Some(previous) = self.range.as_ref().filter(|r| *r != range) {
             return Err(OptimError::Tensor {
                 optimizer,
                 reason: format!("the state covers {previous:?}, the step {range:?}"),
             });
         }
-        let runs = self.runs(grads, store, &range)?;
+        check_parts(optimizer, range, parts)?;
+        let runs = parts
+            .iter()
+            .map(|part| self.runs(grads, store, range, part))
+            .collect::<Result<Vec<_>, _>>()?;
         if self.master.is_none() {
-            self.master = master_weights(grads, store, &range).map_err(&err)?;
+            self.master = master_weights(grads, store, range).map_err(&err)?;
             if let (Some((made, _)), Some(loaded)) = (&mut self.master, self.loaded_master.take()) {
                 *made = loaded;
             }
         }
-        let flat = grads.range(&range).map_err(|e| OptimError::Tensor {
+        let flat = grads.range(range).map_err(|e| OptimError::Tensor {
             optimizer,
             reason: e.to_string(),
         })?;
@@ -309,7 +386,7 @@ impl DeviceOptimizer {
         if self.no_skip.is_none() {
             self.no_skip = Some(Tensor::zeros(1, DType::F32, &device).map_err(&err)?);
         }
-        let skip = skip.or(self.no_skip.as_ref()).expect("made above");
+        let skip = skip.or(self.no_skip.as_ref()).expect("made above").clone();
         if self.state.is_empty() {
             self.state = self
                 .rule
@@ -325,43 +402,18 @@ impl DeviceOptimizer {
         if self.step_value.is_none() {
             self.step_value = Some(Tensor::zeros(3, DType::F64, &device).map_err(&err)?);
         }
-        self.range = Some(range);
-        let (lr, step) = (
-            self.lr_value.as_ref().expect("made above"),
-            self.step_value.as_ref().expect("made above"),
-        );
-        match &self.rule {
-            DeviceRule::Sgd(config) => {
-                launch::increment_step(step, skip).map_err(&err)?;
-                // Without momentum the buffer is never read or written.
-                let momentum = self.state.first().unwrap_or(&flat);
-                let master = self.master.as_ref().map(|(m, d)| (m, *d));
-                launch::sgd(&runs, &flat, master, momentum, (lr, step), config, skip)
-                    .map_err(&err)?;
-            }
-            DeviceRule::AdamW(config) => {
-                launch::advance_adamw(step, config, skip).map_err(&err)?;
-                let state = AdamWState {
-                    exp_avg: &self.state[0],
-                    exp_avg_sq: &self.state[1],
-                    max_exp_avg_sq: self.state.get(2),
-                };
-                let master = self.master.as_ref().map(|(m, d)| (m, *d));
-                launch::adamw(&runs, &flat, master, &state, (lr, step), config, skip)
-                    .map_err(&err)?;
-            }
-        }
-        self.issued += 1;
-        Ok(())
+        self.range = Some(range.clone());
+        Ok(Prepared { runs, flat, skip })
     }
 
-    /// The runs of parameter elements in `range`, cut at param-group boundaries, with offsets
-    /// relative to the range's start.
+    /// The runs of parameter elements in `part` of `range`, cut at param-group boundaries,
+    /// with offsets relative to the range's start.
     fn runs(
         &self,
         grads: &FlatBuffer,
         store: &ParamStore,
         range: &Range<usize>,
+        part: &Range<usize>,
     ) -> Result<Vec<Run>, OptimError> {
         let optimizer = self.rule.name();
         let segments = self
@@ -386,8 +438,12 @@ impl DeviceOptimizer {
             let elem = param.dtype().size_in_bytes() as u64;
             for segment in &segments {
                 // The segment in whole-buffer coordinates, intersected with the slot.
-                let start = (segment.range.start + range.start).max(slot.offset);
-                let end = (segment.range.end + range.start).min(slot.offset + slot.numel());
+                let start = (segment.range.start + range.start)
+                    .max(slot.offset)
+                    .max(part.start);
+                let end = (segment.range.end + range.start)
+                    .min(slot.offset + slot.numel())
+                    .min(part.end);
                 if start >= end {
                     continue;
                 }

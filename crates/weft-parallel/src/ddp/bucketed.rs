@@ -15,6 +15,7 @@
 //! all-reduce, put on the timeline once the step has ended (eager steps; a graph's replays
 //! are not timed).
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -73,12 +74,19 @@ pub struct DistributedDataParallel {
     /// Which parameters' gradients the current backward has reported.
     check: ReadyCheck,
     in_flight: Vec<InFlight>,
+    /// The last bucket, held by [`Strategy::finish_backward_holding_last`] until
+    /// [`Strategy::finish_held_gradients`].
+    held: Option<InFlight>,
     timings: Vec<BucketTiming>,
     require_sync: bool,
     timeline: Option<Arc<Timeline>>,
-    /// The buckets reduced on the device since the last step ended, in launch order: the
-    /// names of the spans the device timed.
-    device_buckets: Vec<usize>,
+    /// The all-reduces launched on the device since the last step ended, in launch order: a
+    /// bucket's, or (`None`) the loss's sum over the replicas; the names of the spans the
+    /// device timed.
+    device_ops: Vec<Option<usize>>,
+    /// The loss's sum over the replicas while its all-reduce is in flight on the device (the
+    /// tensor kept alive until the compute stream is ordered after it).
+    pending_sum: Option<(Tensor, Box<dyn DeviceJoin>)>,
     /// Whether the communicator runs the gradients' device natively: operations are then
     /// ordered on the device, and every step ends with a watched fence.
     on_device: bool,
@@ -103,10 +111,12 @@ impl DistributedDataParallel {
             plan,
             countdown,
             in_flight: Vec::new(),
+            held: None,
             timings: Vec::new(),
             require_sync: true,
             timeline: None,
-            device_buckets: Vec::new(),
+            device_ops: Vec::new(),
+            pending_sum: None,
             on_device,
         })
     }
@@ -123,14 +133,17 @@ impl DistributedDataParallel {
 
     /// Puts the all-reduces the device timed since the last step ended on the timeline.
     fn record_device_spans(&mut self) -> Result<()> {
-        let buckets = std::mem::take(&mut self.device_buckets);
+        let ops = std::mem::take(&mut self.device_ops);
         let (Some(timeline), Some(device)) = (&self.timeline, self.native()) else {
             return Ok(());
         };
-        // The buckets' all-reduces in launch order, between the buffers' broadcasts.
-        let mut buckets = buckets.into_iter();
+        // The all-reduces in launch order, between the buffers' broadcasts.
+        let mut ops = ops.into_iter();
         for span in device.take_spans()? {
-            let bucket = (span.op == "all_reduce").then(|| buckets.next()).flatten();
+            let bucket = (span.op == "all_reduce")
+                .then(|| ops.next())
+                .flatten()
+                .flatten();
             let (name, category) = match bucket {
                 Some(bucket) => (format!("allreduce bucket {bucket}"), "allreduce"),
                 None => (span.op.replace('_', " "), "comm"),
@@ -165,7 +178,11 @@ impl DistributedDataParallel {
         };
         let data = compressed.as_ref().unwrap_or(&bucket_view);
         let work = match self.native() {
-            Some(device) => Reduction::Device(all_reduce_ordered(device, data, ReduceOp::Avg)?),
+            Some(device) => {
+                let join = all_reduce_ordered(device, data, ReduceOp::Avg)?;
+                self.device_ops.push(Some(bucket));
+                Reduction::Device(join)
+            }
             None => Reduction::Host(Box::new(
                 self.comm.all_reduce_tensor_in_place(data, ReduceOp::Avg)?,
             )),
@@ -186,6 +203,52 @@ impl DistributedDataParallel {
             launched: Instant::now(),
             completed: None,
         });
+    }
+
+    /// Waits for one bucket's reduction (on the device: orders the compute stream after it) and
+    /// writes a compressed bucket's average back; records the bucket's timing.
+    fn complete(&mut self, f: InFlight, grads: &FlatBuffer) -> Result<()> {
+        let result = match f.work {
+            Reduction::Host(work) => Some(work.wait()?),
+            // Ordered on the device: the host never sees it finish (and the write-back
+            // below is queued after it on the compute stream).
+            Reduction::Device(join) => {
+                join.join()?;
+                None
+            }
+        };
+        if let WriteBack::Copy(copy, start) = &f.write_back {
+            let values = copy.flatten_all()?.to_dtype(grads.dtype())?;
+            let target = grads.range(&(*start..*start + values.elem_count()))?;
+            target.slice_set(&values, 0, 0)?;
+        }
+        if result.is_none() {
+            return Ok(());
+        }
+        let completed = f.completed.unwrap_or_else(Instant::now);
+        if let Some(t) = &self.timeline {
+            t.record(
+                format!("allreduce bucket {}", f.bucket),
+                "allreduce",
+                "comm",
+                f.launched,
+                completed,
+            );
+        }
+        self.timings.push(BucketTiming {
+            bucket: f.bucket,
+            launched: f.launched,
+            completed,
+        });
+        Ok(())
+    }
+
+    /// Orders the compute stream after the loss sum's all-reduce, if one is in flight.
+    fn finish_sum(&mut self) -> Result<()> {
+        if let Some((_, join)) = self.pending_sum.take() {
+            join.join()?;
+        }
+        Ok(())
     }
 
     /// Stamps the completion time of buckets that finished since the last look.
@@ -277,6 +340,8 @@ impl Strategy for DistributedDataParallel {
     }
 
     fn finish_backward(&mut self, grads: &FlatBuffer) -> Result<()> {
+        self.finish_sum()?;
+        self.finish_held_gradients(grads)?;
         if !self.require_sync {
             return Ok(());
         }
@@ -286,42 +351,39 @@ impl Strategy for DistributedDataParallel {
         self.poll();
         self.timings.clear();
         for f in std::mem::take(&mut self.in_flight) {
-            let result = match f.work {
-                Reduction::Host(work) => Some(work.wait()?),
-                // Ordered on the device: the host never sees it finish (and the write-back
-                // below is queued after it on the compute stream).
-                Reduction::Device(join) => {
-                    join.join()?;
-                    self.device_buckets.push(f.bucket);
-                    None
-                }
-            };
-            if let WriteBack::Copy(copy, start) = &f.write_back {
-                let values = copy.flatten_all()?.to_dtype(grads.dtype())?;
-                let target = grads.range(&(*start..*start + values.elem_count()))?;
-                target.slice_set(&values, 0, 0)?;
-            }
-            if result.is_none() {
-                continue;
-            }
-            let completed = f.completed.unwrap_or_else(Instant::now);
-            if let Some(t) = &self.timeline {
-                t.record(
-                    format!("allreduce bucket {}", f.bucket),
-                    "allreduce",
-                    "comm",
-                    f.launched,
-                    completed,
-                );
-            }
-            self.timings.push(BucketTiming {
-                bucket: f.bucket,
-                launched: f.launched,
-                completed,
-            });
+            self.complete(f, grads)?;
         }
         self.countdown = BucketCountdown::new(&self.plan);
         not_ready
+    }
+
+    /// The last bucket launched (the first parameters, whose gradients come last) is held when
+    /// [`DdpConfig::step_during_last_bucket`] asks: its all-reduce runs while the optimizer
+    /// steps the other buckets' parameters.
+    fn finish_backward_holding_last(&mut self, grads: &FlatBuffer) -> Result<Option<Range<usize>>> {
+        if !(self.require_sync && self.config.step_during_last_bucket) {
+            return self.finish_backward(grads).map(|()| None);
+        }
+        self.finish_held_gradients(grads)?;
+        let last = self.in_flight.pop();
+        if let Err(e) = self.finish_backward(grads) {
+            if let Some(last) = last {
+                self.complete(last, grads)?;
+            }
+            return Err(e);
+        }
+        Ok(last.map(|last| {
+            let range = self.plan.buckets()[last.bucket].range.clone();
+            self.held = Some(last);
+            range
+        }))
+    }
+
+    fn finish_held_gradients(&mut self, grads: &FlatBuffer) -> Result<()> {
+        match self.held.take() {
+            Some(last) => self.complete(last, grads),
+            None => Ok(()),
+        }
     }
 
     /// The flag's maximum over the ranks (an all-reduce the host waits for).
@@ -337,6 +399,22 @@ impl Strategy for DistributedDataParallel {
         crate::collectives::sum_over_replicas(self.comm.as_ref(), local)
     }
 
+    /// On the device, the sum's all-reduce is queued ahead of the step's buckets and joined by
+    /// `finish_backward`: it runs while backward computes.
+    fn start_sum_over_replicas(
+        &mut self,
+        local: &mut dyn FnMut() -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let Some(device) = self.native() else {
+            return self.sum_over_replicas(local);
+        };
+        let summed = local()?;
+        let join = all_reduce_ordered(device, &summed, ReduceOp::Sum)?;
+        self.device_ops.push(None);
+        self.pending_sum = Some((summed.clone(), join));
+        Ok(Some(summed))
+    }
+
     fn set_require_sync(&mut self, sync: bool) {
         self.check.reset();
         self.require_sync = sync;
@@ -345,6 +423,7 @@ impl Strategy for DistributedDataParallel {
     /// Every step on the device ends here, also one replayed from a CUDA graph (whose
     /// operations this strategy never sees issued).
     fn wait_for_device(&mut self) -> Result<()> {
+        self.finish_sum()?;
         fence(self.native())?;
         self.record_device_spans()
     }

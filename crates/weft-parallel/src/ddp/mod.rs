@@ -33,6 +33,10 @@ pub struct DdpConfig {
     /// measured on GPUs) leaves the last bucket to whatever the reverse walk ends with, as
     /// PyTorch does.
     pub last_bucket_cap_mb: f64,
+    /// The optimizer steps the parameters of every other bucket while the last bucket's
+    /// all-reduce runs, then that bucket's (where the step allows it: no loss scaler, no
+    /// gradient clipping, which read every gradient first). The values are the same either way.
+    pub step_during_last_bucket: bool,
     /// Broadcast buffers (BatchNorm running statistics) from rank 0 before every forward.
     pub broadcast_buffers: bool,
     /// A parameter that receives no gradient in a step is reduced as zero instead of ending
@@ -84,6 +88,7 @@ impl Default for DdpConfig {
             bucket_cap_mb: 25.0,
             first_bucket_cap_mb: 1.0,
             last_bucket_cap_mb: 0.0,
+            step_during_last_bucket: true,
             broadcast_buffers: true,
             find_unused_parameters: false,
             grad_compression: GradCompression::None,

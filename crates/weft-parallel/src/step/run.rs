@@ -2,6 +2,7 @@
 //! (gradients written into the flat buffer as they become final), then the update — the loss
 //! scale undone and checked, the gradients clipped, this rank's range stepped.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use candle_core::Tensor;
@@ -30,10 +31,28 @@ impl Trainer {
             .map(|(_, t)| self.objective.samples(t))
             .sum();
         let mut results = Vec::with_capacity(micro_batches.len());
+        let mut summed = None;
         for (i, (inputs, targets)) in micro_batches.iter().enumerate() {
-            self.set_require_sync(i + 1 == micro_batches.len());
+            let last = i + 1 == micro_batches.len();
+            self.set_require_sync(last);
             let weight = self.objective.samples(targets) as f64 / total.max(1) as f64;
-            results.push(self.forward_backward(inputs, targets, weight, i, &mut timings)?);
+            let start = Instant::now();
+            self.strategy_before_forward()?;
+            let tape = self.forward_tape(inputs, i, false)?;
+            let (result, seed) = self.weighted_loss(&tape, targets, weight)?;
+            results.push(result);
+            timings.forward += self.lap(start)?;
+            if last {
+                // The loss summed over every replica's samples (and their count), started
+                // before the last backward so that its collective runs beside it: the host
+                // need not sum them over the job between steps.
+                summed = self
+                    .strategy
+                    .start_sum_over_replicas(&mut || local_loss_sum(&results))?;
+            }
+            let start = Instant::now();
+            self.backward_tape(tape, seed.as_seed(), i > 0)?;
+            timings.backward += self.lap(start)?;
         }
         if let Some(norm) = self.update(&mut timings)? {
             // Not a sum over samples: only the last micro-batch's result carries it.
@@ -41,22 +60,11 @@ impl Trainer {
                 last.metrics.push(("grad_norm", norm));
             }
         }
-        self.sum_loss_over_replicas(&mut results)?;
-        Ok((results, timings))
-    }
-
-    /// The step's loss summed over every replica's samples, and their count, as two more
-    /// metrics of the last micro-batch (a collective on the device, within a captured step), so
-    /// that the host need not sum them over the job between steps.
-    fn sum_loss_over_replicas(&mut self, results: &mut [BatchResult]) -> Result<()> {
-        let summed = self
-            .strategy
-            .sum_over_replicas(&mut || local_loss_sum(results))?;
         if let (Some(summed), Some(last)) = (summed, results.last_mut()) {
             last.metrics.push((REPLICAS_LOSS_SUM, summed.get(0)?));
             last.metrics.push((REPLICAS_SAMPLES, summed.get(1)?));
         }
-        Ok(())
+        Ok((results, timings))
     }
 
     /// The strategy's call before each micro-batch's forward.
@@ -85,7 +93,15 @@ impl Trainer {
     pub(crate) fn update(&mut self, timings: &mut StepTimings) -> Result<Option<Tensor>> {
         self.steps_taken += 1;
         let start = Instant::now();
-        self.strategy.finish_backward(&self.grads)?;
+        // A loss scaler, clipping and the delayed update read every gradient before the
+        // update; otherwise the strategy may hold one range back until the rest is stepped.
+        let reads_all_first = self.scale_on_device.is_some()
+            || self.clip_grad_norm.is_some()
+            || self.delays_this_update();
+        let held = match reads_all_first {
+            true => self.strategy.finish_backward(&self.grads).map(|()| None)?,
+            false => self.strategy.finish_backward_holding_last(&self.grads)?,
+        };
         timings.sync = start.elapsed();
 
         let start = Instant::now();
@@ -129,8 +145,21 @@ impl Trainer {
             self.strategy.before_update(&self.model)?;
             self.settle()?;
             let optimizer = self.optimizer.as_mut().ok_or_else(super::lost_optimizer)?;
-            let (params, grads) = (self.params.as_ref(), &self.grads);
-            optimizer.step(params, grads, self.model.store(), range, skip.as_ref())?;
+            let (params, grads, strategy) = (self.params.as_ref(), &self.grads, &mut self.strategy);
+            let parts = update_parts(&range, held.as_ref());
+            let held_part = parts.len() - 1;
+            optimizer.step_in_parts(
+                params,
+                grads,
+                self.model.store(),
+                range,
+                skip.as_ref(),
+                &parts,
+                |part| match held.is_some() && part == held_part {
+                    true => strategy.finish_held_gradients(grads),
+                    false => Ok(()),
+                },
+            )?;
             self.strategy.after_step(&self.model)?;
         }
         self.record_memory("optimizer", 0)?;
@@ -139,29 +168,6 @@ impl Trainer {
             span.close();
         }
         Ok(norm)
-    }
-
-    /// Forward and backward of micro-batch `micro` whose loss is scaled by `weight`; gradients
-    /// are written (the first micro-batch) or added (the others) into the flat gradient buffer.
-    /// Returns the unscaled mean loss and the metrics, on the device.
-    fn forward_backward(
-        &mut self,
-        inputs: &Tensor,
-        targets: &Tensor,
-        weight: f64,
-        micro: usize,
-        timings: &mut StepTimings,
-    ) -> Result<BatchResult> {
-        let start = Instant::now();
-        self.strategy_before_forward()?;
-        let tape = self.forward_tape(inputs, micro, false)?;
-        let (result, seed) = self.weighted_loss(&tape, targets, weight)?;
-        timings.forward += self.lap(start)?;
-
-        let start = Instant::now();
-        self.backward_tape(tape, seed.as_seed(), micro > 0)?;
-        timings.backward += self.lap(start)?;
-        Ok(result)
     }
 
     /// The block-wise forward of micro-batch `micro`'s `inputs`, the strategy called before
@@ -252,6 +258,23 @@ impl Trainer {
     }
 }
 
+/// The parts of `range` the optimizer steps in order: what lies outside `held` (the range
+/// whose gradients the strategy still reduces), then `held`'s share, last; the whole range
+/// when nothing is held.
+fn update_parts(range: &Range<usize>, held: Option<&Range<usize>>) -> Vec<Range<usize>> {
+    let Some(held) = held else {
+        return vec![range.clone()];
+    };
+    let inside = held.start.max(range.start)..held.end.min(range.end);
+    if inside.is_empty() {
+        return vec![range.clone()];
+    }
+    [range.start..inside.start, inside.end..range.end, inside]
+        .into_iter()
+        .filter(|part| !part.is_empty())
+        .collect()
+}
+
 /// The backward hooks of a step: gradients written into the flat buffer, the strategy told.
 struct GradientWriter<'a> {
     model: &'a BlockModel,
@@ -333,5 +356,30 @@ impl BackwardSeed {
             BackwardSeed::Loss(loss) => Seed::Loss(loss),
             BackwardSeed::OutputGrad(grad) => Seed::OutputGrad(grad),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::update_parts;
+
+    #[test]
+    fn the_held_range_is_stepped_last() {
+        assert_eq!(update_parts(&(0..100), None), vec![0..100]);
+        assert_eq!(
+            update_parts(&(0..100), Some(&(0..30))),
+            vec![30..100, 0..30]
+        );
+        assert_eq!(
+            update_parts(&(0..100), Some(&(40..60))),
+            vec![0..40, 60..100, 40..60]
+        );
+        assert_eq!(update_parts(&(0..100), Some(&(0..100))), vec![0..100]);
+        // A shard's range meets only part of the held bucket, or none of it.
+        assert_eq!(
+            update_parts(&(50..100), Some(&(0..60))),
+            vec![60..100, 50..60]
+        );
+        assert_eq!(update_parts(&(50..100), Some(&(0..30))), vec![50..100]);
     }
 }
