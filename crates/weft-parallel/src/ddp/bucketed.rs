@@ -17,52 +17,18 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
 
 use candle_core::Tensor;
 use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp, Work};
-use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, Timeline};
+use weft_tensor::{BlockModel, FlatBuffer, Timeline};
 
-use super::{
-    broadcast_buffers, broadcast_entries, check_same_model, BucketCountdown, BucketPlan, DdpConfig,
-};
-use crate::collectives::{
-    all_reduce_ordered, native_for, reduce_over_ranks, TensorCollectives, TensorWork,
-};
-use crate::error::{ParallelError, Result};
+use super::in_flight::{BucketTiming, InFlight, Reduction, WriteBack};
+use super::replicas::{fence, fence_later, prepare_replicas};
+use super::{broadcast_buffers, BucketCountdown, BucketPlan, DdpConfig};
+use crate::collectives::{all_reduce_ordered, native_for, reduce_over_ranks, TensorCollectives};
+use crate::error::Result;
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
-
-/// When one bucket's all-reduce was launched and when it was seen complete.
-#[derive(Debug, Clone, Copy)]
-pub struct BucketTiming {
-    pub bucket: usize,
-    pub launched: Instant,
-    pub completed: Instant,
-}
-
-/// A bucket's all-reduce: through the tensor collectives (completion seen by the host), or
-/// ordered on the device.
-enum Reduction {
-    Host(Box<TensorWork>),
-    Device(Box<dyn DeviceJoin>),
-}
-
-/// What goes back into the flat gradient buffer once a reduction is done.
-enum WriteBack {
-    /// Nothing: the bucket was reduced where it lies.
-    Nothing,
-    /// With gradient compression: the reduced 16-bit copy, and where its values go.
-    Copy(Tensor, usize),
-}
-
-struct InFlight {
-    bucket: usize,
-    work: Reduction,
-    write_back: WriteBack,
-    launched: Instant,
-    completed: Option<Instant>,
-}
 
 /// Bucketed data parallelism with communication overlapped with backward.
 pub struct DistributedDataParallel {
@@ -191,55 +157,26 @@ impl DistributedDataParallel {
             Some(copy) => WriteBack::Copy(copy, range.start),
             None => WriteBack::Nothing,
         };
-        self.push(bucket, work, write_back);
+        self.in_flight.push(InFlight::new(bucket, work, write_back));
         Ok(())
     }
 
-    fn push(&mut self, bucket: usize, work: Reduction, write_back: WriteBack) {
-        self.in_flight.push(InFlight {
-            bucket,
-            work,
-            write_back,
-            launched: Instant::now(),
-            completed: None,
-        });
-    }
-
-    /// Waits for one bucket's reduction (on the device: orders the compute stream after it) and
-    /// writes a compressed bucket's average back; records the bucket's timing.
+    /// Completes one bucket's reduction ([`InFlight::finish`]) and records the timing the host
+    /// saw.
     fn complete(&mut self, f: InFlight, grads: &FlatBuffer) -> Result<()> {
-        let result = match f.work {
-            Reduction::Host(work) => Some(work.wait()?),
-            // Ordered on the device: the host never sees it finish (and the write-back
-            // below is queued after it on the compute stream).
-            Reduction::Device(join) => {
-                join.join()?;
-                None
-            }
-        };
-        if let WriteBack::Copy(copy, start) = &f.write_back {
-            let values = copy.flatten_all()?.to_dtype(grads.dtype())?;
-            let target = grads.range(&(*start..*start + values.elem_count()))?;
-            target.slice_set(&values, 0, 0)?;
-        }
-        if result.is_none() {
+        let Some(timing) = f.finish(grads)? else {
             return Ok(());
-        }
-        let completed = f.completed.unwrap_or_else(Instant::now);
+        };
         if let Some(t) = &self.timeline {
             t.record(
-                format!("allreduce bucket {}", f.bucket),
+                format!("allreduce bucket {}", timing.bucket),
                 "allreduce",
                 "comm",
-                f.launched,
-                completed,
+                timing.launched,
+                timing.completed,
             );
         }
-        self.timings.push(BucketTiming {
-            bucket: f.bucket,
-            launched: f.launched,
-            completed,
-        });
+        self.timings.push(timing);
         Ok(())
     }
 
@@ -253,64 +190,8 @@ impl DistributedDataParallel {
 
     /// Stamps the completion time of buckets that finished since the last look.
     fn poll(&mut self) {
-        for f in self.in_flight.iter_mut().filter(|f| f.completed.is_none()) {
-            if let Reduction::Host(work) = &mut f.work {
-                if work.is_complete() {
-                    f.completed = Some(Instant::now());
-                }
-            }
-        }
+        self.in_flight.iter_mut().for_each(InFlight::poll);
     }
-}
-
-/// Waits until the device has finished the operations ordered on it (`native`: the
-/// communicator's device collectives, when the gradients are on their device), watched for
-/// dead peers and timeouts; nothing to wait for otherwise.
-pub(crate) fn fence(native: Option<&dyn DeviceCollectives>) -> Result<()> {
-    if let Some(fence) = fence_later(native)? {
-        fence.wait()?;
-    }
-    Ok(())
-}
-
-/// The end of the operations ordered on the device so far, to wait for later ([`fence`]'s
-/// wait); `None` when they are not ordered on the device.
-pub(crate) fn fence_later(native: Option<&dyn DeviceCollectives>) -> Result<Option<Work<()>>> {
-    Ok(native.map(|device| device.fence()).transpose()?)
-}
-
-/// What every bucketed gradient sync does first: checks its bucket caps and that every rank
-/// has the same model, broadcasts rank 0's parameters and buffers, and plans the buckets over
-/// `grads`' layout. Parameters released by a sharded initialisation
-/// ([`weft_tensor::sharded_init`]) are not broadcast: every rank built them from the same
-/// seed, and each keeps its own shard.
-pub(crate) fn prepare_replicas(
-    model: &BlockModel,
-    grads: &FlatBuffer,
-    comm: &dyn Communicator,
-    config: &DdpConfig,
-) -> Result<BucketPlan> {
-    if !(config.bucket_cap_mb > 0.0
-        && config.first_bucket_cap_mb > 0.0
-        && config.last_bucket_cap_mb >= 0.0)
-    {
-        return Err(ParallelError::Config(format!(
-            "bucket caps must be positive (bucket_cap_mb {}, first_bucket_cap_mb {}; \
-             last_bucket_cap_mb {} positive or 0)",
-            config.bucket_cap_mb, config.first_bucket_cap_mb, config.last_bucket_cap_mb
-        )));
-    }
-    let store = model.store();
-    check_same_model(store, comm)?;
-    let whole: Vec<EntryId> = (0..store.len())
-        .filter(|&id| residency::is_resident(store.entries()[id].tensor()))
-        .collect();
-    broadcast_entries(store, &whole, comm, 0)?;
-    Ok(BucketPlan::new(
-        grads.layout(),
-        grads.dtype().size_in_bytes(),
-        config.bucket_caps(),
-    ))
 }
 
 impl Strategy for DistributedDataParallel {

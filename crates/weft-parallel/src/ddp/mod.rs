@@ -9,16 +9,19 @@
 mod bucketed;
 mod buckets;
 mod consistency;
+mod in_flight;
 mod naive;
+mod replicas;
 
 use candle_core::DType;
 
-pub(crate) use bucketed::{fence, fence_later, prepare_replicas};
-pub use bucketed::{BucketTiming, DistributedDataParallel};
+pub use bucketed::DistributedDataParallel;
 pub(crate) use buckets::BucketCountdown;
 pub use buckets::{Bucket, BucketCaps, BucketPlan};
 pub use consistency::{broadcast_buffers, broadcast_entries, check_same_model};
+pub use in_flight::BucketTiming;
 pub use naive::NaiveDataParallel;
+pub(crate) use replicas::{fence, fence_later, prepare_replicas};
 
 /// Settings of [`DistributedDataParallel`], named as in PyTorch.
 #[derive(Debug, Clone, PartialEq)]
