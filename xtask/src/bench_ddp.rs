@@ -84,6 +84,9 @@ pub struct BenchDdpArgs {
     /// weft's last DDP bucket in MiB (train-resnet's flag; 0: PyTorch's plan, the anchor's)
     #[arg(long, default_value_t = 0.0)]
     last_bucket_cap_mb: f64,
+    /// weft's DDP broadcasts rank 0's buffers before every forward (train-resnet's flag)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    broadcast_buffers: bool,
     /// weft's optimizer steps the other buckets while the last one is reduced (train-resnet's
     /// flag)
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -268,6 +271,7 @@ fn measure(
         .args(["--precision", &args.precision])
         .args(["--grad-compression", &args.grad_compression])
         .args(["--last-bucket-cap-mb", &args.last_bucket_cap_mb.to_string()])
+        .args(["--broadcast-buffers", &args.broadcast_buffers.to_string()])
         .args([
             "--step-during-last-bucket",
             &args.step_during_last_bucket.to_string(),
