@@ -9,11 +9,11 @@
 //! | `gradient_window`, `stage_gradients` | all, — | all, — | stages 2, 3: the shard; bucket staging | — |
 //! | `block_ready` | check | launch a bucket's all-reduce | stages 2, 3: reduce to the owners | — |
 //! | `finish_backward` | — | wait for the buckets | wait | sum the tied table across the ends |
-//! | `finish_backward_holding_last`, `finish_held_gradients` | as `finish_backward` | the last bucket waited for mid-update | as `finish_backward` | as `finish_backward` |
+//! | `finish_backward_holding_last`, `finish_held_gradients` | as `finish_backward` | the last bucket waited for mid-update | 1: as DDP; 2, 3: as `finish_backward` | as `finish_backward` |
 //! | `reduce_grad_norm_squared` | — | — | sum over the shards | sum over the stages |
 //! | `reduce_found_inf` (loss scaling) | — | max over ranks | max over ranks | max over stages |
 //! | `sum_over_replicas` (the step's loss) | — | sum over ranks | sum over ranks | over its replicas |
-//! | `start_sum_over_replicas` | as `sum_over_replicas` | the sum joined at `finish_backward` | as `sum_over_replicas` | as `sum_over_replicas` |
+//! | `start_sum_over_replicas` | as `sum_over_replicas` | the sum joined at `finish_backward` | 1: as DDP; 2, 3: as `sum_over_replicas` | as `sum_over_replicas` |
 //! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | the stage's own buffer |
 //! | `after_step` | — | — | 1, 2: all-gather the updated shards; 3: keep the shard | — |
 //! | `gather/release_parameters` | — | — | stage 3: whole model for reading | — |

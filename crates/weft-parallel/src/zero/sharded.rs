@@ -75,6 +75,25 @@ impl Strategy for ZeroRedundancy {
         self.sync.finish_backward(grads)
     }
 
+    /// As the gradient sync holds (DDP under ZeRO-1: its last bucket; this rank's optimizer
+    /// steps that bucket's part of its shard last).
+    fn finish_backward_holding_last(&mut self, grads: &FlatBuffer) -> Result<Option<Range<usize>>> {
+        self.sync.finish_backward_holding_last(grads)
+    }
+
+    fn finish_held_gradients(&mut self, grads: &FlatBuffer) -> Result<()> {
+        self.sync.finish_held_gradients(grads)
+    }
+
+    /// As the gradient sync starts it (DDP under ZeRO-1: beside backward), joined by its
+    /// `finish_backward`.
+    fn start_sum_over_replicas(
+        &mut self,
+        local: &mut dyn FnMut() -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        self.sync.start_sum_over_replicas(local)
+    }
+
     fn set_require_sync(&mut self, sync: bool) {
         self.sync.set_require_sync(sync)
     }
