@@ -13,7 +13,7 @@
 //! | `reduce_grad_norm_squared` | — | — | sum over the shards | sum over the stages |
 //! | `reduce_found_inf` (loss scaling) | — | max over ranks | max over ranks | max over stages |
 //! | `sum_over_replicas` (the step's loss) | — | sum over ranks | sum over ranks | over its replicas |
-//! | `start_sum_over_replicas` | as `sum_over_replicas` | the sum joined at `finish_backward` | 1: as DDP; 2, 3: as `sum_over_replicas` | as `sum_over_replicas` |
+//! | `start_sum_over_replicas` | as `sum_over_replicas` | the sum joined at `finish_backward` | as DDP | as `sum_over_replicas` |
 //! | `optimizer_range` | whole buffer | whole buffer | this rank's shard | the stage's own buffer |
 //! | `after_step` | — | — | 1, 2: all-gather the updated shards; 3: keep the shard | — |
 //! | `gather/release_parameters` | — | — | stage 3: whole model for reading | — |

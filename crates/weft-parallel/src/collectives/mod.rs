@@ -6,6 +6,7 @@
 //! Supported dtypes: f32, f64, f16, bf16, i64, u8.
 
 mod device_tensor;
+mod early_sum;
 mod host;
 mod work;
 
@@ -18,6 +19,7 @@ use weft_collectives::{
 use crate::error::{ParallelError, Result};
 use device_tensor::device_buffer;
 pub(crate) use device_tensor::uninit_flat;
+pub(crate) use early_sum::EarlySum;
 use work::Pending;
 
 pub use device_tensor::native_for;

@@ -19,13 +19,15 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp, Work};
+use weft_collectives::{Communicator, DeviceCollectives, ReduceOp, Work};
 use weft_tensor::{BlockModel, FlatBuffer, Timeline};
 
 use super::in_flight::{BucketTiming, InFlight, Reduction, WriteBack};
 use super::replicas::{fence, fence_later, prepare_replicas};
 use super::{broadcast_buffers, BucketCountdown, BucketPlan, DdpConfig};
-use crate::collectives::{all_reduce_ordered, native_for, reduce_over_ranks, TensorCollectives};
+use crate::collectives::{
+    all_reduce_ordered, native_for, reduce_over_ranks, EarlySum, TensorCollectives,
+};
 use crate::error::Result;
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -50,9 +52,9 @@ pub struct DistributedDataParallel {
     /// bucket's, or (`None`) the loss's sum over the replicas; the names of the spans the
     /// device timed.
     device_ops: Vec<Option<usize>>,
-    /// The loss's sum over the replicas while its all-reduce is in flight on the device (the
-    /// tensor kept alive until the compute stream is ordered after it).
-    pending_sum: Option<(Tensor, Box<dyn DeviceJoin>)>,
+    /// The loss's sum over the replicas, its all-reduce in flight from the last forward to
+    /// `finish_backward`.
+    sum: EarlySum,
     /// Whether the communicator runs the gradients' device natively: operations are then
     /// ordered on the device, and every step ends with a watched fence.
     on_device: bool,
@@ -82,7 +84,7 @@ impl DistributedDataParallel {
             require_sync: true,
             timeline: None,
             device_ops: Vec::new(),
-            pending_sum: None,
+            sum: EarlySum::default(),
             on_device,
         })
     }
@@ -180,14 +182,6 @@ impl DistributedDataParallel {
         Ok(())
     }
 
-    /// Orders the compute stream after the loss sum's all-reduce, if one is in flight.
-    fn finish_sum(&mut self) -> Result<()> {
-        if let Some((_, join)) = self.pending_sum.take() {
-            join.join()?;
-        }
-        Ok(())
-    }
-
     /// Stamps the completion time of buckets that finished since the last look.
     fn poll(&mut self) {
         self.in_flight.iter_mut().for_each(InFlight::poll);
@@ -221,7 +215,7 @@ impl Strategy for DistributedDataParallel {
     }
 
     fn finish_backward(&mut self, grads: &FlatBuffer) -> Result<()> {
-        self.finish_sum()?;
+        self.sum.finish()?;
         self.finish_held_gradients(grads)?;
         if !self.require_sync {
             return Ok(());
@@ -286,14 +280,12 @@ impl Strategy for DistributedDataParallel {
         &mut self,
         local: &mut dyn FnMut() -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
-        let Some(device) = self.native() else {
-            return self.sum_over_replicas(local);
-        };
-        let summed = local()?;
-        let join = all_reduce_ordered(device, &summed, ReduceOp::Sum)?;
-        self.device_ops.push(None);
-        self.pending_sum = Some((summed.clone(), join));
-        Ok(Some(summed))
+        let native = self.comm.device_collectives().filter(|_| self.on_device);
+        let summed = self.sum.start(self.comm.as_ref(), native, local)?;
+        if native.is_some() {
+            self.device_ops.push(None);
+        }
+        Ok(summed)
     }
 
     fn set_require_sync(&mut self, sync: bool) {
@@ -304,7 +296,7 @@ impl Strategy for DistributedDataParallel {
     /// Every step on the device ends here, also one replayed from a CUDA graph (whose
     /// operations this strategy never sees issued).
     fn wait_for_device(&mut self) -> Result<()> {
-        self.finish_sum()?;
+        self.sum.finish()?;
         fence(self.native())?;
         self.record_device_spans()
     }

@@ -23,7 +23,7 @@ use weft_collectives::{Communicator, DeviceCollectives, DeviceJoin, ReduceOp, Wo
 use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
 
 use super::ShardLayout;
-use crate::collectives::{native_for, reduce_ordered, TensorCollectives, TensorWork};
+use crate::collectives::{native_for, reduce_ordered, EarlySum, TensorCollectives, TensorWork};
 use crate::ddp::{
     broadcast_buffers, fence, fence_later, prepare_replicas, BucketCountdown, BucketPlan, DdpConfig,
 };
@@ -74,6 +74,9 @@ pub struct ShardedGradients {
     /// Bytes of staging buffers held now (filling or in flight), and the most since taken.
     staged_bytes: usize,
     peak_staged_bytes: usize,
+    /// The loss's sum over the replicas, its all-reduce in flight from the last forward to
+    /// `finish_backward`.
+    sum: EarlySum,
     on_device: bool,
 }
 
@@ -97,6 +100,7 @@ impl ShardedGradients {
             staging: (0..buckets).map(|_| None).collect(),
             in_flight: Vec::new(),
             step_open: false,
+            sum: EarlySum::default(),
             staged_bytes: 0,
             peak_staged_bytes: 0,
             dtype: grads.dtype(),
@@ -243,6 +247,7 @@ impl Strategy for ShardedGradients {
     }
 
     fn finish_backward(&mut self, grads: &FlatBuffer) -> Result<()> {
+        self.sum.finish()?;
         let not_ready = self.check.finish();
         for flight in std::mem::take(&mut self.in_flight) {
             self.complete(flight, grads)?;
@@ -262,6 +267,15 @@ impl Strategy for ShardedGradients {
         crate::collectives::sum_over_replicas(self.comm.as_ref(), local)
     }
 
+    /// On the device, the sum's all-reduce runs beside backward, joined by `finish_backward`.
+    fn start_sum_over_replicas(
+        &mut self,
+        local: &mut dyn FnMut() -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let native = self.comm.device_collectives().filter(|_| self.on_device);
+        self.sum.start(self.comm.as_ref(), native, local)
+    }
+
     /// Every micro-batch is reduced: the ranks keep no full-size gradients to accumulate.
     fn set_require_sync(&mut self, _sync: bool) {
         self.check.reset();
@@ -273,6 +287,7 @@ impl Strategy for ShardedGradients {
     }
 
     fn wait_for_device(&mut self) -> Result<()> {
+        self.sum.finish()?;
         fence(self.native())
     }
 

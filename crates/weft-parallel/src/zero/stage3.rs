@@ -224,6 +224,15 @@ impl Strategy for ZeroStage3 {
         self.sync.finish_backward(grads)
     }
 
+    /// As the gradient sync starts it (beside backward on the device), joined by its
+    /// `finish_backward`.
+    fn start_sum_over_replicas(
+        &mut self,
+        local: &mut dyn FnMut() -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        self.sync.start_sum_over_replicas(local)
+    }
+
     fn set_require_sync(&mut self, sync: bool) {
         self.sync.set_require_sync(sync)
     }
