@@ -543,7 +543,7 @@ impl Trainer {
     /// inference path (no autograd graph is kept).
     /// Under ZeRO-3 each block's parameters are gathered before it runs, and released after.
     /// A captured training step's memory goes back to the device first (see
-    /// [`cuda_graph::StepGraph::release_for_eager_work`]).
+    /// `StepGraph::release_for_eager_work`, with the `cuda` feature).
     pub fn evaluate(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<EvalOutcome> {
         #[cfg(feature = "cuda")]
         if let Some(graph) = self.graph.as_mut() {

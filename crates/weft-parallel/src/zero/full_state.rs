@@ -80,8 +80,9 @@ pub fn export_full_model(dir: &Path, out: &Path) -> Result<()> {
     save_atomic(&tensors, out)
 }
 
-/// Loads a full state dict (`model` as [`save_safetensors`] or [`export_full_model`] write it,
-/// `state` as [`export_full_state`] does) into `trainer`: this rank's range of `shards` of every buffer.
+/// Loads a full state dict (`model` as [`weft_tensor::state_dict::save_safetensors`] or
+/// [`export_full_model`] write it, `state` as [`export_full_state`] does) into `trainer`: this
+/// rank's range of `shards` of every buffer.
 pub fn import_full_state(
     trainer: &mut Trainer,
     rank: usize,
