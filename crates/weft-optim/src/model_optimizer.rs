@@ -255,11 +255,11 @@ impl ModelOptimizer {
         parts: &[Range<usize>],
         mut before_part: impl FnMut(usize) -> Result<(), E>,
     ) -> Result<(), E> {
-        check_parts(NAME, &range, parts)?;
         #[cfg(feature = "cuda")]
         if let ModelOptimizer::Device(opt) = self {
             return opt.step_in_parts(grads, store, range, skip, parts, before_part);
         }
+        check_parts(NAME, &range, parts)?;
         for part in 0..parts.len() {
             before_part(part)?;
         }

@@ -239,7 +239,6 @@ impl Strategy for DistributedDataParallel {
         if !(self.require_sync && self.config.step_during_last_bucket) {
             return self.finish_backward(grads).map(|()| None);
         }
-        self.finish_held_gradients(grads)?;
         let last = self.in_flight.pop();
         if let Err(e) = self.finish_backward(grads) {
             if let Some(last) = last {
