@@ -84,7 +84,7 @@ pub struct BenchDdpArgs {
     /// weft's last DDP bucket in MiB (train-resnet's flag; 0: PyTorch's plan, the anchor's)
     #[arg(long, default_value_t = 0.0)]
     last_bucket_cap_mb: f64,
-    /// weft's DDP broadcasts rank 0's buffers before every forward (train-resnet's flag)
+    /// weft's DDP makes every rank read rank 0's buffers (train-resnet's flag)
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     broadcast_buffers: bool,
     /// weft's optimizer steps the other buckets while the last one is reduced (train-resnet's

@@ -40,7 +40,9 @@ pub mod zero;
 
 pub use clip::clip_grad_norm;
 pub use collectives::{init_for_device, TensorCollectives, TensorWork};
-pub use ddp::{DdpConfig, DistributedDataParallel, GradCompression, NaiveDataParallel};
+pub use ddp::{
+    BufferBroadcast, DdpConfig, DistributedDataParallel, GradCompression, NaiveDataParallel,
+};
 pub use error::{ParallelError, Result};
 pub use single::SingleProcess;
 pub use step::{

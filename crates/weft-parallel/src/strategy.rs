@@ -4,7 +4,8 @@
 //!
 //! | point | single process | DDP | ZeRO-1/2/3 | pipeline stage |
 //! |---|---|---|---|---|
-//! | `before_forward` | — | broadcast buffers | stage 3: release the parameters | — |
+//! | `before_forward` | — | broadcast buffers (every forward) | stage 3: release the parameters | — |
+//! | `sync_buffers` | — | broadcast buffers (unless off) | 1: as DDP; 2, 3: likewise | — |
 //! | `before_block_forward/backward` | — | — | stage 3: gather the block's parameters, prefetch the next | — |
 //! | `gradient_window`, `stage_gradients` | all, — | all, — | stages 2, 3: the shard; bucket staging | — |
 //! | `block_ready` | check | launch a bucket's all-reduce | stages 2, 3: reduce to the owners | — |
@@ -69,6 +70,15 @@ pub trait Strategy: Send {
     fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
         self.wrapped_mut()
             .map_or(Ok(()), |inner| inner.before_forward(model))
+    }
+
+    /// Before the model's buffers (BatchNorm running statistics) are read after training
+    /// steps wrote them: an evaluation, a forward in a mode that reads them, the whole model
+    /// gathered for saving or reading. Data parallelism makes every rank's rank 0's (unless
+    /// its buffer broadcast is off). A collective: every rank calls it.
+    fn sync_buffers(&mut self, model: &BlockModel) -> Result<()> {
+        self.wrapped_mut()
+            .map_or(Ok(()), |inner| inner.sync_buffers(model))
     }
 
     /// Before block `block`'s forward.

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::thread;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use weft_collectives::{Communicator, ShmCommunicator};
 use weft_models::loss::Classification;
 use weft_optim::ModelOptimizer;
@@ -15,7 +15,7 @@ use weft_optim::{Sgd, SgdConfig};
 use weft_parallel::Trainer;
 use weft_parallel::{DdpConfig, DistributedDataParallel, NaiveDataParallel, Strategy};
 use weft_tensor::{Checkpointing, Mode, Timeline};
-use weft_testing::{flat_params, tiny_resnet};
+use weft_testing::{flat_buffers, flat_params, tiny_resnet};
 
 const B: usize = 2;
 const STEPS: usize = 3;
@@ -49,15 +49,7 @@ fn params(t: &Trainer) -> Vec<f64> {
 
 /// The BatchNorm buffers (running mean and variance, batches counted), flattened in f64.
 fn buffers(t: &Trainer) -> Vec<f64> {
-    let store = t.model().store();
-    store
-        .buffer_ids()
-        .into_iter()
-        .flat_map(|id| {
-            let flat = store.entries()[id].tensor().flatten_all().unwrap();
-            flat.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap()
-        })
-        .collect()
+    flat_buffers(t.model().store())
 }
 
 /// f64 runs that differ only in the order of sums.
@@ -349,51 +341,5 @@ fn sync_batch_norm_in_training_mode_matches_one_process() {
     for (rank, (p, b)) in results.iter().enumerate() {
         assert_close(p, &reference.0, &format!("sync-bn rank {rank}"));
         assert_close(b, &reference.1, &format!("sync-bn rank {rank}, buffers"));
-    }
-}
-
-/// `broadcast_buffers` (on by default): before each forward every rank takes rank 0's BatchNorm
-/// running statistics; off, each rank keeps its own.
-#[test]
-fn buffers_are_broadcast_before_forward_unless_turned_off() {
-    for broadcast_buffers in [true, false] {
-        let comms = ShmCommunicator::new_thread_group(2).unwrap();
-        let seen: Vec<Vec<f64>> = thread::scope(|scope| {
-            let handles: Vec<_> = comms
-                .into_iter()
-                .enumerate()
-                .map(|(rank, comm)| {
-                    scope.spawn(move || {
-                        let t = trainer(0);
-                        let config = DdpConfig {
-                            broadcast_buffers,
-                            ..DdpConfig::default()
-                        };
-                        let store = t.model().store();
-                        let mut ddp = DistributedDataParallel::new(
-                            t.model(),
-                            t.grads(),
-                            Arc::new(comm),
-                            config,
-                        )
-                        .unwrap();
-                        let mean = store.get("bn1.running_mean").unwrap();
-                        let mine = Tensor::full(rank as f64 + 1.0, mean.var.shape(), &Device::Cpu)
-                            .unwrap();
-                        mean.var.set(&mine).unwrap();
-                        ddp.before_forward(t.model()).unwrap();
-                        mean.tensor().to_vec1::<f64>().unwrap()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let expected_rank1 = if broadcast_buffers { 1.0 } else { 2.0 };
-        assert!(seen[0].iter().all(|&v| v == 1.0), "{seen:?}");
-        assert!(
-            seen[1].iter().all(|&v| v == expected_rank1),
-            "broadcast_buffers {broadcast_buffers}: rank 1 holds {:?}",
-            seen[1]
-        );
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use weft_collectives::{Communicator, ShmCommunicator};
-use weft_tensor::ParamStore;
+use weft_tensor::{EntryId, ParamStore};
 
 pub use models::{tied_batch, tied_model, tiny_resnet, tiny_resnet_config};
 
@@ -47,16 +47,24 @@ pub fn on_thread_ranks<T: Send>(
 
 /// Every trainable parameter of `store`, flattened and concatenated in store order, as f64.
 pub fn flat_params(store: &ParamStore) -> Vec<f64> {
-    store
-        .parameter_ids()
-        .into_iter()
-        .flat_map(|id| {
+    flat_entries(store, &store.parameter_ids())
+}
+
+/// Every buffer of `store` (BatchNorm running statistics, batches counted), flattened and
+/// concatenated in store order, as f64.
+pub fn flat_buffers(store: &ParamStore) -> Vec<f64> {
+    flat_entries(store, &store.buffer_ids())
+}
+
+fn flat_entries(store: &ParamStore, ids: &[EntryId]) -> Vec<f64> {
+    ids.iter()
+        .flat_map(|&id| {
             store.entries()[id]
                 .tensor()
                 .flatten_all()
                 .and_then(|t| t.to_dtype(candle_core::DType::F64))
                 .and_then(|t| t.to_vec1::<f64>())
-                .expect("a parameter converts to f64 on the host")
+                .expect("an entry converts to f64 on the host")
         })
         .collect()
 }

@@ -178,8 +178,10 @@ pub struct TrainArgs {
     /// the math: each update uses gradients one step stale. The steps before update exactly
     #[arg(long, value_name = "STEP")]
     pub delayed_update_from: Option<u64>,
-    /// DDP: broadcast rank 0's buffers (BatchNorm running statistics) before every forward,
-    /// as PyTorch's DistributedDataParallel does by default
+    /// DDP: every rank reads rank 0's buffers (BatchNorm running statistics), as under
+    /// PyTorch's DistributedDataParallel by default. ResNet's training forward only writes
+    /// them, so they are broadcast before they are read (validation, the saved model), not
+    /// before every forward: the same values, one collective fewer a step
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub broadcast_buffers: bool,
     /// DDP bucket size in MiB

@@ -13,7 +13,7 @@ use serde::Serialize;
 use weft_data::DistributedSampler;
 use weft_models::loss::Classification;
 use weft_models::ResNetConfig;
-use weft_parallel::{DdpConfig, LaunchedStep, Trainer};
+use weft_parallel::{BufferBroadcast, DdpConfig, LaunchedStep, Trainer};
 use weft_precision::PrecisionPolicy;
 use weft_tensor::{Checkpointing, Timeline};
 
@@ -130,7 +130,13 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                 bucket_cap_mb: args.bucket_cap_mb,
                 last_bucket_cap_mb: args.last_bucket_cap_mb,
                 step_during_last_bucket: args.step_during_last_bucket,
-                broadcast_buffers: args.broadcast_buffers,
+                // ResNet's training forward writes its buffers without reading them (its
+                // BatchNorms normalise with the batch's statistics): rank 0's, broadcast
+                // before they are read, are what every read sees.
+                broadcast_buffers: match args.broadcast_buffers {
+                    true => BufferBroadcast::BeforeReads,
+                    false => BufferBroadcast::Off,
+                },
                 find_unused_parameters: args.find_unused_parameters,
                 grad_compression: args.grad_compression.to_ddp(),
                 ..DdpConfig::default()

@@ -24,7 +24,7 @@ use weft_tensor::{BlockModel, FlatBuffer, Timeline};
 
 use super::in_flight::{BucketTiming, InFlight, Reduction, WriteBack};
 use super::replicas::{fence, fence_later, prepare_replicas};
-use super::{broadcast_buffers, BucketCountdown, BucketPlan, DdpConfig};
+use super::{broadcast_buffers, BucketCountdown, BucketPlan, BufferBroadcast, DdpConfig};
 use crate::collectives::{
     all_reduce_ordered, native_for, reduce_over_ranks, EarlySum, TensorCollectives,
 };
@@ -194,7 +194,14 @@ impl Strategy for DistributedDataParallel {
     }
 
     fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
-        if self.config.broadcast_buffers {
+        if self.config.broadcast_buffers == BufferBroadcast::EveryForward {
+            broadcast_buffers(model.store(), self.comm.as_ref())?;
+        }
+        Ok(())
+    }
+
+    fn sync_buffers(&mut self, model: &BlockModel) -> Result<()> {
+        if self.config.broadcast_buffers != BufferBroadcast::Off {
             broadcast_buffers(model.store(), self.comm.as_ref())?;
         }
         Ok(())

@@ -40,8 +40,8 @@ pub struct DdpConfig {
     /// all-reduce runs, then that bucket's (where the step allows it: no loss scaler, no
     /// gradient clipping, which read every gradient first). The values are the same either way.
     pub step_during_last_bucket: bool,
-    /// Broadcast buffers (BatchNorm running statistics) from rank 0 before every forward.
-    pub broadcast_buffers: bool,
+    /// When every rank's buffers (BatchNorm running statistics) are made rank 0's.
+    pub broadcast_buffers: BufferBroadcast,
     /// A parameter that receives no gradient in a step is reduced as zero instead of ending
     /// the run (a rank where it took no part contributes zero to the average).
     pub find_unused_parameters: bool,
@@ -49,6 +49,27 @@ pub struct DdpConfig {
     /// `bf16_compress_hook` / `fp16_compress_hook`): half the bytes on the wire, the average
     /// rounded to 16 bits.
     pub grad_compression: GradCompression,
+}
+
+/// When DDP makes every rank's buffers (BatchNorm running statistics) rank 0's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BufferBroadcast {
+    /// Never: each rank keeps the statistics of its own samples (PyTorch's
+    /// `broadcast_buffers=False`).
+    Off,
+    /// Before every forward, and before the buffers are read outside a training step
+    /// (PyTorch's `broadcast_buffers=True`, whose first evaluation forward broadcasts too).
+    #[default]
+    EveryForward,
+    /// Only before the buffers are read: evaluation, a forward in a mode that reads them
+    /// (BatchNorm in evaluation mode), the whole model gathered for saving or reading
+    /// ([`crate::Trainer::sync_buffers`]). For a model whose training forward writes its
+    /// buffers without reading them into its output (BatchNorm in training mode normalises
+    /// with the batch's statistics), every read sees what `EveryForward` gives: rank 0's
+    /// statistics follow its own batches either way (a broadcast from rank 0 leaves its own
+    /// unchanged), and the other ranks' are overwritten before they are read. One collective
+    /// fewer in every step.
+    BeforeReads,
 }
 
 /// How gradient buckets travel between ranks.
@@ -92,7 +113,7 @@ impl Default for DdpConfig {
             first_bucket_cap_mb: 1.0,
             last_bucket_cap_mb: 0.0,
             step_during_last_bucket: true,
-            broadcast_buffers: true,
+            broadcast_buffers: BufferBroadcast::EveryForward,
             find_unused_parameters: false,
             grad_compression: GradCompression::None,
         }

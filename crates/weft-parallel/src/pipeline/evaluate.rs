@@ -39,6 +39,8 @@ impl PipelineTrainer {
         let targets = self.split("targets", targets, self.is_last(), m)?;
         let stage = self.stage();
         let plan = Plan::new(ScheduleKind::ForwardOnly, self.links.stages(), m);
+        // The stage's buffers, synced over its data-parallel replicas after training.
+        self.trainer.sync_buffers()?;
         let model = self.trainer.model();
         let (dtype, device) = (model.store().dtype(), model.store().device().clone());
         let mut received: HashMap<usize, Tensor> = HashMap::new();

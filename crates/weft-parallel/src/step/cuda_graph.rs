@@ -242,6 +242,7 @@ impl StepGraph {
         // where the replay does on the stream.
         let timeline = trainer.options.timeline.as_ref();
         let span = timeline.map(|t| t.open("cuda graph launch", "graph", "compute"));
+        trainer.note_replayed_forward();
         graph.launch().map_err(|e| cuda_error("graph launch", e))?;
         let len = buffers.outputs.elem_count();
         self.results[slot].queue_download(&buffers.outputs, 0..len)?;

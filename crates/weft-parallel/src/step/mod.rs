@@ -8,6 +8,7 @@
 //! step itself never waits for the device; on a GPU a whole step can be captured once and
 //! replayed as a CUDA graph ([`Trainer::with_cuda_graph`]).
 
+mod buffers;
 #[cfg(feature = "cuda")]
 mod cuda_graph;
 mod delayed_update;
@@ -73,6 +74,9 @@ pub struct Trainer {
     /// `i` of step `s` draws from `(seed, s, i)`, whichever rank or stage computes it.
     dropout_seed: u64,
     steps_taken: u64,
+    /// Whether a training forward wrote the buffers since [`Self::sync_buffers`] last made
+    /// them the same on every rank.
+    buffers_written: bool,
     pub(crate) synchronized_timings: bool,
     /// Memory samples of each step, when tracked.
     memory: Option<memory::MemoryTracker>,
@@ -130,6 +134,7 @@ impl Trainer {
             scale_on_device: None,
             dropout_seed: 0,
             steps_taken: 0,
+            buffers_written: false,
             synchronized_timings: false,
             memory: None,
             #[cfg(feature = "cuda")]
@@ -395,8 +400,10 @@ impl Trainer {
     }
 
     /// Makes every parameter whole on this rank until [`Self::release_parameters`] (ZeRO-3
-    /// gathers them; a collective). [`Self::with_full_parameters`] pairs the two.
+    /// gathers them; a collective), and the buffers the same on every rank
+    /// ([`Self::sync_buffers`]). [`Self::with_full_parameters`] pairs the two.
     pub fn gather_parameters(&mut self) -> Result<()> {
+        self.sync_buffers()?;
         self.strategy.gather_parameters(&self.model)
     }
 
@@ -540,7 +547,8 @@ impl Trainer {
     }
 
     /// The loss and metrics of one batch in evaluation mode, through the blocks' graph-free
-    /// inference path (no autograd graph is kept).
+    /// inference path (no autograd graph is kept), on buffers synced over the ranks
+    /// ([`Self::sync_buffers`]: a collective after training steps).
     /// Under ZeRO-3 each block's parameters are gathered before it runs, and released after.
     /// A captured training step's memory goes back to the device first (see
     /// `StepGraph::release_for_eager_work`, with the `cuda` feature).
@@ -549,6 +557,7 @@ impl Trainer {
         if let Some(graph) = self.graph.as_mut() {
             graph.release_for_eager_work(inputs.device())?;
         }
+        self.sync_buffers()?;
         let (model, strategy) = (&self.model, &mut self.strategy);
         let output = tape::infer_with(model, inputs, Mode::INFER, |block| {
             strategy.before_block_forward(model, block)

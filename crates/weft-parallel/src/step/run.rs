@@ -67,11 +67,6 @@ impl Trainer {
         Ok((results, timings))
     }
 
-    /// The strategy's call before each micro-batch's forward.
-    pub(crate) fn strategy_before_forward(&mut self) -> Result<()> {
-        self.strategy.before_forward(&self.model)
-    }
-
     /// Whether the next backward communicates (the last micro-batch's does).
     pub(crate) fn set_require_sync(&mut self, sync: bool) {
         self.strategy.set_require_sync(sync)

@@ -25,7 +25,8 @@ use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
 use super::ShardLayout;
 use crate::collectives::{native_for, reduce_ordered, EarlySum, TensorCollectives, TensorWork};
 use crate::ddp::{
-    broadcast_buffers, fence, fence_later, prepare_replicas, BucketCountdown, BucketPlan, DdpConfig,
+    broadcast_buffers, fence, fence_later, prepare_replicas, BucketCountdown, BucketPlan,
+    BufferBroadcast, DdpConfig,
 };
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
@@ -199,7 +200,14 @@ impl Strategy for ShardedGradients {
     }
 
     fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
-        if self.config.broadcast_buffers {
+        if self.config.broadcast_buffers == BufferBroadcast::EveryForward {
+            broadcast_buffers(model.store(), self.comm.as_ref())?;
+        }
+        Ok(())
+    }
+
+    fn sync_buffers(&mut self, model: &BlockModel) -> Result<()> {
+        if self.config.broadcast_buffers != BufferBroadcast::Off {
             broadcast_buffers(model.store(), self.comm.as_ref())?;
         }
         Ok(())
