@@ -8,14 +8,16 @@
 //! step itself never waits for the device; on a GPU a whole step can be captured once and
 //! replayed as a CUDA graph ([`Trainer::with_cuda_graph`]).
 
+mod batches;
 mod buffers;
 #[cfg(feature = "cuda")]
 mod cuda_graph;
 mod delayed_update;
 mod launched;
+mod master;
 mod memory;
-use delayed_update::lost_optimizer;
 mod outcome;
+mod reading;
 mod run;
 
 use std::sync::Arc;
@@ -25,16 +27,18 @@ use candle_core::{DType, Tensor};
 use weft_optim::ModelOptimizer;
 use weft_precision::{DynamicLossScaler, LossScalerState, ScaleOnDevice};
 use weft_tensor::ops::dropout::derive_seed;
-use weft_tensor::tape::{self, TapeOptions};
+use weft_tensor::tape::TapeOptions;
 use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, FlatLayout, Mode, Objective, Timeline};
 
 pub use launched::LaunchedStep;
 pub use memory::{MemorySample, ModelStateBytes};
 pub use outcome::{StepOutcome, StepTimings};
+pub use reading::EvalOutcome;
 
 use crate::error::{ParallelError, Result};
 use crate::single::SingleProcess;
 use crate::strategy::Strategy;
+use delayed_update::lost_optimizer;
 pub(crate) use outcome::{outcome, BatchResult};
 pub(crate) use run::BackwardSeed;
 
@@ -80,16 +84,6 @@ pub struct Trainer {
     pub(crate) synchronized_timings: bool,
     /// Memory samples of each step, when tracked.
     memory: Option<memory::MemoryTracker>,
-}
-
-/// The totals of evaluating one batch.
-#[derive(Debug, Clone)]
-pub struct EvalOutcome {
-    /// The loss summed over the batch's samples.
-    pub loss_sum: f64,
-    pub samples: usize,
-    /// The objective's metrics summed over the batch.
-    pub metrics: Vec<(&'static str, f64)>,
 }
 
 impl Trainer {
@@ -197,25 +191,6 @@ impl Trainer {
             let (dtype, device) = (self.grads.dtype(), self.grads.tensor().device().clone());
             let layout = self.grads.layout().clone();
             self.grads = FlatBuffer::zeros_window(layout, window, dtype, &device)?;
-        }
-        Ok(())
-    }
-
-    /// Reads the master copy again from the model's parameters, over the range the strategy
-    /// gives this rank's optimizer (after the model was loaded or made identical to rank 0's).
-    /// A host optimizer steps its master copy in host memory, wherever the model is: on a GPU
-    /// that is ZeRO-Offload's arrangement.
-    /// Under ZeRO-3 the strategy's shard of the parameters is that range.
-    pub fn reload_master_weights(&mut self) -> Result<()> {
-        self.settle()?;
-        if let Some(dtype) = self.master_dtype {
-            let layout = self.grads.layout();
-            let range = self.strategy.optimizer_range(layout.len());
-            let values = match self.strategy.parameter_shard() {
-                Some(shard) => shard.to_dtype(dtype)?,
-                None => layout.read_range(self.model.store(), range, dtype)?,
-            };
-            self.params = Some(values.to_device(&candle_core::Device::Cpu)?);
         }
         Ok(())
     }
@@ -335,246 +310,13 @@ impl Trainer {
         self.strategy.as_ref()
     }
 
-    /// The optimizer (after a delayed update in flight has finished).
-    pub fn optimizer(&mut self) -> Result<&ModelOptimizer> {
-        Ok(self.settled_optimizer()?)
-    }
-
-    /// The optimizer, to load a checkpoint's state into (after a delayed update in flight has
-    /// finished).
-    pub fn optimizer_mut(&mut self) -> Result<&mut ModelOptimizer> {
-        self.settled_optimizer()
-    }
-
-    /// Replaces the master copy (over the optimizer's range) with `values`, e.g. a
-    /// checkpoint's: more precise than the 16-bit parameters it was rounded into.
-    pub fn load_master_weights(&mut self, values: &Tensor) -> Result<()> {
-        self.settle()?;
-        if self.params.is_none() {
-            self.reload_master_weights()?;
-        }
-        let Some(master) = &self.params else {
-            return Err(ParallelError::Config(
-                "this optimizer keeps no master copy to load".into(),
-            ));
-        };
-        if values.elem_count() != master.elem_count() {
-            return Err(ParallelError::Config(format!(
-                "master weights of {} elements, the optimizer's range holds {}",
-                values.elem_count(),
-                master.elem_count()
-            )));
-        }
-        let values = values.flatten_all()?.to_dtype(master.dtype())?;
-        self.params = Some(values.to_device(master.device())?.copy()?);
-        Ok(())
-    }
-
-    /// Whether the optimizer steps a master copy of its own (mixed precision, offload), made at
-    /// the first step or when loaded.
-    pub fn keeps_master_copy(&self) -> bool {
-        self.master_dtype.is_some()
-    }
-
-    /// The flat master copy of the parameters the optimizer steps (over its range of the flat
-    /// buffers), where it keeps one (from the first step on, or once a strategy is set), after
-    /// a delayed update in flight has finished. Under the delayed update it may be one update
-    /// ahead of the parameters.
-    pub fn master_weights(&mut self) -> Result<Option<&Tensor>> {
-        self.settle()?;
-        Ok(self.params.as_ref())
-    }
-
-    /// Runs `read` on the model with every parameter whole on this rank (ZeRO-3 gathers them
-    /// first and releases them after, keeping what `read` wrote into them: FSDP's
-    /// `summon_full_params` with write-back), e.g. to save, load or compare the model. A
-    /// collective under ZeRO-3: every rank calls it.
-    pub fn with_full_parameters<R>(
-        &mut self,
-        read: impl FnOnce(&BlockModel) -> Result<R>,
-    ) -> Result<R> {
-        self.gather_parameters()?;
-        let result = read(&self.model);
-        self.release_parameters()?;
-        result
-    }
-
-    /// Makes every parameter whole on this rank until [`Self::release_parameters`] (ZeRO-3
-    /// gathers them; a collective), and the buffers the same on every rank
-    /// ([`Self::sync_buffers`]). [`Self::with_full_parameters`] pairs the two.
-    pub fn gather_parameters(&mut self) -> Result<()> {
-        self.sync_buffers()?;
-        self.strategy.gather_parameters(&self.model)
-    }
-
-    /// Gives back what [`Self::gather_parameters`] gathered, keeping what was written into the
-    /// parameters meanwhile (a collective under ZeRO-3).
-    pub fn release_parameters(&mut self) -> Result<()> {
-        self.strategy.release_parameters(&self.model)
-    }
-
     /// The flat gradient buffer (its layout is the parameters' layout).
     pub fn grads(&self) -> &FlatBuffer {
         &self.grads
     }
 
-    /// Trains on one batch (`inputs` and `targets` as the objective takes them) with
-    /// learning rate `lr`.
-    pub fn step(&mut self, inputs: &Tensor, targets: &Tensor, lr: f64) -> Result<StepOutcome> {
-        self.step_then(inputs, targets, lr, &mut || {})
-    }
-
-    /// [`Self::step`], running `meanwhile` on the host once the step is queued on the device
-    /// and before its results are read (e.g. staging the next batch while the GPU trains on
-    /// this one); on the CPU, after the step's work.
-    pub fn step_then(
-        &mut self,
-        inputs: &Tensor,
-        targets: &Tensor,
-        lr: f64,
-        meanwhile: &mut dyn FnMut(),
-    ) -> Result<StepOutcome> {
-        #[cfg(feature = "cuda")]
-        if let Some(mut graph) = self.graph.take() {
-            let result = graph.step(self, (inputs, targets, lr), meanwhile);
-            self.graph = Some(graph);
-            let mut out = result?;
-            self.report_scaling(&mut out)?;
-            return Ok(out);
-        }
-        self.step_accumulated_then(&[(inputs.clone(), targets.clone())], lr, meanwhile)
-    }
-
-    /// One step on a batch split along its first dimension into `micro_batches` equal
-    /// micro-batches whose gradients accumulate before the update.
-    pub fn step_micro_batches(
-        &mut self,
-        inputs: &Tensor,
-        targets: &Tensor,
-        micro_batches: usize,
-        lr: f64,
-    ) -> Result<StepOutcome> {
-        self.step_micro_batches_then(inputs, targets, (micro_batches, lr), &mut || {})
-    }
-
-    /// [`Self::step_micro_batches`] with `meanwhile` run as [`Self::step_then`] runs it.
-    pub fn step_micro_batches_then(
-        &mut self,
-        inputs: &Tensor,
-        targets: &Tensor,
-        (micro_batches, lr): (usize, f64),
-        meanwhile: &mut dyn FnMut(),
-    ) -> Result<StepOutcome> {
-        if micro_batches <= 1 {
-            return self.step_then(inputs, targets, lr, meanwhile);
-        }
-        let rows = inputs.dim(0)?;
-        if !rows.is_multiple_of(micro_batches) || targets.dim(0)? != rows {
-            return Err(ParallelError::Config(format!(
-                "a batch of {rows} samples cannot be split into {micro_batches} micro-batches"
-            )));
-        }
-        let per = rows / micro_batches;
-        let parts = (0..micro_batches)
-            .map(|m| {
-                Ok((
-                    inputs.narrow(0, m * per, per)?,
-                    targets.narrow(0, m * per, per)?,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.step_accumulated_then(&parts, lr, meanwhile)
-    }
-
-    /// One optimizer step over several micro-batches whose gradients are accumulated: only the
-    /// last micro-batch's backward communicates (`no_sync` for the others). Each micro-batch's
-    /// loss is weighted by its share of the samples, so the result equals one step on their
-    /// concatenation.
-    pub fn step_accumulated(
-        &mut self,
-        micro_batches: &[(Tensor, Tensor)],
-        lr: f64,
-    ) -> Result<StepOutcome> {
-        self.step_accumulated_then(micro_batches, lr, &mut || {})
-    }
-
-    /// [`Self::step_accumulated`] with `meanwhile` run as [`Self::step_then`] runs it.
-    pub(crate) fn step_accumulated_then(
-        &mut self,
-        micro_batches: &[(Tensor, Tensor)],
-        lr: f64,
-        meanwhile: &mut dyn FnMut(),
-    ) -> Result<StepOutcome> {
-        self.set_lr(lr)?;
-        let (results, timings) = self.run(micro_batches)?;
-        meanwhile();
-        self.wait_for_device()?;
-        let mut out = outcome(&results, timings)?;
-        self.report_scaling(&mut out)?;
-        Ok(out)
-    }
-
-    /// Adds the loss scale and whether the update was skipped to `out` (with a loss scaler; read
-    /// from the device once the step is done).
-    pub(crate) fn report_scaling(&self, out: &mut StepOutcome) -> Result<()> {
-        if let Some(on_device) = &self.scale_on_device {
-            let (state, skipped) = on_device.read()?;
-            out.loss_scale = Some(state.scale);
-            out.skipped = skipped;
-        }
-        Ok(())
-    }
-
     /// The objective the last block's output is scored with.
     pub(crate) fn objective(&self) -> &dyn Objective {
         self.objective.as_ref()
-    }
-
-    /// Sets the learning rate of the next update (of an optimizer away on a delayed update,
-    /// once it is back).
-    pub(crate) fn set_lr(&mut self, lr: f64) -> Result<()> {
-        self.lr = Some(lr);
-        if let Some(optimizer) = self.optimizer.as_mut() {
-            optimizer.set_lr(lr)?;
-        }
-        Ok(())
-    }
-
-    /// Waits for the strategy's device-ordered work (watched: a dead peer is an error,
-    /// not a hang), before the step's results are read.
-    pub(crate) fn wait_for_device(&mut self) -> Result<()> {
-        self.strategy.wait_for_device()
-    }
-
-    /// The loss and metrics of one batch in evaluation mode, through the blocks' graph-free
-    /// inference path (no autograd graph is kept), on buffers synced over the ranks
-    /// ([`Self::sync_buffers`]: a collective after training steps).
-    /// Under ZeRO-3 each block's parameters are gathered before it runs, and released after.
-    /// A captured training step's memory goes back to the device first (see
-    /// `StepGraph::release_for_eager_work`, with the `cuda` feature).
-    pub fn evaluate(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<EvalOutcome> {
-        #[cfg(feature = "cuda")]
-        if let Some(graph) = self.graph.as_mut() {
-            graph.release_for_eager_work(inputs.device())?;
-        }
-        self.sync_buffers()?;
-        let (model, strategy) = (&self.model, &mut self.strategy);
-        let output = tape::infer_with(model, inputs, Mode::INFER, |block| {
-            strategy.before_block_forward(model, block)
-        })?;
-        self.strategy.release_parameters(&self.model)?;
-        let result = self.objective.loss(&output, targets)?;
-        let samples = self.objective.samples(targets);
-        let batch = BatchResult {
-            loss: result.loss.detach(),
-            metrics: result.metrics,
-            samples,
-        };
-        let read = outcome(&[batch], StepTimings::default())?;
-        Ok(EvalOutcome {
-            loss_sum: read.loss * samples as f64,
-            samples,
-            metrics: read.metrics,
-        })
     }
 }
