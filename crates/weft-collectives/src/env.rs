@@ -9,7 +9,9 @@
 //! `MASTER_PORT`, or `MASTER_PORT + 1` under torchrun), `WEFT_JOB_ID` (defaults to
 //! `SLURM_JOB_ID` or `port<store port>`), `WEFT_TIMEOUT`, `WEFT_STORE_BIND_ADDR` (where rank 0's
 //! store listens; default `127.0.0.1`). NCCL only: `WEFT_NCCL_HIGH_PRIORITY=1` (the
-//! communication stream at the device's highest priority, PyTorch's `TORCH_NCCL_HIGH_PRIORITY`).
+//! communication stream at the device's highest priority, PyTorch's `TORCH_NCCL_HIGH_PRIORITY`);
+//! NCCL's own `NCCL_GRAPH_MIXING_SUPPORT`, read to know whether NCCL mixes graph-captured and
+//! eager operations (`weft-run` sets it to `0`: [`NCCL_GRAPH_MIXING_VAR`]).
 
 use std::time::Duration;
 
@@ -25,6 +27,27 @@ pub const JOB_ID_VAR: &str = "WEFT_JOB_ID";
 pub const STORE_BIND_VAR: &str = "WEFT_STORE_BIND_ADDR";
 /// Variable asking for NCCL's communication stream at the highest priority.
 pub const NCCL_HIGH_PRIORITY_VAR: &str = "WEFT_NCCL_HIGH_PRIORITY";
+
+/// NCCL's variable for its support of graph-captured and eager operations outstanding
+/// together on one communicator: `0` turns it off, which `weft-run` does for its ranks unless
+/// the variable is set (weft's NCCL backend then keeps NCCL's rule itself).
+pub const NCCL_GRAPH_MIXING_VAR: &str = "NCCL_GRAPH_MIXING_SUPPORT";
+
+/// Whether NCCL keeps its graph mixing (`NCCL_GRAPH_MIXING_SUPPORT`, read through `lookup`):
+/// on when unset (NCCL's default), off when `0`; a value that is not an integer is an error
+/// naming the variable.
+pub fn nccl_graph_mixing(lookup: impl Fn(&str) -> Option<String>) -> Result<bool> {
+    match lookup(NCCL_GRAPH_MIXING_VAR).as_deref().map(str::trim) {
+        None | Some("") => Ok(true),
+        Some(value) => value
+            .parse::<i64>()
+            .map(|n| n != 0)
+            .map_err(|_| CommError::Env {
+                var: NCCL_GRAPH_MIXING_VAR,
+                reason: format!("{value:?} is not an integer"),
+            }),
+    }
+}
 
 /// Whether `WEFT_NCCL_HIGH_PRIORITY` (read through `lookup`) asks for a high-priority
 /// communication stream: `1`/`true` yes, `0`/`false`/unset no, anything else an error naming it.

@@ -200,3 +200,22 @@ fn the_nccl_stream_priority_is_read_and_a_bad_value_named() {
         "{err}"
     );
 }
+
+#[test]
+fn nccl_graph_mixing_is_on_unless_zero_and_a_bad_value_named() {
+    let read = |value: Option<&str>| {
+        let pairs: Vec<(&str, &str)> = value
+            .map(|v| vec![(NCCL_GRAPH_MIXING_VAR, v)])
+            .unwrap_or_default();
+        nccl_graph_mixing(lookup(&pairs))
+    };
+    assert!(read(None).unwrap());
+    assert!(read(Some("1")).unwrap());
+    assert!(!read(Some("0")).unwrap());
+    assert!(!read(Some(" 0 ")).unwrap());
+    let err = read(Some("off")).unwrap_err();
+    assert!(
+        matches!(&err, CommError::Env { var, .. } if *var == NCCL_GRAPH_MIXING_VAR),
+        "{err}"
+    );
+}

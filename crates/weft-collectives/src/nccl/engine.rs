@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
+use super::graph_mixing::GraphMixing;
 use super::handle::CommHandle;
 use super::launch::Launch;
 use super::watchdog::{InFlight, Watchdog};
@@ -36,6 +37,8 @@ pub(crate) struct Job {
     /// The watchdog polls this operation's completion without backing off (for a fence the
     /// host waits on at the end of every step).
     pub spin: bool,
+    /// Whether issuing it calls NCCL (a fence only marks a point of the stream).
+    pub calls_nccl: bool,
 }
 
 enum Task {
@@ -151,6 +154,8 @@ pub(crate) struct Engine {
     /// the others unless [`Self::eager`] says the compute stream.
     pub stream: Arc<CudaStream>,
     pub eager: Arc<EagerStream>,
+    /// NCCL's graph mixing, and the wait it asks for when off.
+    pub graphs: Arc<GraphMixing>,
     order: Arc<IssueOrder>,
     threads: Vec<JoinHandle<()>>,
     timeout: Duration,
@@ -164,7 +169,7 @@ impl Engine {
         init: Init,
         compute: Arc<CudaStream>,
         (rank, world_size): (usize, usize),
-        (timeout, high_priority): (Duration, bool),
+        (timeout, high_priority, graph_mixing): (Duration, bool, bool),
         watchdog: impl FnOnce(Arc<CommHandle>, Arc<Health>, Receiver<InFlight>) -> Watchdog,
     ) -> Result<Self> {
         let context = compute.context().clone();
@@ -186,7 +191,9 @@ impl Engine {
             on_compute: AtomicBool::new(false),
             all_on_compute: AtomicBool::new(false),
         });
+        let graphs = Arc::new(GraphMixing::new(graph_mixing));
         let (launcher_order, launcher_eager) = (order.clone(), eager.clone());
+        let launcher_graphs = graphs.clone();
         let launcher = std::thread::Builder::new()
             .name(format!("weft-nccl-launch-{rank}"))
             .spawn(move || {
@@ -208,6 +215,8 @@ impl Engine {
                     stream: launcher_eager,
                     order: launcher_order,
                     health: launcher_health,
+                    graphs: launcher_graphs,
+                    timeout,
                     rank,
                     world_size,
                     watchdog: flight_tx,
@@ -234,6 +243,7 @@ impl Engine {
             comm,
             stream,
             eager,
+            graphs,
             order,
             threads: vec![launcher, watchdog],
             timeout,
@@ -350,6 +360,8 @@ struct Launcher {
     stream: Arc<EagerStream>,
     order: Arc<IssueOrder>,
     health: Arc<Health>,
+    graphs: Arc<GraphMixing>,
+    timeout: Duration,
     rank: usize,
     world_size: usize,
     watchdog: Sender<InFlight>,
@@ -399,9 +411,19 @@ impl Launcher {
             rank: self.rank,
             world_size: self.world_size,
         };
-        let issued = stream
-            .wait(&job.ready)
-            .map_err(|e| driver(job.op, self.rank, e))
+        let settled = match job.calls_nccl {
+            true => {
+                let watch = (self.health.as_ref(), self.timeout, self.rank);
+                self.graphs.settle(job.op, &job.ready, watch)
+            }
+            false => Ok(()),
+        };
+        let issued = settled
+            .and_then(|()| {
+                stream
+                    .wait(&job.ready)
+                    .map_err(|e| driver(job.op, self.rank, e))
+            })
             .and_then(|()| (job.issue)(&launch))
             .and_then(|()| {
                 stream

@@ -59,6 +59,7 @@ pub fn init_nccl(env: &LaunchEnv, compute: Arc<CudaStream>) -> Result<NcclCommun
     let config = NcclConfig {
         timeout: env.timeout,
         high_priority_stream: crate::env::nccl_high_priority(|name| std::env::var(name).ok())?,
+        graph_mixing: crate::env::nccl_graph_mixing(|name| std::env::var(name).ok())?,
     };
     let mut comm = NcclCommunicator::start(
         Init::New { id },

@@ -18,6 +18,7 @@
 //! use `send_recv` for exchanges.
 
 mod engine;
+mod graph_mixing;
 mod handle;
 mod init;
 mod launch;
@@ -48,6 +49,11 @@ pub struct NcclConfig {
     /// the SMs the compute stream's kernels free before the compute stream's next ones do
     /// (in a CUDA graph too, whose instantiation honours node priorities).
     pub high_priority_stream: bool,
+    /// NCCL's support for graph-captured and eager operations outstanding together is on
+    /// (its default). Off (`NCCL_GRAPH_MIXING_SUPPORT=0`, which `weft-run` sets), replayed
+    /// steps run faster, and an operation issued outside a capture after one was captured
+    /// first waits for the compute stream's queued work (`graph_mixing`).
+    pub graph_mixing: bool,
 }
 
 impl Default for NcclConfig {
@@ -55,6 +61,7 @@ impl Default for NcclConfig {
         Self {
             timeout: crate::shm::DEFAULT_TIMEOUT,
             high_priority_stream: false,
+            graph_mixing: true,
         }
     }
 }
@@ -94,7 +101,11 @@ impl NcclCommunicator {
             init,
             compute.clone(),
             (rank, world_size),
-            (config.timeout, config.high_priority_stream),
+            (
+                config.timeout,
+                config.high_priority_stream,
+                config.graph_mixing,
+            ),
             move |comm, health, flights| Watchdog {
                 comm,
                 context: watch_context,
@@ -154,17 +165,18 @@ impl NcclCommunicator {
         issue: Issue,
         deliver: Deliver,
     ) -> Result<()> {
-        self.submit_polled(op, keep, issue, deliver, false)
+        self.submit_polled(op, keep, issue, deliver, (false, true))
     }
 
-    /// [`Self::submit`], polled without back-off when `spin`.
+    /// [`Self::submit`], polled without back-off when `spin`; `calls_nccl` false for a job
+    /// whose issue only marks a point of the stream (a fence).
     fn submit_polled(
         &self,
         op: &'static str,
         keep: Vec<DeviceBuffer>,
         issue: Issue,
         deliver: Deliver,
-        spin: bool,
+        (spin, calls_nccl): (bool, bool),
     ) -> Result<()> {
         self.engine.health.check(op)?;
         let ready = self
@@ -178,6 +190,7 @@ impl NcclCommunicator {
             issue,
             deliver,
             spin,
+            calls_nccl,
         });
         Ok(())
     }

@@ -106,6 +106,9 @@ impl NcclCommunicator {
             .capture_status()
             .map_err(|e| driver(op, self.rank, e))?
             != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        if capturing {
+            self.engine.graphs.note_captured();
+        }
         let stream = self.engine.eager.placed(capturing);
         let issuing = self.engine.issue_here(op)?;
         // A rank that did not enqueue its part leaves the others waiting: the communicator is
@@ -121,6 +124,10 @@ impl NcclCommunicator {
             .compute
             .record_event(None)
             .map_err(|e| fail(driver(op, self.rank, e)))?;
+        if !capturing {
+            let watch = (self.engine.health.as_ref(), self.config.timeout, self.rank);
+            self.engine.graphs.settle(op, &ready, watch)?;
+        }
         stream
             .wait(&ready)
             .map_err(|e| fail(driver(op, self.rank, e)))?;
@@ -290,7 +297,8 @@ impl DeviceCollectives for NcclCommunicator {
     fn fence(&self) -> Result<Work<()>> {
         // The host waits on it at the end of every step: no back-off.
         to_work("fence", self.rank, |d| {
-            self.submit_polled("fence", Vec::new(), Box::new(|_| Ok(())), d, true)
+            let issue = Box::new(|_: &Launch| Ok(()));
+            self.submit_polled("fence", Vec::new(), issue, d, (true, false))
         })
     }
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use rand::Rng;
+use weft_collectives::env::NCCL_GRAPH_MIXING_VAR;
 
 /// Starts one process per local rank with torchrun's environment, prefixes their output
 /// with `[rank R]`, and stops all of them as soon as one fails.
@@ -54,6 +55,8 @@ pub struct Plan {
     pub job_token: String,
     pub exit_grace: Duration,
     pub kill_grace: Duration,
+    /// Ranks get `NCCL_GRAPH_MIXING_SUPPORT=0`: the launcher's environment does not set it.
+    pub graph_mixing_off: bool,
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -123,6 +126,7 @@ impl Plan {
             job_token: env_token.unwrap_or_else(|| random_hex(16)),
             exit_grace: seconds("exit-grace-secs", args.exit_grace_secs)?,
             kill_grace: seconds("kill-grace-secs", args.kill_grace_secs)?,
+            graph_mixing_off: std::env::var_os(NCCL_GRAPH_MIXING_VAR).is_none(),
         })
     }
 
@@ -139,6 +143,14 @@ impl Plan {
             ("WEFT_JOB_ID", self.job_id.clone()),
             ("WEFT_JOB_TOKEN", self.job_token.clone()),
         ]
+        .into_iter()
+        // NCCL without its graph mixing: replayed steps run faster, and weft's NCCL backend
+        // keeps the rule NCCL then leaves to the program (see `weft_collectives::env`).
+        .chain(
+            self.graph_mixing_off
+                .then(|| (NCCL_GRAPH_MIXING_VAR, "0".to_string())),
+        )
+        .collect()
     }
 }
 
@@ -146,4 +158,39 @@ fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(graph_mixing_off: bool) -> Plan {
+        Plan {
+            program: "train".into(),
+            program_args: Vec::new(),
+            local_world_size: 2,
+            world_size: 2,
+            first_rank: 0,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            job_id: "job".into(),
+            job_token: "token".into(),
+            exit_grace: Duration::ZERO,
+            kill_grace: Duration::ZERO,
+            graph_mixing_off,
+        }
+    }
+
+    #[test]
+    fn ranks_get_nccl_graph_mixing_off_unless_the_launcher_environment_sets_it() {
+        let mixing = |plan: &Plan| {
+            let env = plan.rank_env(1);
+            let found = env.iter().find(|(name, _)| *name == NCCL_GRAPH_MIXING_VAR);
+            found.map(|(_, value)| value.clone())
+        };
+        assert_eq!(mixing(&plan(true)).as_deref(), Some("0"));
+        assert_eq!(mixing(&plan(false)), None);
+        assert!(plan(true).rank_env(1).contains(&("RANK", "1".to_string())));
+    }
 }

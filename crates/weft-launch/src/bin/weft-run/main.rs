@@ -3,7 +3,9 @@
 //! `weft-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P]
 //! -- PROGRAM ARGS…` starts N ranks with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 //! `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, `WEFT_JOB_ID` and a random
-//! `WEFT_JOB_TOKEN` (the rest of the environment, such as `WEFT_TIMEOUT`, passes through).
+//! `WEFT_JOB_TOKEN` (the rest of the environment, such as `WEFT_TIMEOUT`, passes through),
+//! and `NCCL_GRAPH_MIXING_SUPPORT=0` unless that is set (replayed CUDA graphs run faster; weft's
+//! NCCL backend keeps the rule NCCL then leaves to the program).
 //! If a rank fails, the others are stopped, leftover `/dev/shm/weft-<job>-*` segments are
 //! removed, and the launcher exits non-zero naming the rank and how it ended.
 
