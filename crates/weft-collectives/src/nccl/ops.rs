@@ -126,7 +126,7 @@ impl NcclCommunicator {
             .map_err(|e| fail(driver(op, self.rank, e)))?;
         if !capturing {
             let watch = (self.engine.health.as_ref(), self.config.timeout, self.rank);
-            self.engine.graphs.settle(op, &ready, watch)?;
+            self.engine.graphs.settle(op, &ready, watch).map_err(fail)?;
         }
         stream
             .wait(&ready)
