@@ -22,6 +22,9 @@ pub mod element;
 pub mod env;
 pub mod error;
 pub mod ext;
+// Used by the NCCL backend; tested in every build.
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+mod graph_mixing;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 // Used by the NCCL backend's watchdog; tested in every build.

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use super::graph_mixing::GraphMixing;
 use super::handle::CommHandle;
 use super::launch::Launch;
 use super::watchdog::{InFlight, Watchdog};
 use crate::device::DeviceBuffer;
 use crate::error::{CommError, Result};
+use crate::graph_mixing::GraphMixing;
 
 /// Enqueues one NCCL operation.
 pub(crate) type Issue = Box<dyn FnOnce(&Launch) -> Result<()> + Send>;
@@ -346,6 +346,11 @@ impl Drop for Engine {
     }
 }
 
+/// Whether the work recorded before `event` has completed (for [`GraphMixing::settle`]).
+pub(crate) fn settled_event(event: &CudaEvent, op: &'static str, rank: usize) -> Result<bool> {
+    event.try_is_complete().map_err(|e| driver(op, rank, e))
+}
+
 pub(crate) fn driver(op: &'static str, rank: usize, e: cudarc::driver::DriverError) -> CommError {
     CommError::Nccl {
         op,
@@ -412,10 +417,12 @@ impl Launcher {
             world_size: self.world_size,
         };
         let settled = match job.calls_nccl {
-            true => {
-                let watch = (self.health.as_ref(), self.timeout, self.rank);
-                self.graphs.settle(job.op, &job.ready, watch)
-            }
+            true => self.graphs.settle(
+                job.op,
+                || settled_event(&job.ready, job.op, self.rank),
+                || self.health.check(job.op),
+                self.timeout,
+            ),
             false => Ok(()),
         };
         let issued = settled

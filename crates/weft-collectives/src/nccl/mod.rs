@@ -8,7 +8,8 @@
 //! layers: init, split, async error, abort), [`launch`] (one checked NCCL call on device
 //! buffers), [`staging`] (the backend's own device memory for host buffers),
 //! [`engine`] and [`watchdog`] (the launcher and watchdog threads), `crate::peer_liveness`
-//! (heartbeats through the rendezvous store), [`ops`] (the [`DeviceCollectives`] and [`Communicator`]
+//! (heartbeats through the rendezvous store), `crate::graph_mixing` (the wait NCCL asks for
+//! when its graph mixing is off), [`ops`] (the [`DeviceCollectives`] and [`Communicator`]
 //! implementations) and [`init`] (joining a job).
 //!
 //! Device memory goes straight to NCCL through [`DeviceCollectives`] (weft-parallel's tensor
@@ -18,7 +19,6 @@
 //! use `send_recv` for exchanges.
 
 mod engine;
-mod graph_mixing;
 mod handle;
 mod init;
 mod launch;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use super::engine::{driver, Deliver, Init};
+use super::engine::{driver, settled_event, Deliver, Init};
 use super::launch::Launch;
 use super::staging::DeviceVec;
 use super::NcclCommunicator;
@@ -125,8 +125,13 @@ impl NcclCommunicator {
             .record_event(None)
             .map_err(|e| fail(driver(op, self.rank, e)))?;
         if !capturing {
-            let watch = (self.engine.health.as_ref(), self.config.timeout, self.rank);
-            self.engine.graphs.settle(op, &ready, watch).map_err(fail)?;
+            let engine = &self.engine;
+            let done = || settled_event(&ready, op, self.rank);
+            let check = || engine.health.check(op);
+            engine
+                .graphs
+                .settle(op, done, check, self.config.timeout)
+                .map_err(fail)?;
         }
         stream
             .wait(&ready)
