@@ -5,7 +5,7 @@
 //! `MASTER_PORT`. Slurm: `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NNODES`;
 //! `MASTER_ADDR` defaults to the first host of `SLURM_JOB_NODELIST`/`SLURM_NODELIST` and
 //! `MASTER_PORT` to one derived from `SLURM_JOB_ID`. Both: `WEFT_JOB_TOKEN` (derived from
-//! torchrun's or Slurm's ids when unset: [`launcher`]), `WEFT_STORE_PORT` (default
+//! torchrun's or Slurm's ids when unset: [`JOB_TOKEN_VAR`]), `WEFT_STORE_PORT` (default
 //! `MASTER_PORT`, or `MASTER_PORT + 1` under torchrun), `WEFT_JOB_ID` (defaults to
 //! `SLURM_JOB_ID` or `port<store port>`), `WEFT_TIMEOUT`, `WEFT_STORE_BIND_ADDR` (where rank 0's
 //! store listens; default `127.0.0.1`). NCCL only: `WEFT_NCCL_HIGH_PRIORITY=1` (the
@@ -70,7 +70,7 @@ pub struct LaunchEnv {
     pub local_rank: usize,
     pub local_world_size: usize,
     pub master_addr: String,
-    /// The port rank 0's store listens on (see [`launcher`]).
+    /// The port rank 0's store listens on (see [`STORE_PORT_VAR`]).
     pub store_port: u16,
     pub job_id: String,
     pub job_token: String,
