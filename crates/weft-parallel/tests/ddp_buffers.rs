@@ -8,29 +8,17 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use weft_collectives::Communicator;
-use weft_models::loss::Classification;
-use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
 use weft_parallel::{BufferBroadcast, DdpConfig, DistributedDataParallel, Strategy, Trainer};
-use weft_tensor::{Checkpointing, Mode};
+use weft_tensor::Mode;
 use weft_testing::{flat_buffers, flat_params, image_batches, on_thread_ranks, tiny_resnet};
+
+mod common;
 
 const WORLD: usize = 2;
 const PER_RANK: usize = 3;
 
 fn trainer() -> Trainer {
-    let sgd = Sgd::<f64>::new(SgdConfig {
-        lr: 0.1,
-        momentum: 0.9,
-        ..SgdConfig::default()
-    })
-    .unwrap();
-    Trainer::new(
-        tiny_resnet(0, 3, DType::F64),
-        Box::new(Classification),
-        ModelOptimizer::host_f64(sgd),
-        Checkpointing::None,
-    )
-    .unwrap()
+    common::sgd_classifier(tiny_resnet(0, 3, DType::F64), 0.9, 0.0)
 }
 
 fn ddp(t: &Trainer, comm: Arc<dyn Communicator>, when: BufferBroadcast) -> DistributedDataParallel {

@@ -9,34 +9,18 @@ use std::thread;
 
 use candle_core::{DType, Tensor};
 use weft_collectives::{Communicator, ShmCommunicator};
-use weft_models::loss::Classification;
-use weft_optim::ModelOptimizer;
-use weft_optim::{Sgd, SgdConfig};
 use weft_parallel::Trainer;
 use weft_parallel::{DdpConfig, DistributedDataParallel, NaiveDataParallel, Strategy};
-use weft_tensor::{Checkpointing, Mode, Timeline};
+use weft_tensor::{Mode, Timeline};
 use weft_testing::{flat_buffers, flat_params, tiny_resnet};
+
+mod common;
 
 const B: usize = 2;
 const STEPS: usize = 3;
 
 fn trainer(seed: u64) -> Trainer {
-    let model = tiny_resnet(seed, 3, DType::F64);
-    let sgd = Sgd::<f64>::new(SgdConfig {
-        lr: 0.1,
-        momentum: 0.9,
-        weight_decay: 1e-4,
-        ..SgdConfig::default()
-    })
-    .unwrap();
-    Trainer::new(
-        model,
-        Box::new(Classification),
-        ModelOptimizer::host_f64(sgd),
-        Checkpointing::None,
-    )
-    .unwrap()
-    .with_mode(Mode::EVAL)
+    common::sgd_classifier(tiny_resnet(seed, 3, DType::F64), 0.9, 1e-4).with_mode(Mode::EVAL)
 }
 
 fn batches(n: usize) -> Vec<(Tensor, Tensor)> {

@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Tensor};
 use weft_collectives::Communicator;
-use weft_models::loss::Classification;
-use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
 use weft_parallel::ddp::BucketPlan;
 use weft_parallel::zero::zero_stage1;
 use weft_parallel::{DdpConfig, DistributedDataParallel, ReadyGrads, Strategy, Trainer};
-use weft_tensor::{Checkpointing, FlatBuffer, Mode};
+use weft_tensor::{FlatBuffer, Mode};
 use weft_testing::{flat_params, image_batches, on_thread_ranks, tiny_resnet};
+
+mod common;
 
 const WORLD: usize = 2;
 const B: usize = 2;
@@ -67,21 +67,7 @@ impl Strategy for Noting {
 }
 
 fn trainer() -> Trainer {
-    let sgd = Sgd::<f64>::new(SgdConfig {
-        lr: 0.1,
-        momentum: 0.9,
-        weight_decay: 1e-4,
-        ..SgdConfig::default()
-    })
-    .unwrap();
-    Trainer::new(
-        tiny_resnet(0, 3, DType::F64),
-        Box::new(Classification),
-        ModelOptimizer::host_f64(sgd),
-        Checkpointing::None,
-    )
-    .unwrap()
-    .with_mode(Mode::EVAL)
+    common::sgd_classifier(tiny_resnet(0, 3, DType::F64), 0.9, 1e-4).with_mode(Mode::EVAL)
 }
 
 /// What one rank ends with: its parameters, its log of the hooks, its plan's buckets.

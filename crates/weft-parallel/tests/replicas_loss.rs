@@ -8,31 +8,16 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use weft_collectives::Communicator;
-use weft_models::loss::Classification;
-use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
 use weft_parallel::zero::{zero_stage1, zero_stage2, zero_stage3};
 use weft_parallel::{DdpConfig, DistributedDataParallel, NaiveDataParallel, Strategy, Trainer};
-use weft_tensor::Checkpointing;
 use weft_testing::{on_thread_ranks, tiny_resnet};
+
+mod common;
 
 const PER_RANK: usize = 4;
 
 fn trainer() -> Trainer {
-    let sgd = Sgd::<f64>::new(SgdConfig {
-        lr: 0.1,
-        momentum: 0.9,
-        ..SgdConfig::default()
-    })
-    .unwrap();
-    let optimizer = ModelOptimizer::host_f64(sgd);
-    let model = tiny_resnet(1, 3, DType::F64);
-    Trainer::new(
-        model,
-        Box::new(Classification),
-        optimizer,
-        Checkpointing::None,
-    )
-    .unwrap()
+    common::sgd_classifier(tiny_resnet(1, 3, DType::F64), 0.9, 0.0)
 }
 
 fn batch(step: usize) -> (Tensor, Tensor) {

@@ -9,30 +9,18 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor};
-use weft_models::loss::Classification;
-use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
 use weft_parallel::{
     DdpConfig, DistributedDataParallel, ReadyGrads, SingleProcess, Strategy, Trainer,
 };
-use weft_tensor::{BlockModel, Checkpointing, FlatBuffer, Mode};
+use weft_tensor::{BlockModel, FlatBuffer, Mode};
 use weft_testing::{assert_close, flat_params, tied_batch, tied_model, tiny_resnet};
+
+mod common;
 
 const TOL: f64 = 1e-12;
 
 fn trainer(model: BlockModel, momentum: f64) -> Trainer {
-    let sgd = Sgd::<f64>::new(SgdConfig {
-        lr: 0.1,
-        momentum,
-        ..SgdConfig::default()
-    })
-    .unwrap();
-    Trainer::new(
-        model,
-        Box::new(Classification),
-        ModelOptimizer::host_f64(sgd),
-        Checkpointing::None,
-    )
-    .unwrap()
+    common::sgd_classifier(model, momentum, 0.0)
 }
 
 fn rows(t: &Tensor, rank: usize, per_rank: usize) -> Tensor {

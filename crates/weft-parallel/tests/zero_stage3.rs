@@ -11,33 +11,20 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Tensor};
 use weft_collectives::Communicator;
-use weft_models::loss::Classification;
-use weft_optim::{ModelOptimizer, Sgd, SgdConfig};
 use weft_parallel::zero::{zero_stage3, zero_stage3_from_shard, ShardLayout};
 use weft_parallel::{DdpConfig, ReadyGrads, Strategy, Trainer};
 use weft_tensor::sharded_init::ShardedInit;
-use weft_tensor::{residency, BlockModel, Checkpointing, EntryId, FlatBuffer, Mode};
+use weft_tensor::{residency, BlockModel, EntryId, FlatBuffer, Mode};
 use weft_testing::{
     assert_close, flat_params, on_thread_ranks, tied_batch, tied_model, tiny_resnet,
 };
 
+mod common;
+
 const TOL: f64 = 1e-12;
 
 fn trainer(model: BlockModel) -> Trainer {
-    let sgd = Sgd::<f64>::new(SgdConfig {
-        lr: 0.1,
-        momentum: 0.9,
-        ..SgdConfig::default()
-    })
-    .unwrap();
-    Trainer::new(
-        model,
-        Box::new(Classification),
-        ModelOptimizer::host_f64(sgd),
-        Checkpointing::None,
-    )
-    .unwrap()
-    .with_mode(Mode::EVAL)
+    common::sgd_classifier(model, 0.9, 0.0).with_mode(Mode::EVAL)
 }
 
 fn stage3(t: Trainer, comm: Arc<dyn Communicator>) -> Trainer {
