@@ -24,7 +24,7 @@ use weft_tensor::{BlockModel, FlatBuffer, Timeline};
 
 use super::in_flight::{BucketTiming, InFlight, Reduction, WriteBack};
 use super::replicas::{fence, fence_later, prepare_replicas};
-use super::{broadcast_buffers, BucketCountdown, BucketPlan, BufferBroadcast, DdpConfig};
+use super::{BucketCountdown, BucketPlan, DdpConfig};
 use crate::collectives::{
     all_reduce_ordered, native_for, reduce_over_ranks, EarlySum, TensorCollectives,
 };
@@ -194,17 +194,13 @@ impl Strategy for DistributedDataParallel {
     }
 
     fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
-        if self.config.broadcast_buffers == BufferBroadcast::EveryForward {
-            broadcast_buffers(model.store(), self.comm.as_ref())?;
-        }
-        Ok(())
+        let buffers = self.config.broadcast_buffers;
+        buffers.before_forward(model.store(), self.comm.as_ref())
     }
 
     fn sync_buffers(&mut self, model: &BlockModel) -> Result<()> {
-        if self.config.broadcast_buffers != BufferBroadcast::Off {
-            broadcast_buffers(model.store(), self.comm.as_ref())?;
-        }
-        Ok(())
+        let buffers = self.config.broadcast_buffers;
+        buffers.before_read(model.store(), self.comm.as_ref())
     }
 
     fn block_ready(&mut self, ready: &ReadyGrads, grads: &FlatBuffer) -> Result<()> {

@@ -6,6 +6,7 @@ use weft_collectives::{Buffer, Communicator};
 use weft_tensor::ops::copy_tensors;
 use weft_tensor::{EntryId, ParamStore};
 
+use super::BufferBroadcast;
 use crate::collectives::{broadcast_ordered, native_for, TensorCollectives};
 use crate::error::{ParallelError, Result};
 
@@ -44,6 +45,27 @@ pub fn check_same_model(store: &ParamStore, comm: &dyn Communicator) -> Result<(
 /// DDP does before each forward with `broadcast_buffers`.
 pub fn broadcast_buffers(store: &ParamStore, comm: &dyn Communicator) -> Result<()> {
     broadcast_entries(store, &store.buffer_ids(), comm, 0)
+}
+
+impl BufferBroadcast {
+    /// Before a training forward: rank 0's buffers to every rank if the setting says so.
+    pub(crate) fn before_forward(self, store: &ParamStore, comm: &dyn Communicator) -> Result<()> {
+        match self {
+            BufferBroadcast::EveryForward => broadcast_buffers(store, comm),
+            BufferBroadcast::BeforeReads | BufferBroadcast::Off => Ok(()),
+        }
+    }
+
+    /// Before the buffers are read ([`crate::Strategy::sync_buffers`]): rank 0's buffers to
+    /// every rank unless the broadcast is off.
+    pub(crate) fn before_read(self, store: &ParamStore, comm: &dyn Communicator) -> Result<()> {
+        match self {
+            BufferBroadcast::Off => Ok(()),
+            BufferBroadcast::EveryForward | BufferBroadcast::BeforeReads => {
+                broadcast_buffers(store, comm)
+            }
+        }
+    }
 }
 
 /// Overwrites the given entries on every rank with `root`'s values: per dtype, the entries are

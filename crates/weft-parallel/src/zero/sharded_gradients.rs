@@ -24,10 +24,7 @@ use weft_tensor::{BlockModel, FlatBuffer, FlatLayout, Slot};
 
 use super::ShardLayout;
 use crate::collectives::{native_for, reduce_ordered, EarlySum, TensorCollectives, TensorWork};
-use crate::ddp::{
-    broadcast_buffers, fence, fence_later, prepare_replicas, BucketCountdown, BucketPlan,
-    BufferBroadcast, DdpConfig,
-};
+use crate::ddp::{fence, fence_later, prepare_replicas, BucketCountdown, BucketPlan, DdpConfig};
 use crate::error::{ParallelError, Result};
 use crate::ready::ReadyCheck;
 use crate::strategy::{ReadyGrads, Strategy};
@@ -200,17 +197,13 @@ impl Strategy for ShardedGradients {
     }
 
     fn before_forward(&mut self, model: &BlockModel) -> Result<()> {
-        if self.config.broadcast_buffers == BufferBroadcast::EveryForward {
-            broadcast_buffers(model.store(), self.comm.as_ref())?;
-        }
-        Ok(())
+        let buffers = self.config.broadcast_buffers;
+        buffers.before_forward(model.store(), self.comm.as_ref())
     }
 
     fn sync_buffers(&mut self, model: &BlockModel) -> Result<()> {
-        if self.config.broadcast_buffers != BufferBroadcast::Off {
-            broadcast_buffers(model.store(), self.comm.as_ref())?;
-        }
-        Ok(())
+        let buffers = self.config.broadcast_buffers;
+        buffers.before_read(model.store(), self.comm.as_ref())
     }
 
     fn gradient_window(&self, len: usize) -> Range<usize> {
