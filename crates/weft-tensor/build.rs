@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 15] = [
+const KERNELS: [&str; 16] = [
     "attention",
     "batch_norm",
     "batch_norm_nhwc",
@@ -13,6 +13,7 @@ const KERNELS: [&str; 15] = [
     "bias",
     "cross_entropy",
     "gelu",
+    "hold",
     "layer_norm",
     "relu",
     "max_pool",

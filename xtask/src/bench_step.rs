@@ -51,6 +51,11 @@ pub struct BenchStepArgs {
     /// (to measure that layout; off by default)
     #[arg(long, default_value_t = false)]
     conv_nhwc: bool,
+    /// When 16-bit channels-last convolutions sum their output per channel in the same cuDNN
+    /// kernel for the batch norm after them: `where-faster` (timed per shape, the default),
+    /// `always` (wherever cuDNN has an engine), `off`
+    #[arg(long, value_enum, default_value_t = ConvStatsArg::WhereFaster)]
+    conv_stats: ConvStatsArg,
     /// Run the ResNet's blocks on channels-last tensors (the stem converts its input once)
     #[arg(long, default_value_t = false)]
     channels_last: bool,
@@ -129,6 +134,14 @@ impl AnchorConfig {
     }
 }
 
+/// `--conv-stats`: when convolutions sum their output for the batch norm (`ops::ConvStats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConvStatsArg {
+    Off,
+    WhereFaster,
+    Always,
+}
+
 /// Whose kernels CUDA tensors take for batch norm, ReLU and max-pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum CudaKernels {
@@ -162,6 +175,10 @@ pub fn run(args: &BenchStepArgs) -> Result<()> {
     let policy = PrecisionPolicy::from_name(&args.precision)?;
     let weft = measure_weft(args, &policy)?;
     print_row("weft", &weft);
+    #[cfg(feature = "cudnn")]
+    for line in weft_tensor::ops::conv_stats_plans() {
+        println!("  conv + sums {line}");
+    }
     if args.no_anchor {
         return Ok(());
     }
@@ -234,6 +251,12 @@ fn measure_weft(args: &BenchStepArgs, policy: &PrecisionPolicy) -> Result<Measur
         )?;
         weft_tensor::ops::set_cuda_kernels(args.cuda_kernels == CudaKernels::Weft);
         weft_tensor::ops::set_conv_nhwc(args.conv_nhwc);
+        #[cfg(feature = "cudnn")]
+        weft_tensor::ops::set_conv_stats(match args.conv_stats {
+            ConvStatsArg::Off => weft_tensor::ops::ConvStats::Off,
+            ConvStatsArg::WhereFaster => weft_tensor::ops::ConvStats::WhereFaster,
+            ConvStatsArg::Always => weft_tensor::ops::ConvStats::Always,
+        });
     }
     #[cfg(feature = "cuda")]
     let _blocker = match &args.gpu_memory_cap {

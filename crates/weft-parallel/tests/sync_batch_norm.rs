@@ -79,7 +79,7 @@ fn run(x: Tensor, first: usize, slot: &CrossRankSlot, dtype: DType, path: Path) 
             (y, dx, grads.get(&weight).unwrap().clone())
         }
         Path::GraphFree { relu } => {
-            let out = bn.forward_graph_free(&x, Mode::TRAIN, relu).unwrap();
+            let out = bn.forward_graph_free(&x, None, Mode::TRAIN, relu).unwrap();
             let relu_output = relu.then_some(&out.y);
             let (dx, [(id, dweight), _]) =
                 bn.backward(&x, &out.table, relu_output, &w, true).unwrap();

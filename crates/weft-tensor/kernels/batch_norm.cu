@@ -269,6 +269,27 @@ BATCH_NORM_KERNELS(double, double, f64)
 BATCH_NORM_KERNELS(bf16, float, bf16)
 BATCH_NORM_KERNELS(f16, float, f16)
 
+// The graph-free path's table from its input's per-channel [sum; sum of squares] (f32, from a
+// convolution that summed its output) over m elements each: mean = sum / m and the variance
+// max(squares / m - mean^2, 0) in double, then the weight and bias. One thread a channel.
+#define TABLE_FROM_SUMS_KERNEL(T, SUFFIX)                                                        \
+    extern "C" __global__ void bn_table_from_sums_##SUFFIX(const float* sums, const T* weight,   \
+                                                           const T* bias, float* out, int c,     \
+                                                           double m) {                           \
+        const int ch = blockIdx.x * blockDim.x + threadIdx.x;                                    \
+        if (ch >= c) return;                                                                     \
+        const double mean = (double)sums[ch] / m;                                                \
+        const double var = fmax((double)sums[c + ch] / m - mean * mean, 0.0);                    \
+        out[ch] = (float)mean;                                                                   \
+        out[c + ch] = (float)var;                                                                \
+        out[2 * c + ch] = cvt<float>(weight[ch]);                                                \
+        out[3 * c + ch] = cvt<float>(bias[ch]);                                                  \
+    }
+
+TABLE_FROM_SUMS_KERNEL(float, f32)
+TABLE_FROM_SUMS_KERNEL(bf16, bf16)
+TABLE_FROM_SUMS_KERNEL(f16, f16)
+
 // running = (1 - momentum) * running + momentum * scale * batch, in place (the running
 // statistics; `scale` turns the biased batch variance into the unbiased one). The batch
 // statistics are of type S (f32 for 16-bit running statistics).

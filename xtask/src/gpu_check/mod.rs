@@ -12,6 +12,8 @@
 //! GPT end to end).
 
 mod channels_last;
+#[cfg(feature = "cudnn")]
+mod conv_stats;
 pub mod ddp;
 mod gpt;
 mod half;
@@ -282,6 +284,8 @@ pub fn run() -> Result<()> {
     });
     half::run(&gpu, &mut checks)?;
     channels_last::run(&gpu, &mut checks)?;
+    #[cfg(feature = "cudnn")]
+    conv_stats::run(&gpu, &mut checks)?;
     synced_batch_norm::run(&gpu, &mut checks)?;
     // Candle's ops, which CUDA tensors of other dtypes take.
     ops::set_cuda_kernels(false);

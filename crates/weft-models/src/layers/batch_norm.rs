@@ -101,16 +101,25 @@ impl BatchNorm2d {
     /// Training mode without an autograd graph (then a ReLU when `relu`), updating the running
     /// statistics as [`BatchNorm2d::forward`] does; for blocks with their own backward. Under
     /// SyncBatchNorm the statistics are the global batch's, on weft's kernels.
+    /// With `sums`, `x`'s per-channel `[sum; sum of squares]` from the convolution that wrote
+    /// it ([`crate::layers::Conv2d::forward_graph_free`]), this rank's statistics come from
+    /// them instead of from a pass over `x`.
     pub fn forward_graph_free(
         &self,
         x: &Tensor,
+        sums: Option<&Tensor>,
         mode: Mode,
         relu: bool,
     ) -> Result<BatchNormOutput> {
         let sync = self.sync.get();
         let stats = batch_stats(sync.as_deref());
-        let out =
-            ops::batch_norm_train_forward(x, &self.weight, &self.bias, self.eps, relu, stats)?;
+        let affine = (self.weight.as_tensor(), self.bias.as_tensor());
+        let out = match sums {
+            Some(sums) => {
+                ops::batch_norm_train_forward_from_sums(x, sums, affine, self.eps, relu, stats)?
+            }
+            None => ops::batch_norm_train_forward(x, affine.0, affine.1, self.eps, relu, stats)?,
+        };
         self.track_graph_free(x, mode, &out)?;
         Ok(out)
     }
@@ -120,18 +129,26 @@ impl BatchNorm2d {
     pub fn forward_graph_free_add_relu(
         &self,
         x: &Tensor,
+        sums: Option<&Tensor>,
         mode: Mode,
         residual: &Tensor,
     ) -> Result<BatchNormOutput> {
         let sync = self.sync.get();
-        let out = ops::batch_norm_train_forward_add_relu(
-            x,
-            &self.weight,
-            &self.bias,
-            self.eps,
-            residual,
-            batch_stats(sync.as_deref()),
-        )?;
+        let stats = batch_stats(sync.as_deref());
+        let (weight, bias) = (self.weight.as_tensor(), self.bias.as_tensor());
+        let out = match sums {
+            Some(sums) => ops::batch_norm_train_forward_add_relu_from_sums(
+                x,
+                sums,
+                (weight, bias),
+                self.eps,
+                residual,
+                stats,
+            )?,
+            None => {
+                ops::batch_norm_train_forward_add_relu(x, weight, bias, self.eps, residual, stats)?
+            }
+        };
         self.track_graph_free(x, mode, &out)?;
         Ok(out)
     }

@@ -44,12 +44,19 @@ impl Conv2d {
     }
 
     /// [`Conv2d::forward`] without an autograd graph (blocks with their own backward); returns
-    /// the output and the filter as the passes over `x` read it ([`ops::conv2d_filter_for`]),
-    /// for [`Conv2d::backward`] and [`Conv2d::backward_add`].
-    pub fn forward_graph_free(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// the output, the filter as the passes over `x` read it ([`ops::conv2d_filter_for`]), for
+    /// [`Conv2d::backward`] and [`Conv2d::backward_add`], and, where one cuDNN kernel computes
+    /// them with the output, the output's per-channel `[sum; sum of squares]`
+    /// ([`ops::conv2d_forward_with_sums`]) for the batch norm after it.
+    pub fn forward_graph_free(&self, x: &Tensor) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let filter = ops::conv2d_filter_for(x, self.weight.as_tensor())?;
+        if let Some((y, sums)) =
+            ops::conv2d_forward_with_sums(x, &filter, self.stride, self.padding)?
+        {
+            return Ok((y, filter, Some(sums)));
+        }
         let y = ops::conv2d_forward(x, &filter, self.stride, self.padding)?;
-        Ok((y, filter))
+        Ok((y, filter, None))
     }
 
     /// The input gradient (if `input_grad`) and the weight's gradient, keyed by its id, from

@@ -7,6 +7,7 @@
 //! ranks, from the global one ([`BatchStats`]).
 
 use super::batch_norm_op::{BatchNormOp, BnPass};
+use super::batch_norm_sums::TableFromSums;
 use super::batch_norm_sync::BatchStats;
 use super::channels_last::{from_nhwc, is_channels_last, nhwc};
 use super::relu::{add_relu_forward, relu, relu_backward};
@@ -85,6 +86,31 @@ pub fn batch_norm_train_forward(
     relu: bool,
     stats: BatchStats<'_>,
 ) -> Result<BatchNormOutput> {
+    train_forward(x, None, (weight, bias), eps, relu, stats)
+}
+
+/// [`batch_norm_train_forward`] with this rank's statistics from `sums`, the per-channel
+/// `[sum; sum of squares]` of `x` (`2 x C`, f32: [`super::conv2d_forward_with_sums`] gives
+/// them) instead of from a pass over `x`; the variance is E[x²] − E[x]², clamped at zero.
+pub fn batch_norm_train_forward_from_sums(
+    x: &Tensor,
+    sums: &Tensor,
+    (weight, bias): (&Tensor, &Tensor),
+    eps: f64,
+    relu: bool,
+    stats: BatchStats<'_>,
+) -> Result<BatchNormOutput> {
+    train_forward(x, Some(sums), (weight, bias), eps, relu, stats)
+}
+
+fn train_forward(
+    x: &Tensor,
+    sums: Option<&Tensor>,
+    (weight, bias): (&Tensor, &Tensor),
+    eps: f64,
+    relu: bool,
+    stats: BatchStats<'_>,
+) -> Result<BatchNormOutput> {
     check_arguments(x, weight, bias, eps)?;
     let tensors = [x, weight, bias];
     if !uses_kernels_with_half(&tensors) {
@@ -96,7 +122,7 @@ pub fn batch_norm_train_forward(
     }
     let (weight, bias) = (weight.contiguous()?, bias.contiguous()?);
     if channels_last_on_cuda(x) {
-        let (x, table, unbiasing) = nhwc_table(x, &weight, &bias, eps, stats)?;
+        let (x, table, unbiasing) = nhwc_table(x, sums, (&weight, &bias), eps, stats)?;
         let y = x.apply_op2_no_bwd(&table, &BatchNormOp::nhwc(BnPass::ForwardTable, eps, relu))?;
         return Ok(BatchNormOutput {
             y: from_nhwc(&y)?,
@@ -105,7 +131,10 @@ pub fn batch_norm_train_forward(
         });
     }
     let x = x.contiguous()?;
-    let table = x.apply_op3_no_bwd(&weight, &bias, &BatchNormOp::new(BnPass::Table, eps, false))?;
+    let table = match sums {
+        Some(sums) => table_from_sums(sums, &x, (&weight, &bias))?,
+        None => x.apply_op3_no_bwd(&weight, &bias, &BatchNormOp::new(BnPass::Table, eps, false))?,
+    };
     let (table, unbiasing) = stats.combine(table, per_channel_count(&x, &weight)?)?;
     let y = x.apply_op2_no_bwd(&table, &BatchNormOp::new(BnPass::ForwardTable, eps, relu))?;
     Ok(BatchNormOutput {
@@ -127,6 +156,30 @@ pub fn batch_norm_train_forward_add_relu(
     residual: &Tensor,
     stats: BatchStats<'_>,
 ) -> Result<BatchNormOutput> {
+    train_forward_add_relu(x, None, (weight, bias), eps, residual, stats)
+}
+
+/// [`batch_norm_train_forward_add_relu`] with this rank's statistics from `sums`, as
+/// [`batch_norm_train_forward_from_sums`] takes them.
+pub fn batch_norm_train_forward_add_relu_from_sums(
+    x: &Tensor,
+    sums: &Tensor,
+    (weight, bias): (&Tensor, &Tensor),
+    eps: f64,
+    residual: &Tensor,
+    stats: BatchStats<'_>,
+) -> Result<BatchNormOutput> {
+    train_forward_add_relu(x, Some(sums), (weight, bias), eps, residual, stats)
+}
+
+fn train_forward_add_relu(
+    x: &Tensor,
+    sums: Option<&Tensor>,
+    (weight, bias): (&Tensor, &Tensor),
+    eps: f64,
+    residual: &Tensor,
+    stats: BatchStats<'_>,
+) -> Result<BatchNormOutput> {
     if residual.dims() != x.dims() {
         bail!(
             "batch_norm_train_forward_add_relu: residual has shape {:?}, x {:?}",
@@ -135,15 +188,15 @@ pub fn batch_norm_train_forward_add_relu(
         );
     }
     if !channels_last_on_cuda(x) {
-        let out = batch_norm_train_forward(x, weight, bias, eps, false, stats)?;
+        let out = train_forward(x, sums, (weight, bias), eps, false, stats)?;
         return Ok(BatchNormOutput {
             y: add_relu_forward(&out.y, residual)?,
             ..out
         });
     }
     check_arguments(x, weight, bias, eps)?;
-    let (x, table, unbiasing) =
-        nhwc_table(x, &weight.contiguous()?, &bias.contiguous()?, eps, stats)?;
+    let affine = (&weight.contiguous()?, &bias.contiguous()?);
+    let (x, table, unbiasing) = nhwc_table(x, sums, affine, eps, stats)?;
     let op = BatchNormOp::nhwc(BnPass::ForwardTableAddRelu, eps, false);
     let y = x.apply_op3_no_bwd(&table, &nhwc(residual)?, &op)?;
     Ok(BatchNormOutput {
@@ -157,15 +210,28 @@ pub fn batch_norm_train_forward_add_relu(
 /// (contiguous `weight` and `bias`), with the variance's unbiasing factor when global.
 fn nhwc_table(
     x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
+    sums: Option<&Tensor>,
+    (weight, bias): (&Tensor, &Tensor),
     eps: f64,
     stats: BatchStats<'_>,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let x = nhwc(x)?;
-    let table = x.apply_op3_no_bwd(weight, bias, &BatchNormOp::nhwc(BnPass::Table, eps, false))?;
+    let table = match sums {
+        Some(sums) => table_from_sums(sums, &x, (weight, bias))?,
+        None => x.apply_op3_no_bwd(weight, bias, &BatchNormOp::nhwc(BnPass::Table, eps, false))?,
+    };
     let (table, unbiasing) = stats.combine(table, per_channel_count(&x, weight)?)?;
     Ok((x, table, unbiasing))
+}
+
+/// The `[mean; var; weight; bias]` table from `x`'s per-channel `sums` (`batch_norm_sums`).
+fn table_from_sums(
+    sums: &Tensor,
+    x: &Tensor,
+    (weight, bias): (&Tensor, &Tensor),
+) -> Result<Tensor> {
+    let count = per_channel_count(x, weight)? as f64;
+    sums.apply_op3_no_bwd(weight, bias, &TableFromSums { count })
 }
 
 /// The elements per channel of `x` (either layout) for a batch norm with `weight`.

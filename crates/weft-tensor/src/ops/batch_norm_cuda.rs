@@ -286,3 +286,49 @@ pub(crate) fn blend_running(
         other => bail!("blend_into: dtype {other:?} is not supported"),
     }
 }
+
+/// The `[mean; var; weight; bias]` table (f32) of `c` channels from `[sum; sum of squares]`
+/// over `count` elements each (`bn_table_from_sums`, one thread a channel).
+pub(super) fn table_from_sums(
+    sums: (&CudaStorage, &Layout),
+    weight: (&CudaStorage, &Layout),
+    bias: (&CudaStorage, &Layout),
+    c: usize,
+    count: f64,
+) -> Result<CudaStorage> {
+    match weight.0.dtype() {
+        DType::BF16 => launch_table_from_sums::<bf16>(sums, weight, bias, c, count),
+        DType::F16 => launch_table_from_sums::<f16>(sums, weight, bias, c, count),
+        _ => launch_table_from_sums::<f32>(sums, weight, bias, c, count),
+    }
+}
+
+fn launch_table_from_sums<T: CudaDType + DeviceRepr + WithDType>(
+    sums: (&CudaStorage, &Layout),
+    weight: (&CudaStorage, &Layout),
+    bias: (&CudaStorage, &Layout),
+    c: usize,
+    count: f64,
+) -> Result<CudaStorage> {
+    let device = device_of(sums.0);
+    let sums = view::<f32>(sums.0, sums.1, "sums")?;
+    let weight = view::<T>(weight.0, weight.1, "weight")?;
+    let bias = view::<T>(bias.0, bias.1, "bias")?;
+    let out = output::<f32>(&device, 4 * c)?;
+    let func = function(&device, &BATCH_NORM, "bn_table_from_sums", T::DTYPE)?;
+    let channels = c as i32;
+    let mut builder = func.builder();
+    builder
+        .arg(&sums)
+        .arg(&weight)
+        .arg(&bias)
+        .arg(&out)
+        .arg(&channels)
+        .arg(&count);
+    // SAFETY: the arguments match `bn_table_from_sums` in kernels/batch_norm.cu; the op checked
+    // 2C sums and C weights and biases, and the C threads write the 4C values of the table.
+    launched("bn_table_from_sums", unsafe {
+        builder.launch(one_thread_each(c))
+    })?;
+    Ok(CudaStorage::wrap_cuda_slice(out, device))
+}

@@ -58,6 +58,24 @@ pub fn conv2d_forward(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> 
         .apply_op2_no_bwd(&w.contiguous()?, &Conv2dOp { stride, padding })
 }
 
+/// [`conv2d_forward`] and its output's per-channel `[sum; sum of squares]` (`2 x C_out`, f32)
+/// from the same cuDNN kernel, for the training-mode batch norm after it
+/// ([`super::batch_norm_train_forward_from_sums`]): on channels-last bf16/f16 CUDA tensors
+/// with the fusion on (`set_conv_stats`) and an engine for the shape; `None` otherwise.
+pub fn conv2d_forward_with_sums(
+    x: &Tensor,
+    w: &Tensor,
+    stride: usize,
+    padding: usize,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let _problem = conv_problem(x.dims(), w.dims(), stride, padding)?;
+    #[cfg(feature = "cudnn")]
+    if graph_free(&[x, w]) {
+        return super::conv_stats::forward_with_sums(x, w, _problem);
+    }
+    Ok(None)
+}
+
 /// `w` in the layout the graph-free passes over input `x` read it in: on the channels-last
 /// (NHWC) path a channels-last copy, which [`conv2d_forward`] and the input-gradient passes then
 /// view without moving it (a 3 x 3 filter is transposed once for a forward and its backward,

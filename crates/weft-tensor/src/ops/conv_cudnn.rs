@@ -49,7 +49,7 @@ fn wrap<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> candle_core::Error + '_
     move |e| candle_core::Error::Msg(format!("cuDNN {what}: {e:?}"))
 }
 
-fn handle(stream: &std::sync::Arc<CudaStream>) -> Result<Rc<Handle>> {
+pub(super) fn handle(stream: &std::sync::Arc<CudaStream>) -> Result<Rc<Handle>> {
     let key = std::sync::Arc::as_ptr(stream) as usize;
     HANDLES.with(|handles| {
         if let Some(handle) = handles.borrow().get(&key) {

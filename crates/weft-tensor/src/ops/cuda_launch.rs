@@ -72,6 +72,12 @@ pub(crate) const SPACE_TO_DEPTH: Module = Module {
     name: "weft_space_to_depth",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/space_to_depth.ptx")),
 };
+/// Launched by `device_timing`.
+#[cfg(feature = "cudnn")]
+pub(crate) const HOLD: Module = Module {
+    name: "weft_hold",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/hold.ptx")),
+};
 pub(crate) const RELU: Module = Module {
     name: "weft_relu",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/relu.ptx")),

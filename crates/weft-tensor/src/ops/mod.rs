@@ -51,6 +51,7 @@ mod batch_norm_eval;
 #[cfg(feature = "cuda")]
 mod batch_norm_nhwc_cuda;
 mod batch_norm_op;
+mod batch_norm_sums;
 mod batch_norm_sync;
 #[cfg(feature = "cuda")]
 mod batch_norm_sync_cuda;
@@ -69,16 +70,24 @@ mod conv_cudnn;
 mod conv_nhwc;
 #[cfg(any(feature = "cudnn", test))]
 mod conv_space_to_depth;
+#[cfg(feature = "cudnn")]
+mod conv_stats;
+#[cfg(feature = "cudnn")]
+mod conv_stats_plan;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cross_entropy_cuda;
 #[cfg(feature = "cuda")]
 pub mod cuda_launch;
 #[cfg(feature = "cudnn")]
+mod cudnn_backend;
+#[cfg(feature = "cudnn")]
 mod cudnn_plan;
 #[cfg(feature = "cudnn")]
 mod cudnn_search;
 mod determinism;
+#[cfg(feature = "cudnn")]
+mod device_timing;
 pub mod dropout;
 mod gelu;
 #[cfg(feature = "cuda")]
@@ -126,16 +135,22 @@ pub use attention::{
 };
 pub use batch_norm::{
     batch_norm_relu_train, batch_norm_train, batch_norm_train_backward, batch_norm_train_forward,
-    batch_norm_train_forward_add_relu, BatchNormGrads, BatchNormOutput,
+    batch_norm_train_forward_add_relu, batch_norm_train_forward_add_relu_from_sums,
+    batch_norm_train_forward_from_sums, BatchNormGrads, BatchNormOutput,
 };
 pub use batch_norm_eval::{batch_norm_eval, EvalStats};
 pub use batch_norm_sync::BatchStats;
 pub use bias::add_bias;
 pub use channels_last::{is_channels_last, to_channels_last};
-pub use conv2d::{conv2d, conv2d_backward, conv2d_filter_for, conv2d_forward, set_conv_nhwc};
+pub use conv2d::{
+    conv2d, conv2d_backward, conv2d_filter_for, conv2d_forward, conv2d_forward_with_sums,
+    set_conv_nhwc,
+};
 pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;
+#[cfg(feature = "cudnn")]
+pub use conv_stats::{conv_stats_plans, set_conv_stats, ConvStats};
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_and_grad};
 #[cfg(feature = "cudnn")]
 pub use cudnn_search::{

@@ -47,10 +47,11 @@ impl ConvBnSaved {
         mode: Mode,
         after: After<'_>,
     ) -> Result<(Tensor, Self)> {
-        let (z, filter) = conv.forward_graph_free(x)?;
+        let (z, filter, sums) = conv.forward_graph_free(x)?;
+        let sums = sums.as_ref();
         let BatchNormOutput { y, table, .. } = match after {
-            After::AddRelu(shortcut) => bn.forward_graph_free_add_relu(&z, mode, shortcut)?,
-            _ => bn.forward_graph_free(&z, mode, matches!(after, After::Relu))?,
+            After::AddRelu(shortcut) => bn.forward_graph_free_add_relu(&z, sums, mode, shortcut)?,
+            _ => bn.forward_graph_free(&z, sums, mode, matches!(after, After::Relu))?,
         };
         let relu_output = matches!(after, After::Relu).then(|| y.clone());
         let kept = Self {

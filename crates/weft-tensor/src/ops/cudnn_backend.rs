@@ -1,0 +1,235 @@
+//! An owned layer over cuDNN's graph ("backend") API, as much of it as weft's fused passes use:
+//! descriptors created, given attributes, finalized and destroyed once ([`Descriptor`]);
+//! tensors by unique id; an operation graph's engine configurations from cuDNN's heuristics;
+//! an execution plan with its workspace; and one execution of a plan on a variant pack of
+//! device pointers. The legacy API (`cudnn_plan`) has no fused passes; this one describes a
+//! pass as a graph of operations and lets cuDNN pick (or compile) a kernel for the whole graph.
+
+use std::ffi::c_void;
+use std::ptr::null_mut;
+
+use cudarc::cudnn::result::{CudnnError, CudnnResult};
+use cudarc::cudnn::sys;
+
+use sys::cudnnBackendAttributeName_t as Attr;
+use sys::cudnnBackendAttributeType_t as Type;
+use sys::cudnnBackendDescriptorType_t as Kind;
+
+/// One backend descriptor, destroyed when dropped.
+pub(crate) struct Descriptor(sys::cudnnBackendDescriptor_t);
+
+impl Drop for Descriptor {
+    fn drop(&mut self) {
+        // SAFETY: created by `Descriptor::new` and destroyed once, here.
+        let _ = unsafe { sys::cudnnBackendDestroyDescriptor(self.0) };
+    }
+}
+
+impl Descriptor {
+    pub fn new(kind: Kind) -> CudnnResult<Self> {
+        let mut raw = null_mut();
+        // SAFETY: cuDNN writes the new descriptor into `raw`.
+        unsafe { sys::cudnnBackendCreateDescriptor(kind, &mut raw) }.result()?;
+        Ok(Self(raw))
+    }
+
+    /// Sets attribute `name` to `values`, elements of cuDNN's type `ty`.
+    ///
+    /// # Safety
+    /// `T` must be the C type of `ty` (i64 for INT64, f32 for FLOAT, a descriptor for
+    /// BACKEND_DESCRIPTOR, a pointer for VOID_PTR, the enum itself for enums).
+    pub unsafe fn set<T>(&mut self, name: Attr, ty: Type, values: &[T]) -> CudnnResult<()> {
+        sys::cudnnBackendSetAttribute(
+            self.0,
+            name,
+            ty,
+            values.len() as i64,
+            values.as_ptr().cast(),
+        )
+        .result()
+    }
+
+    pub fn set_i64s(&mut self, name: Attr, values: &[i64]) -> CudnnResult<()> {
+        // SAFETY: INT64 attributes are arrays of i64.
+        unsafe { self.set(name, Type::CUDNN_TYPE_INT64, values) }
+    }
+
+    pub fn set_data_type(&mut self, name: Attr, dtype: sys::cudnnDataType_t) -> CudnnResult<()> {
+        // SAFETY: DATA_TYPE attributes are cudnnDataType_t.
+        unsafe { self.set(name, Type::CUDNN_TYPE_DATA_TYPE, &[dtype]) }
+    }
+
+    pub fn set_descriptors(&mut self, name: Attr, values: &[&Descriptor]) -> CudnnResult<()> {
+        let raw: Vec<_> = values.iter().map(|d| d.0).collect();
+        // SAFETY: BACKEND_DESCRIPTOR attributes are arrays of descriptors, alive while set.
+        unsafe { self.set(name, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw) }
+    }
+
+    pub fn set_handle(&mut self, name: Attr, handle: sys::cudnnHandle_t) -> CudnnResult<()> {
+        // SAFETY: HANDLE attributes are cudnnHandle_t.
+        unsafe { self.set(name, Type::CUDNN_TYPE_HANDLE, &[handle]) }
+    }
+
+    pub fn finalize(self) -> CudnnResult<Self> {
+        // SAFETY: a descriptor of ours, with its attributes set.
+        unsafe { sys::cudnnBackendFinalize(self.0) }.result()?;
+        Ok(self)
+    }
+
+    /// The INT64 attribute `name` of a finalized descriptor.
+    pub fn get_i64(&self, name: Attr) -> CudnnResult<i64> {
+        let (mut value, mut count) = (0i64, 0i64);
+        // SAFETY: one i64 element is asked for and written.
+        unsafe {
+            sys::cudnnBackendGetAttribute(
+                self.0,
+                name,
+                Type::CUDNN_TYPE_INT64,
+                1,
+                &mut count,
+                (&raw mut value).cast(),
+            )
+        }
+        .result()?;
+        Ok(value)
+    }
+}
+
+/// A tensor of the graph: its unique id, `dtype`, NCHW-ordered `dims` with `strides`, and
+/// whether it is virtual (never in memory: an intermediate the fused kernel keeps inside).
+pub(crate) fn tensor(
+    uid: i64,
+    dtype: sys::cudnnDataType_t,
+    dims: &[i64],
+    strides: &[i64],
+    is_virtual: bool,
+) -> CudnnResult<Descriptor> {
+    let mut d = Descriptor::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
+    d.set_data_type(Attr::CUDNN_ATTR_TENSOR_DATA_TYPE, dtype)?;
+    d.set_i64s(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, dims)?;
+    d.set_i64s(Attr::CUDNN_ATTR_TENSOR_STRIDES, strides)?;
+    d.set_i64s(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
+    d.set_i64s(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
+    // SAFETY: IS_VIRTUAL is a BOOLEAN (C bool).
+    unsafe {
+        d.set(
+            Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL,
+            Type::CUDNN_TYPE_BOOLEAN,
+            &[is_virtual],
+        )?
+    };
+    d.finalize()
+}
+
+/// Execution plans for the operations `ops` on `handle`, those that finalize: from the engine
+/// configurations of cuDNN's heuristics (mode A) in their order, then every engine of the
+/// graph in its default configuration; cuDNN's last error when none does.
+pub(crate) fn plans(
+    handle: sys::cudnnHandle_t,
+    ops: &[&Descriptor],
+) -> CudnnResult<Vec<Descriptor>> {
+    let mut graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
+    graph.set_descriptors(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, ops)?;
+    graph.set_handle(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle)?;
+    let graph = graph.finalize()?;
+    let mut heuristics = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
+    heuristics.set_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph])?;
+    // SAFETY: HEUR_MODE attributes are cudnnBackendHeurMode_t.
+    unsafe {
+        heuristics.set(
+            Attr::CUDNN_ATTR_ENGINEHEUR_MODE,
+            Type::CUDNN_TYPE_HEUR_MODE,
+            &[sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
+        )?
+    };
+    let heuristics = heuristics.finalize()?;
+    const WANTED: usize = 16;
+    let configs = (0..WANTED)
+        .map(|_| Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+        .collect::<CudnnResult<Vec<_>>>()?;
+    let mut raw: Vec<_> = configs.iter().map(|c| c.0).collect();
+    let mut count = 0i64;
+    // SAFETY: `raw` holds WANTED created engine-configuration descriptors for cuDNN to fill.
+    unsafe {
+        sys::cudnnBackendGetAttribute(
+            heuristics.0,
+            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            WANTED as i64,
+            &mut count,
+            raw.as_mut_ptr().cast(),
+        )
+    }
+    .result()?;
+    let mut configs: Vec<Descriptor> = configs
+        .into_iter()
+        .take(count.clamp(0, WANTED as i64) as usize)
+        .collect();
+    configs.extend(every_engine(&graph)?);
+    let mut last = CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED);
+    let mut plans = Vec::new();
+    for config in &configs {
+        let attempt = (|| {
+            let mut plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+            plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
+            plan.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
+            plan.finalize()
+        })();
+        match attempt {
+            Ok(plan) => plans.push(plan),
+            Err(e) => last = e,
+        }
+    }
+    match plans.is_empty() {
+        true => Err(last),
+        false => Ok(plans),
+    }
+}
+
+/// The default configuration of each engine that supports `graph`, by global index.
+fn every_engine(graph: &Descriptor) -> CudnnResult<Vec<Descriptor>> {
+    let count = graph.get_i64(Attr::CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT)?;
+    let mut configs = Vec::new();
+    for index in 0..count {
+        let config = (|| {
+            let mut engine = Descriptor::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
+            engine.set_descriptors(Attr::CUDNN_ATTR_ENGINE_OPERATION_GRAPH, &[graph])?;
+            engine.set_i64s(Attr::CUDNN_ATTR_ENGINE_GLOBAL_INDEX, &[index])?;
+            let engine = engine.finalize()?;
+            let mut config = Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)?;
+            config.set_descriptors(Attr::CUDNN_ATTR_ENGINECFG_ENGINE, &[&engine])?;
+            config.finalize()
+        })();
+        configs.extend(config.ok());
+    }
+    Ok(configs)
+}
+
+/// Runs `plan` on `handle`'s stream with the device pointers `pointers` of the tensors `uids`
+/// and `workspace` (the plan's workspace size, at least).
+///
+/// # Safety
+/// Every pointer must address a live device buffer of the size and layout its tensor's
+/// descriptor gives, and `workspace` as many bytes as the plan asks.
+pub(crate) unsafe fn execute(
+    handle: sys::cudnnHandle_t,
+    plan: &Descriptor,
+    uids: &[i64],
+    pointers: &[*mut c_void],
+    workspace: *mut c_void,
+) -> CudnnResult<()> {
+    let mut pack = Descriptor::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
+    pack.set_i64s(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, uids)?;
+    pack.set(
+        Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+        Type::CUDNN_TYPE_VOID_PTR,
+        pointers,
+    )?;
+    pack.set(
+        Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+        Type::CUDNN_TYPE_VOID_PTR,
+        &[workspace],
+    )?;
+    let pack = pack.finalize()?;
+    sys::cudnnBackendExecute(handle, plan.0, pack.0).result()
+}
