@@ -16,6 +16,7 @@ use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups, SgdC
 use weft_parallel::{StepTimings, Trainer};
 use weft_precision::PrecisionPolicy;
 use weft_tensor::Checkpointing;
+use weft_train::args::ConvStatsFlag;
 use weft_train::args::OptimizerKind;
 
 use crate::python;
@@ -54,8 +55,8 @@ pub struct BenchStepArgs {
     /// When 16-bit channels-last convolutions sum their output per channel in the same cuDNN
     /// kernel for the batch norm after them: `where-faster` (timed per shape, the default),
     /// `always` (wherever cuDNN has an engine), `off`
-    #[arg(long, value_enum, default_value_t = ConvStatsArg::WhereFaster)]
-    conv_stats: ConvStatsArg,
+    #[arg(long, value_enum, default_value_t = ConvStatsFlag::WhereFaster)]
+    conv_stats: ConvStatsFlag,
     /// Run the ResNet's blocks on channels-last tensors (the stem converts its input once)
     #[arg(long, default_value_t = false)]
     channels_last: bool,
@@ -132,14 +133,6 @@ impl AnchorConfig {
             AnchorConfig::CompilePipelined => "pt-loop",
         }
     }
-}
-
-/// `--conv-stats`: when convolutions sum their output for the batch norm (`ops::ConvStats`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ConvStatsArg {
-    Off,
-    WhereFaster,
-    Always,
 }
 
 /// Whose kernels CUDA tensors take for batch norm, ReLU and max-pool.
@@ -251,12 +244,7 @@ fn measure_weft(args: &BenchStepArgs, policy: &PrecisionPolicy) -> Result<Measur
         )?;
         weft_tensor::ops::set_cuda_kernels(args.cuda_kernels == CudaKernels::Weft);
         weft_tensor::ops::set_conv_nhwc(args.conv_nhwc);
-        #[cfg(feature = "cudnn")]
-        weft_tensor::ops::set_conv_stats(match args.conv_stats {
-            ConvStatsArg::Off => weft_tensor::ops::ConvStats::Off,
-            ConvStatsArg::WhereFaster => weft_tensor::ops::ConvStats::WhereFaster,
-            ConvStatsArg::Always => weft_tensor::ops::ConvStats::Always,
-        });
+        weft_tensor::ops::set_conv_stats(args.conv_stats.into());
     }
     #[cfg(feature = "cuda")]
     let _blocker = match &args.gpu_memory_cap {

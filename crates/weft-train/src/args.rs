@@ -63,6 +63,29 @@ impl ChannelsLast {
     }
 }
 
+/// `--conv-stats`: when 16-bit channels-last convolutions on a GPU sum their output for the
+/// batch norm after them in the same cuDNN kernel ([`weft_tensor::ops::ConvStats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConvStatsFlag {
+    /// Never.
+    Off,
+    /// Per shape, where timed faster than the convolution and the batch norm's own pass.
+    WhereFaster,
+    /// Wherever cuDNN has an engine for it.
+    Always,
+}
+
+impl From<ConvStatsFlag> for weft_tensor::ops::ConvStats {
+    fn from(flag: ConvStatsFlag) -> Self {
+        match flag {
+            ConvStatsFlag::Off => Self::Off,
+            ConvStatsFlag::WhereFaster => Self::WhereFaster,
+            ConvStatsFlag::Always => Self::Always,
+        }
+    }
+}
+
 /// Data augmentation preset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -140,6 +163,14 @@ pub struct TrainArgs {
     /// convolutions may be slower. CPU runs repeat exactly without it
     #[arg(long, default_value_t = false)]
     pub deterministic: bool,
+    /// On a GPU, when a 16-bit channels-last convolution sums its output for the batch norm
+    /// after it in the same cuDNN kernel: where-faster (each shape timed once against the
+    /// convolution and the batch norm's own pass over its output; on an H100 fp16 gains,
+    /// bf16 has no fast engine), always, or off. The variance then comes from f32 sums of x
+    /// and x² (E[x²] − E[x]²), less precise than the batch norm's own pass for data whose mean
+    /// is far larger than its spread: off keeps the batch norm's pass
+    #[arg(long, value_enum, default_value_t = ConvStatsFlag::WhereFaster)]
+    pub conv_stats: ConvStatsFlag,
     /// fp32 (everything in fp32) | bf16-mixed (bf16 working copy of the weights, activations
     /// and gradients; fp32 master weights, gradient accumulation and optimizer states) |
     /// fp16-mixed (the same in fp16, with dynamic loss scaling). On the CPU each op computes in

@@ -62,6 +62,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     args.validate()?;
     logging::init(args.log.log_level, ctx.rank);
     weft_tensor::ops::set_deterministic(args.deterministic);
+    weft_tensor::ops::set_conv_stats(args.conv_stats.into());
     let started = Instant::now();
     let device = device.clone();
     if !args.batch_size.is_multiple_of(ctx.world_size) {

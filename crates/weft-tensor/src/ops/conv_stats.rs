@@ -6,12 +6,12 @@
 //! E[x²] − E[x]² from f32 sums (clamped at zero in the batch norm's table), where the moments
 //! pass sums squares about a shift: it loses relative precision of about 2⁻²⁴ · mean² / var,
 //! harmless for convolution outputs (whose mean is of the order of their spread) but not for
-//! data far off zero. [`set_conv_stats`] says when to fuse; deterministic mode never does
+//! data far off zero. `set_conv_stats` says when to fuse; deterministic mode never does
 //! (`set_deterministic`), as cuDNN does not promise the sums' order of additions.
 //!
 //! Each dtype and shape is decided once, on first sight outside a CUDA-graph capture: the
 //! fastest of cuDNN's fused candidates (`conv_stats_plan`) is timed against the convolution
-//! and the moments pass it replaces, and kept only when faster (unless [`ConvStats::Always`]). On an H100 with cuDNN 9 the
+//! and the moments pass it replaces, and kept only when faster (unless `ConvStats::Always`). On an H100 with cuDNN 9 the
 //! fp16 engines win on ResNet-50's layers but its one stem engine does not, and the bf16 ones
 //! (generic runtime-compiled kernels) lose on every layer (BENCHMARKS.md).
 
@@ -19,7 +19,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use candle_core::cuda::{CudaDType, CudaDevice};
@@ -33,37 +32,10 @@ use super::channels_last::{from_nhwc, is_channels_last, nhwc};
 use super::conv_cpu::ConvProblem;
 use super::conv_cudnn::handle;
 use super::conv_space_to_depth::SpaceToDepth;
+use super::conv_stats_choice::{conv_stats, ConvStats};
 use super::conv_stats_plan::{describe, fastest, StatsPlan, UIDS};
 use super::cudnn_backend::execute;
 use super::device_timing::device_micros;
-
-/// When a channels-last 16-bit convolution followed by a training-mode batch norm sums its
-/// output in the same cuDNN kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConvStats {
-    /// Never: the batch norm reads the output to sum it.
-    Off,
-    /// Where the fused kernel was timed faster than the two passes it replaces (the default).
-    WhereFaster,
-    /// Wherever cuDNN has an engine for it, faster or not (to check and measure it).
-    Always,
-}
-
-static CONV_STATS: AtomicU8 = AtomicU8::new(1);
-
-/// Sets when convolutions sum their output for the batch norm ([`ConvStats`]); shapes already
-/// decided keep their decision.
-pub fn set_conv_stats(when: ConvStats) {
-    CONV_STATS.store(when as u8, Ordering::Relaxed);
-}
-
-fn conv_stats() -> ConvStats {
-    match CONV_STATS.load(Ordering::Relaxed) {
-        0 => ConvStats::Off,
-        1 => ConvStats::WhereFaster,
-        _ => ConvStats::Always,
-    }
-}
 
 /// Dtype and shape: batch, output and input channels, input height and width, kernel,
 /// stride, padding.

@@ -72,6 +72,7 @@ mod conv_nhwc;
 mod conv_space_to_depth;
 #[cfg(feature = "cudnn")]
 mod conv_stats;
+mod conv_stats_choice;
 #[cfg(feature = "cudnn")]
 mod conv_stats_plan;
 mod cross_entropy;
@@ -150,7 +151,8 @@ pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;
 #[cfg(feature = "cudnn")]
-pub use conv_stats::{conv_stats_plans, set_conv_stats, ConvStats};
+pub use conv_stats::conv_stats_plans;
+pub use conv_stats_choice::{conv_stats, set_conv_stats, ConvStats};
 pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_and_grad};
 #[cfg(feature = "cudnn")]
 pub use cudnn_search::{
