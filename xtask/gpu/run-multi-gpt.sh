@@ -18,6 +18,11 @@
 #         parent's resources or not (NCCL_COMM_SPLIT_SHARE_RESOURCES): NCCL's share of memory
 #   ddp   ResNet-50 bench-ddp, 10 warm-up and 40 timed steps: fp32 batch 32, bf16-mixed
 #         channels-last batch 128
+#   mesh  (eight GPUs) gpt2-medium, MESH_BATCH (16) x 1024 tokens a step: DP x TP x PP = 2 x 2 x 2
+#         (1F1B over four micro-batches, stages cut by measured time), DP = 8 with ZeRO-1, TP = 8;
+#         each with its MFU (model FLOPs 6N + 12 L d T a token against MESH_PEAK_TFLOPS a GPU,
+#         default 66.9: an H100 SXM's fp32 without tensor cores, as weft's GPT trains in fp32
+#         with TF32 off); PyTorch DDP + ZeroRedundancyOptimizer and TP = 8 beside them
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -142,6 +147,30 @@ if want pp; then
   for m in ${PP_MICRO:-2 4 8 16}; do
     torch_anchor "torch-pp2-m$m" $SHAPE --mode pp --schedule 1f1b --micro-batches $m --batch-size $PP_BATCH --steps 5 --warmup 3
   done
+fi
+
+if want mesh; then
+  MB=${MESH_BATCH:-16}
+  echo "== gpt2-medium on eight GPUs, $MB x 1024 tokens a step, AdamW fp32"
+  D="--model gpt2-medium --seq-len 1024 --batch-size $MB --steps 8 --synthetic-tokens $((MB * 8 * 1024 * 2)) --val-tokens 16384"
+  weft mesh-2x2x2 $D --nproc 8 --dp 2 --tp 2 --pp 2 --micro-batches 4 --pp-balance time
+  weft mesh-dp8-zero1 $D --nproc 8 --zero 1
+  weft mesh-tp8 $D --nproc 8 --tp 8
+  for name in mesh-2x2x2 mesh-dp8-zero1 mesh-tp8; do
+    python3 - "$OUT/runs/$name/metrics.jsonl" "$name" "${MESH_PEAK_TFLOPS:-66.9}" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l][3:]
+tokens = statistics.median(r["tokens_per_sec"] for r in rows)
+vocab, context, d, layers = 50257, 1024, 1024, 24
+params = vocab * d + context * d + layers * (12 * d * d + 13 * d) + 2 * d
+flops = 6 * params + 12 * layers * d * context
+print(f"{sys.argv[2]}: {round(tokens)} tokens/s, {params / 1e6:.1f} M parameters, "
+      f"{flops / 1e9:.2f} GFLOP a token, MFU {tokens * flops / (8 * float(sys.argv[3]) * 1e12):.1%} of 8 x {sys.argv[3]} TFLOPS")
+PY
+  done
+  G="--vocab 50257 --context 1024 --width 1024 --layers 24 --heads 16 --seq-len 1024 --batch-size $MB --steps 5 --warmup 3 --world 8"
+  torch_anchor torch-mesh-zero1 $G --mode zero1
+  torch_anchor torch-mesh-tp8 $G --mode tp
 fi
 
 if want ddp; then

@@ -3,6 +3,8 @@
 fp32 on GPUs), one process per GPU. Modes:
   single  one process, the whole batch
   ddp     DistributedDataParallel, the batch split over the ranks
+  zero1   the same with `ZeroRedundancyOptimizer` over AdamW (the optimizer states sharded:
+          ZeRO-1)
   fsdp2   `fully_shard` on every block and on the root (parameters, gradients and optimizer
           states sharded, each block gathered for its forward and backward: ZeRO-3)
   tp      tensor parallelism (`parallelize_module`): q, k, v, c_fc column-wise, the two
@@ -86,9 +88,9 @@ def build_step(args, rank: int, world: int, dev):
     """The model and a function running one optimizer step on this rank's batch."""
     shape = (args.vocab, args.context, args.width, args.layers, args.heads)
     torch.manual_seed(0)
-    if args.mode in ("single", "ddp", "fsdp2"):
+    if args.mode in ("single", "ddp", "zero1", "fsdp2"):
         model = GPT(*shape).to(dev).train()
-        if args.mode == "ddp":
+        if args.mode in ("ddp", "zero1"):
             model = nn.parallel.DistributedDataParallel(model, device_ids=[rank] if dev.type == "cuda" else None)
         elif args.mode == "fsdp2":
             from torch.distributed.fsdp import fully_shard
@@ -96,7 +98,12 @@ def build_step(args, rank: int, world: int, dev):
                 fully_shard(block)
             fully_shard(model)
         rows = args.batch_size // (1 if args.mode == "single" else world)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=True)
+        if args.mode == "zero1":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                          lr=3e-4, weight_decay=0.1, foreach=True)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=True)
         idx, tgt = tokens(args, rows, dev)
 
         def step():
@@ -240,7 +247,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     for name in ["vocab", "context", "width", "layers", "heads", "batch-size", "seq-len"]:
         p.add_argument(f"--{name}", type=int, required=True)
-    p.add_argument("--mode", choices=["single", "ddp", "fsdp2", "tp", "pp"], required=True)
+    p.add_argument("--mode", choices=["single", "ddp", "zero1", "fsdp2", "tp", "pp"], required=True)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
     p.add_argument("--micro-batches", type=int, default=4)
@@ -250,7 +257,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=29680)
     args = p.parse_args()
     world = 1 if args.mode == "single" else args.world
-    if args.batch_size % (world if args.mode in ("ddp", "fsdp2") else 1):
+    if args.batch_size % (world if args.mode in ("ddp", "zero1", "fsdp2") else 1):
         p.error(f"--batch-size {args.batch_size} does not split over {world} ranks")
     queue = mp.get_context("spawn").SimpleQueue()
     mp.spawn(worker, args=(world, args, queue), nprocs=world)
