@@ -11,9 +11,9 @@
 //!
 //! Each dtype and shape is decided once, on first sight outside a CUDA-graph capture: the
 //! fastest of cuDNN's fused candidates (`conv_stats_plan`) is timed against the convolution
-//! and the moments pass it replaces, and kept only when faster (unless `ConvStats::Always`). On an H100 with cuDNN 9 the
-//! fp16 engines win on ResNet-50's layers but its one stem engine does not, and the bf16 ones
-//! (generic runtime-compiled kernels) lose on every layer (BENCHMARKS.md).
+//! and the moments pass it replaces, and kept only when faster (unless `ConvStats::Always`).
+//! On an H100 with cuDNN 9.19 the fp16 engines win on ResNet-50's layers but its one stem
+//! engine does not, and the bf16 ones (generic kernels) lose on every layer (BENCHMARKS.md).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
