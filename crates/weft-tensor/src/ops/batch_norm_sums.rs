@@ -8,7 +8,9 @@
 use candle_core::backend::BackendStorage;
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, WithDType};
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape};
+
+use super::storage::{widened, Arg};
 
 /// `(sums, weight, bias)` → the table, for `count` elements per channel.
 pub(super) struct TableFromSums {
@@ -39,7 +41,7 @@ impl TableFromSums {
 }
 
 /// The table on the CPU, in f64 arithmetic rounded to f32 as the kernel does.
-fn table_cpu<T: WithDType>(sums: &[f32], weight: &[T], bias: &[T], count: f64) -> Vec<f32> {
+fn table_cpu(sums: &[f32], weight: &[f32], bias: &[f32], count: f64) -> Vec<f32> {
     let c = weight.len();
     let mut out = vec![0f32; 4 * c];
     for ch in 0..c {
@@ -47,17 +49,10 @@ fn table_cpu<T: WithDType>(sums: &[f32], weight: &[T], bias: &[T], count: f64) -
         let var = (f64::from(sums[c + ch]) / count - mean * mean).max(0.0);
         out[ch] = mean as f32;
         out[c + ch] = var as f32;
-        out[2 * c + ch] = weight[ch].to_f64() as f32;
-        out[3 * c + ch] = bias[ch].to_f64() as f32;
+        out[2 * c + ch] = weight[ch];
+        out[3 * c + ch] = bias[ch];
     }
     out
-}
-
-fn contiguous<'a, T: WithDType>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [T]> {
-    match layout.contiguous_offsets() {
-        Some((start, end)) => Ok(&storage.as_slice::<T>()?[start..end]),
-        None => bail!("batch norm from sums: the arguments must be contiguous"),
-    }
 }
 
 impl CustomOp3 for TableFromSums {
@@ -75,27 +70,13 @@ impl CustomOp3 for TableFromSums {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let c = self.check((l1, s1.dtype()), (l2, s2.dtype()), l3)?;
-        let sums = contiguous::<f32>(s1, l1)?;
-        let table = match s2.dtype() {
-            DType::BF16 => table_cpu(
-                sums,
-                contiguous::<half::bf16>(s2, l2)?,
-                contiguous(s3, l3)?,
-                self.count,
-            ),
-            DType::F16 => table_cpu(
-                sums,
-                contiguous::<half::f16>(s2, l2)?,
-                contiguous(s3, l3)?,
-                self.count,
-            ),
-            _ => table_cpu(
-                sums,
-                contiguous::<f32>(s2, l2)?,
-                contiguous(s3, l3)?,
-                self.count,
-            ),
-        };
+        let name = self.name();
+        let table = table_cpu(
+            &widened(name, &Arg::new(s1, l1, "sums"))?,
+            &widened(name, &Arg::new(s2, l2, "weight"))?,
+            &widened(name, &Arg::new(s3, l3, "bias"))?,
+            self.count,
+        );
         Ok((CpuStorage::F32(table), Shape::from((4, c))))
     }
 
