@@ -168,8 +168,10 @@ pub struct TrainArgs {
     /// convolution and the batch norm's own pass over its output; on an H100 fp16 gains,
     /// bf16 has no fast engine), always, or off. The variance then comes from f32 sums of x
     /// and x² (E[x²] − E[x]²), less precise than the batch norm's own pass for data whose mean
-    /// is far larger than its spread: off keeps the batch norm's pass. Deciding builds and
-    /// times cuDNN's candidates once per shape at start (about 30 s for ResNet-50's shapes)
+    /// is far larger than its spread: off keeps the batch norm's pass. Deciding times cuDNN's
+    /// candidates once per shape at start (about 2 s for ResNet-50's shapes); where-faster
+    /// leaves out engines cuDNN compiles at run time (about half a second each), always waits
+    /// for them
     #[arg(long, value_enum, default_value_t = ConvStatsFlag::WhereFaster)]
     pub conv_stats: ConvStatsFlag,
     /// fp32 (everything in fp32) | bf16-mixed (bf16 working copy of the weights, activations

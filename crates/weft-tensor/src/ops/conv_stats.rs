@@ -12,14 +12,17 @@
 //! Each dtype and shape is decided once, on first sight outside a CUDA-graph capture: the
 //! fastest of cuDNN's fused candidates (`conv_stats_plan`) is timed against the convolution
 //! and the moments pass it replaces, and kept only when faster (unless `ConvStats::Always`).
-//! On an H100 with cuDNN 9.19 the fp16 engines win on ResNet-50's layers but its one stem
-//! engine does not, and the bf16 ones (generic kernels) lose on every layer (BENCHMARKS.md).
+//! Engines cuDNN compiles at run time (NVRTC, about half a second a plan) are left out unless
+//! the fusion is forced (`ConvStats::Always`). On an H100 with cuDNN 9.19 the fp16 engines win
+//! on ResNet-50's layers; the fp16 stem's one engine and every bf16 engine (generic kernels,
+//! slower than the separate passes when forced) compile at run time (BENCHMARKS.md).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Instant;
 
 use candle_core::cuda::{CudaDType, CudaDevice};
 use candle_core::op::BackpropOp;
@@ -58,8 +61,8 @@ pub fn conv_stats_plans() -> Vec<String> {
             .iter()
             .map(|((dtype, shape), decided)| match decided {
                 Ok(plan) => format!(
-                    "{dtype:?} {shape:?}: fused, {:.1} µs (fastest of {}) against {:.1} µs separate, workspace {} B",
-                    plan.micros, plan.candidates, plan.separate_micros, plan.workspace
+                    "{dtype:?} {shape:?}: fused, {:.1} µs (fastest of {}) against {:.1} µs separate, workspace {} B, decided in {} ms",
+                    plan.micros, plan.candidates, plan.separate_micros, plan.workspace, plan.decided_in.as_millis()
                 ),
                 Err(why) => format!("{dtype:?} {shape:?}: separate passes ({why})"),
             })
@@ -168,19 +171,28 @@ fn fused<T: CudaDType + DeviceRepr + WithDType>(
             if capturing != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
                 return Ok(None);
             }
-            let separate = time_separate((&device, &stream), x, w, problem)?;
-            let decided = match describe(cudnn.0, problem, T::DTYPE) {
+            let started = Instant::now();
+            // Engines compiled at run time cost about half a second each to build; only a
+            // forced fusion (`Always`, the gpu-check rows) waits for them.
+            let always = conv_stats() == ConvStats::Always;
+            let decided = match describe(cudnn.0, problem, T::DTYPE, always) {
                 Err(e) => Err(format!("no cuDNN engine: {e:?}")),
-                Ok(candidates) => {
+                Ok((candidates, left_out)) if candidates.is_empty() => Err(format!(
+                    "cuDNN's only engines ({left_out}) compile at run time: left out"
+                )),
+                Ok((candidates, _)) => {
+                    let separate = time_separate((&device, &stream), x, w, problem)?;
                     let plan = fastest(cudnn.0, (&device, &stream), candidates, &pointers)?;
-                    match plan.micros < separate || conv_stats() == ConvStats::Always {
+                    match plan.micros < separate || always {
                         true => Ok(Rc::new(StatsPlan {
                             separate_micros: separate,
+                            decided_in: started.elapsed(),
                             ..plan
                         })),
                         false => Err(format!(
-                            "fused {:.1} µs against {separate:.1} µs separate",
-                            plan.micros
+                            "fused {:.1} µs against {separate:.1} µs separate, decided in {} ms",
+                            plan.micros,
+                            started.elapsed().as_millis()
                         )),
                     }
                 }

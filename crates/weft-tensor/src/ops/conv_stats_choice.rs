@@ -10,9 +10,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum ConvStats {
     /// Never: the batch norm reads the output to sum it.
     Off,
-    /// Where the fused kernel was timed faster than the two passes it replaces (the default).
+    /// Where the fused kernel was timed faster than the two passes it replaces (the default),
+    /// among the engines cuDNN does not compile at run time.
     WhereFaster,
-    /// Wherever cuDNN has an engine for it, faster or not (to check and measure it).
+    /// Wherever cuDNN has an engine for it, faster or not, compiled at run time or not (to
+    /// check and measure it).
     Always,
 }
 

@@ -31,22 +31,26 @@ const Y: i64 = 3;
 const SUM: i64 = 4;
 const SQUARES: i64 = 5;
 
-/// The chosen plan, the workspace it needs, its time, how many candidates it beat, and the
-/// time of the separate passes it replaces (set by the caller, which times those).
+/// The chosen plan, the workspace it needs, its time, how many candidates it beat, and what
+/// the caller adds: the time of the separate passes it replaces and how long deciding took.
 pub(super) struct StatsPlan {
     pub plan: Descriptor,
     pub workspace: usize,
     pub micros: f32,
     pub candidates: usize,
     pub separate_micros: f32,
+    pub decided_in: std::time::Duration,
 }
 
-/// Builds the graph convolution → (output, GenStats) for `problem` in `dtype`, NHWC.
+/// Builds the graph convolution → (output, GenStats) for `problem` in `dtype`, NHWC: its
+/// candidate plans, and how many engines were left out as compiled at run time (unless
+/// `runtime_compiled`: see `plans`).
 pub(super) fn describe(
     handle: sys::cudnnHandle_t,
     p: &ConvProblem,
     dtype: DType,
-) -> CudnnResult<Vec<Descriptor>> {
+    runtime_compiled: bool,
+) -> CudnnResult<(Vec<Descriptor>, usize)> {
     use sys::cudnnDataType_t::{CUDNN_DATA_BFLOAT16, CUDNN_DATA_FLOAT, CUDNN_DATA_HALF};
     let data = match dtype {
         DType::BF16 => CUDNN_DATA_BFLOAT16,
@@ -129,7 +133,7 @@ pub(super) fn describe(
     };
     let stats = stats.finalize()?;
 
-    plans(handle, &[&forward, &stats])
+    plans(handle, &[&forward, &stats], runtime_compiled)
 }
 
 /// The fastest of `candidates` on the operands at `pointers` (in [`UIDS`]' order), each timed
@@ -171,6 +175,7 @@ pub(super) fn fastest(
                 micros,
                 candidates: count,
                 separate_micros: f32::NAN,
+                decided_in: std::time::Duration::ZERO,
             });
         }
     }

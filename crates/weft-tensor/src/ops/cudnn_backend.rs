@@ -121,13 +121,17 @@ pub(crate) fn tensor(
     d.finalize()
 }
 
-/// Execution plans for the operations `ops` on `handle`, those that finalize: from the engine
-/// configurations of cuDNN's heuristics (mode A) in their order, then every engine of the
-/// graph in its default configuration; cuDNN's last error when none does.
+/// Execution plans for the operations `ops` on `handle`: from the engine configurations of
+/// cuDNN's heuristics (mode A) in their order, then every engine of the graph in its default
+/// configuration, leaving out configurations that do not finalize and, unless
+/// `runtime_compiled`, engines cuDNN compiles at run time (NVRTC: about half a second a plan).
+/// Also returns how many were left out as compiled at run time (the plans may then be none).
+/// cuDNN's last error when no configuration finalizes.
 pub(crate) fn plans(
     handle: sys::cudnnHandle_t,
     ops: &[&Descriptor],
-) -> CudnnResult<Vec<Descriptor>> {
+    runtime_compiled: bool,
+) -> CudnnResult<(Vec<Descriptor>, usize)> {
     let mut graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
     graph.set_descriptors(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, ops)?;
     graph.set_handle(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle)?;
@@ -168,7 +172,12 @@ pub(crate) fn plans(
     configs.extend(every_engine(&graph)?);
     let mut last = CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED);
     let mut plans = Vec::new();
+    let mut compiled_at_run_time = 0;
     for config in &configs {
+        if !runtime_compiled && compiles_at_run_time(config)? {
+            compiled_at_run_time += 1;
+            continue;
+        }
         let attempt = (|| {
             let mut plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
             plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
@@ -180,10 +189,46 @@ pub(crate) fn plans(
             Err(e) => last = e,
         }
     }
-    match plans.is_empty() {
+    match plans.is_empty() && compiled_at_run_time == 0 {
         true => Err(last),
-        false => Ok(plans),
+        false => Ok((plans, compiled_at_run_time)),
     }
+}
+
+/// Whether the engine of the finalized engine configuration `config` carries cuDNN's
+/// runtime-compilation behaviour note.
+fn compiles_at_run_time(config: &Descriptor) -> CudnnResult<bool> {
+    let engine = Descriptor::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
+    let mut raw = [engine.0];
+    let mut count = 0i64;
+    // SAFETY: one created engine descriptor is asked for and filled.
+    unsafe {
+        sys::cudnnBackendGetAttribute(
+            config.0,
+            Attr::CUDNN_ATTR_ENGINECFG_ENGINE,
+            Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            1,
+            &mut count,
+            raw.as_mut_ptr().cast(),
+        )
+    }
+    .result()?;
+    const MOST: usize = 16;
+    let mut notes = [sys::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; MOST];
+    // SAFETY: up to MOST behaviour notes (C enums) are written into `notes`.
+    unsafe {
+        sys::cudnnBackendGetAttribute(
+            engine.0,
+            Attr::CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
+            Type::CUDNN_TYPE_BEHAVIOR_NOTE,
+            MOST as i64,
+            &mut count,
+            notes.as_mut_ptr().cast(),
+        )
+    }
+    .result()?;
+    Ok(notes[..count.clamp(0, MOST as i64) as usize]
+        .contains(&sys::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION))
 }
 
 /// The default configuration of each engine that supports `graph`, by global index.
