@@ -30,6 +30,7 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=kernels/block_reduce.cuh");
     println!("cargo::rerun-if-changed=kernels/float_types.cuh");
+    println!("cargo::rerun-if-changed=kernels/row_stream.cuh");
     println!("cargo::rerun-if-changed=kernels/vector.cuh");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;

@@ -3,7 +3,8 @@
 //! vector of four channels (two of f64) when `C` allows (one channel otherwise): the reductions
 //! run as splits of blocks of up to 32 such columns by rows, writing double partial sums
 //! finished by batch_norm.cu's finalize kernels (with `hw = 1`, a group of threads per channel);
-//! the element-wise passes as blocks of columns by rows. The graph-free passes only (table,
+//! the element-wise passes as blocks of columns by rows. Three passes stream their rows through
+//! shared memory (`lanes_of`). The graph-free passes only (table,
 //! forward from a table, gradient table, input gradient), the backward ones with the ReLU's mask
 //! when `relu`.
 
@@ -41,16 +42,23 @@ fn reduction_grid(columns: usize, lanes: usize, rows: usize) -> (usize, LaunchCo
     (splits, config)
 }
 
-/// The vector width of a pass over `c` channels of `T` (kernels/batch_norm_nhwc.cu's
+/// The vector width of `pass` over `c` channels of `T` (kernels/batch_norm_nhwc.cu's
 /// `BnLanes`: four channels, two of f64, when `c` is a multiple) and the kernels' name suffix
-/// for it.
-fn lanes_of<T>(c: usize) -> (usize, &'static str) {
+/// for it: `_vecs` for the passes whose rows stream through shared memory (the moments, the
+/// input gradient, the forward with the residual; `kernels/row_stream.cuh`), `_vec` for the
+/// others.
+fn lanes_of<T>(c: usize, pass: BnPass) -> (usize, &'static str) {
     let lanes = match std::mem::size_of::<T>() {
         8 => 2,
         _ => 4,
     };
-    match c % lanes {
-        0 => (lanes, "_vec"),
+    let streamed = matches!(
+        pass,
+        BnPass::Table | BnPass::GradInput | BnPass::ForwardTableAddRelu
+    );
+    match (c % lanes, streamed) {
+        (0, true) => (lanes, "_vecs"),
+        (0, false) => (lanes, "_vec"),
         _ => (1, ""),
     }
 }
@@ -77,7 +85,7 @@ where
     // tables 4 x C or 6 x C, `partial` splits x 2C doubles each written by one block).
     match pass {
         BnPass::Table | BnPass::GradTable => {
-            let (lanes, vec) = lanes_of::<T>(c);
+            let (lanes, vec) = lanes_of::<T>(c, pass);
             let (splits, config) = reduction_grid(c / lanes, lanes, rows);
             let partial = output::<f64>(&device, splits * 2 * c)?;
             let out = output::<S>(&device, out_len)?;
@@ -89,6 +97,9 @@ where
                 ),
             };
             let func = function(&device, &BATCH_NORM_NHWC, &partial_kernel, T::DTYPE)?;
+            if vec == "_vecs" {
+                func.prefer_shared_memory()?;
+            }
             let mut builder = func.builder();
             let inputs = match pass {
                 BnPass::Table => &views[..1],
@@ -131,13 +142,16 @@ where
         BnPass::ForwardTable | BnPass::GradInput | BnPass::ForwardTableAddRelu => {
             let out = output::<T>(&device, out_len)?;
             // A thread owns a vector of a row's channels when they divide into such vectors.
-            let (lanes, vec) = lanes_of::<T>(c);
+            let (lanes, vec) = lanes_of::<T>(c, pass);
             let kernel = match pass {
                 BnPass::ForwardTable => format!("bn_nhwc_forward{vec}"),
                 BnPass::ForwardTableAddRelu => format!("bn_nhwc_forward_add_relu{vec}"),
                 _ => format!("bn_nhwc_grad_input{vec}"),
             };
             let func = function(&device, &BATCH_NORM_NHWC, &kernel, T::DTYPE)?;
+            if vec == "_vecs" {
+                func.prefer_shared_memory()?;
+            }
             let mut builder = func.builder();
             for v in &views {
                 v.push(&mut builder);

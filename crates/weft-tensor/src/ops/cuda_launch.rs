@@ -110,6 +110,16 @@ impl Kernel {
     pub fn builder(&self) -> LaunchArgs<'_> {
         self.stream.launch_builder(&self.func)
     }
+
+    /// Asks for the largest shared-memory share of each SM's on-chip memory for this kernel:
+    /// its blocks' shared memory, not their L1 cache, bounds how many an SM holds (the
+    /// streamed batch-norm passes, `kernels/row_stream.cuh`).
+    pub fn prefer_shared_memory(&self) -> Result<()> {
+        use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT as CARVEOUT;
+        self.func
+            .set_attribute(CARVEOUT, 100)
+            .map_err(|e| candle_core::Error::Msg(format!("kernel attribute: {e:?}")))
+    }
 }
 
 /// The `{kernel}_{f32|f64|bf16|f16}` function of `module` for element type `dtype` (an error
