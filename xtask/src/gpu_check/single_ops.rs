@@ -48,7 +48,10 @@ pub(super) fn compare_op(
 }
 
 /// `batch_norm_train_forward` and `_backward` on the GPU against the CPU: output, statistics
-/// table and every gradient, for random inputs of `dtype`.
+/// table and every gradient, for random inputs of `dtype` drawn on the GPU from a seeded
+/// generator. Seeded, because with the ReLU an output within rounding of zero may take the
+/// mask either way on the two devices, and a flipped element moves the weight and bias
+/// gradients past the tolerance (an unseeded f32 row failed once in about ten runs).
 pub(super) fn compare_graph_free_batch_norm(
     gpu: &Device,
     dims: [usize; 4],
@@ -56,11 +59,17 @@ pub(super) fn compare_graph_free_batch_norm(
     dtype: DType,
 ) -> Result<f64> {
     let c = dims[1];
+    gpu.set_seed(dims.iter().product::<usize>() as u64)?;
+    let draw = |mean: f32, std: f32, shape: &[usize]| -> Result<Tensor> {
+        Ok(Tensor::randn(mean, std, shape, gpu)?
+            .to_device(&Device::Cpu)?
+            .to_dtype(dtype)?)
+    };
     let cpu_inputs = [
-        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?.to_dtype(dtype)?,
-        Tensor::randn(1f32, 0.5, c, &Device::Cpu)?.to_dtype(dtype)?,
-        Tensor::randn(0f32, 0.5, c, &Device::Cpu)?.to_dtype(dtype)?,
-        Tensor::randn(0f32, 1.0, &dims[..], &Device::Cpu)?.to_dtype(dtype)?,
+        draw(0.0, 1.0, &dims[..])?,
+        draw(1.0, 0.5, &[c])?,
+        draw(0.0, 0.5, &[c])?,
+        draw(0.0, 1.0, &dims[..])?,
     ];
     let run = |device: &Device| -> Result<Vec<Tensor>> {
         let t: Vec<Tensor> = cpu_inputs
