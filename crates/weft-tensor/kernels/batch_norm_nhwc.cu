@@ -96,13 +96,13 @@ template <bool STREAM, int U, typename T, int N, int K, typename Use>
 __device__ __forceinline__ void pass_rows(long long first, long long rows, long long step,
                                           const T* const (&in)[K], int c, int col,
                                           bool vector, Use use) {
-    const auto at = [=](long long r) { return r * c + col; };
     if constexpr (STREAM && N > 1) {
         if (vector) {
-            stream_rows<T, N, K>(first, rows, step, in, at, use);
+            stream_rows<T, N, K>(first, rows, step, in, c, col, use);
             return;
         }
     }
+    const auto at = [=](long long r) { return r * c + col; };
     each_row<RowVecs<T, N, K>, (STREAM && N > 1) ? 1 : U>(
         first, rows, step,
         [&](long long r) {
@@ -171,7 +171,7 @@ __device__ void moments_partial(const T* x, double* partial, long long rows, int
     column_sums<N>(s, q, partial, c);
 }
 
-template <typename T, typename S, int N>
+template <typename T, typename S, int N, bool STREAM>
 __device__ void grad_sums_partial(const T* x, const T* dy, const S* table, double* partial,
                                   long long rows, int c, double eps, int relu) {
     const int col = reduction_channel<N>(c);
@@ -185,7 +185,7 @@ __device__ void grad_sums_partial(const T* x, const T* dy, const S* table, doubl
             forward_coefficients(table, c, col + k, eps, a[k], b[k]);
         }
         const T* const in[2] = {x, dy};
-        pass_rows<false, ROWS_IN_FLIGHT, T, N>(
+        pass_rows<STREAM, ROWS_IN_FLIGHT, T, N>(
             (long long)blockIdx.x * blockDim.y + threadIdx.y, rows,
             (long long)gridDim.x * blockDim.y, in, c, col, vector,
             [&](long long, const RowVecs<T, N, 2>& row) {
@@ -308,23 +308,22 @@ struct BnLanes {
 
 #define NHWC_KERNELS(T, S, SUFFIX, N)                                                            \
     NHWC_STREAMABLE_KERNELS(T, S, SUFFIX, N, false)                                              \
-    extern "C" __global__ void __launch_bounds__(256, 4) bn_nhwc_grad_sums_partial_##SUFFIX(     \
-        const T* x, const T* dy, const S* table, double* partial, long long rows, int c,         \
-        double eps, int relu) {                                                                  \
-        grad_sums_partial<T, S, N>(x, dy, table, partial, rows, c, eps, relu);                   \
-    }                                                                                            \
     extern "C" __global__ void bn_nhwc_forward_##SUFFIX(const T* x, const S* table, T* y,        \
                                                         unsigned rows, int c, double eps,        \
                                                         int relu) {                              \
         forward<T, S, N>(x, table, y, rows, c, eps, relu);                                       \
     }
 
-// The passes that gain from streaming their rows (`stream_rows`): the moments, the input
-// gradient, and the forward with the residual. The gradient sums and the plain forward ran
-// 1-5 % slower streamed (Nsight Compute, ResNet-50 bf16 at batch 128 on an H100).
+// The passes that gain from streaming their rows (`stream_rows`): all but the plain forward,
+// which ran 5 % slower streamed (Nsight Compute, ResNet-50 bf16 at batch 128 on an H100).
 #define NHWC_STREAMED_KERNELS(T, S, SUFFIX, N) NHWC_STREAMABLE_KERNELS(T, S, SUFFIX, N, true)
 
 #define NHWC_STREAMABLE_KERNELS(T, S, SUFFIX, N, STREAM)                                         \
+    extern "C" __global__ void __launch_bounds__(256, 4) bn_nhwc_grad_sums_partial_##SUFFIX(     \
+        const T* x, const T* dy, const S* table, double* partial, long long rows, int c,         \
+        double eps, int relu) {                                                                  \
+        grad_sums_partial<T, S, N, STREAM>(x, dy, table, partial, rows, c, eps, relu);           \
+    }                                                                                            \
     extern "C" __global__ void bn_nhwc_moments_partial_##SUFFIX(const T* x, double* partial,     \
                                                                 long long rows, int c) {         \
         moments_partial<T, S, N, STREAM>(x, partial, rows, c);                                   \

@@ -59,35 +59,47 @@ struct RowVecs {
 };
 
 // Calls use(r, row) for r = first, first + step, ... below rows, in that order, where row.v[k]
-// is the vector of N elements at element offset at(r) of in[k] (aligned to the vector).
+// is the vector of N elements at element offset r * c + col of in[k] (aligned to the vector).
 // Each thread's slot of a stage is its own: no barrier is needed, and a slot is refilled only
-// after the thread has used the row it held.
-template <typename T, int N, int K, typename At, typename Use>
+// after the thread has used the row it held. The loop is unrolled by the stages, so that every
+// slot's address is fixed, and the sources advance by a pointer increment: the streamed passes
+// were bound by instruction issue.
+template <typename T, int N, int K, typename Use>
 __device__ __forceinline__ void stream_rows(long long first, long long rows, long long step,
-                                            const T* const (&in)[K], At at, Use use) {
+                                            const T* const (&in)[K], int c, int col, Use use) {
     using V = Vec<T, N>;
     constexpr int STAGES = StreamStages<V>::n;
     __shared__ V slots[STAGES][K][STREAM_THREADS];
     const int t = threadIdx.y * blockDim.x + threadIdx.x;
-    auto issue = [&](long long r, int stage) {
-        if (r < rows) {
-            const long long offset = at(r);
+    const V* from[K];
 #pragma unroll
-            for (int k = 0; k < K; ++k)
-                copy_async(&slots[stage][k][t], (const V*)(in[k] + offset));
+    for (int k = 0; k < K; ++k) from[k] = (const V*)(in[k] + first * c + col);
+    const long long stride = step * c / N;  // vectors between a thread's rows
+    long long next = first;                 // the next row to copy
+    auto issue = [&](int stage) {
+        if (next < rows) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                copy_async(&slots[stage][k][t], from[k]);
+                from[k] += stride;
+            }
         }
+        next += step;
         copies_committed();
     };
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) issue(first + s * step, s);
-    int stage = 0;
-    for (long long r = first; r < rows; r += step) {
-        issue(r + (STAGES - 1) * step, stage == 0 ? STAGES - 1 : stage - 1);
-        copies_arrived<STAGES - 1>();
-        RowVecs<T, N, K> row;
+    for (int s = 0; s < STAGES - 1; ++s) issue(s);
+    for (long long r = first; r < rows;) {
 #pragma unroll
-        for (int k = 0; k < K; ++k) row.v[k] = slots[stage][k][t];
-        use(r, row);
-        stage = stage + 1 == STAGES ? 0 : stage + 1;
+        for (int s = 0; s < STAGES; ++s) {
+            if (r >= rows) break;
+            issue((s + STAGES - 1) % STAGES);
+            copies_arrived<STAGES - 1>();
+            RowVecs<T, N, K> row;
+#pragma unroll
+            for (int k = 0; k < K; ++k) row.v[k] = slots[s][k][t];
+            use(r, row);
+            r += step;
+        }
     }
 }

@@ -3,8 +3,8 @@
 //! vector of four channels (two of f64) when `C` allows (one channel otherwise): the reductions
 //! run as splits of blocks of up to 32 such columns by rows, writing double partial sums
 //! finished by batch_norm.cu's finalize kernels (with `hw = 1`, a group of threads per channel);
-//! the element-wise passes as blocks of columns by rows. Three passes stream their rows through
-//! shared memory (`lanes_of`). The graph-free passes only (table,
+//! the element-wise passes as blocks of columns by rows. All but the plain forward stream their
+//! rows through shared memory (`lanes_of`). The graph-free passes only (table,
 //! forward from a table, gradient table, input gradient), the backward ones with the ReLU's mask
 //! when `relu`.
 
@@ -44,18 +44,14 @@ fn reduction_grid(columns: usize, lanes: usize, rows: usize) -> (usize, LaunchCo
 
 /// The vector width of `pass` over `c` channels of `T` (kernels/batch_norm_nhwc.cu's
 /// `BnLanes`: four channels, two of f64, when `c` is a multiple) and the kernels' name suffix
-/// for it: `_vecs` for the passes whose rows stream through shared memory (the moments, the
-/// input gradient, the forward with the residual; `kernels/row_stream.cuh`), `_vec` for the
-/// others.
+/// for it: `_vecs` for the passes whose rows stream through shared memory
+/// (`kernels/row_stream.cuh`), every pass but the plain forward, whose `_vec` kernel was faster.
 fn lanes_of<T>(c: usize, pass: BnPass) -> (usize, &'static str) {
     let lanes = match std::mem::size_of::<T>() {
         8 => 2,
         _ => 4,
     };
-    let streamed = matches!(
-        pass,
-        BnPass::Table | BnPass::GradInput | BnPass::ForwardTableAddRelu
-    );
+    let streamed = !matches!(pass, BnPass::ForwardTable);
     match (c % lanes, streamed) {
         (0, true) => (lanes, "_vecs"),
         (0, false) => (lanes, "_vec"),
