@@ -18,6 +18,9 @@
 #   train    train-resnet --precision bf16-mixed and fp16-mixed on the GPU (resnet20, synthetic)
 #   profile  Nsight Compute over two eager bf16 steps, by kind of kernel (PROFILE_ARGS adds flags,
 #            e.g. "--channels-last"; PROFILE_BATCH and PROFILE_PRECISION change the step)
+#   bn-profile  Nsight Compute over the batch-norm kernels of one eager step, in bf16-mixed and
+#            fp32 (BN_PRECISIONS changes them): time, bandwidth, occupancy and stalls per pass
+#            and launch shape (python/bn_pass_profile.py)
 #   torch-profile  torch.profiler over PyTorch's AMP bf16 (PROFILE_AMP=none: fp32) channels-last step,
 #            eager and compiled
 #   memory   the trainer on one GPU (bench-ddp --world-sizes 1, its CUDA graph) beside PyTorch,
@@ -106,6 +109,20 @@ if want profile; then
     > "$OUT/ncu-run.log" 2>&1
   python3 "$B/python/kernel_profile.py" "$OUT/ncu-bf16.csv" --steps 2 --top 40 2>&1 | tee "$OUT/profile.txt"
   xz -T0 -f "$OUT/ncu-bf16.csv" 2>/dev/null
+fi
+
+if want bn-profile; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  METRICS=$(python3 -c "import sys; sys.path.insert(0, '$B/python'); import bn_pass_profile as p; print(','.join(p.METRICS))")
+  for precision in ${BN_PRECISIONS:-bf16-mixed fp32}; do
+    echo "== Nsight Compute, the batch-norm kernels of one eager $precision step"
+    timeout 200 "$NCU" --csv --print-units base --metrics "$METRICS" --kernel-name regex:bn_ \
+      --cache-control all --clock-control none --profile-from-start off --log-file "$OUT/ncu-bn-$precision.csv" \
+      "$X" bench-step $MODEL --channels-last --steps 1 --warmup 2 --no-anchor --cuda-graph false \
+      --conv-stats off --precision "$precision" > "$OUT/ncu-bn-run-$precision.log" 2>&1
+    python3 "$B/python/bn_pass_profile.py" "$OUT/ncu-bn-$precision.csv" | tee "$OUT/bn-profile-$precision.txt"
+    xz -T0 -f "$OUT/ncu-bn-$precision.csv" 2>/dev/null
+  done
 fi
 
 if want torch-profile; then
