@@ -64,12 +64,12 @@ __device__ __forceinline__ int reduction_channel(int c) {
     return col < c ? col : -1;
 }
 
-// Rows each thread of the reductions and of the input gradient loads before it uses any: the
-// compiler issued one row's loads at a time and waited for them (its register count did not
-// change with `#pragma unroll`), which left about 16 KB in flight per SM where the memory needs
-// more than 20, and kept those passes at 50-75 % of the bandwidth (Nsight Compute: stalls on
-// the loads' scoreboard). The forward passes were slower with it (more registers, fewer blocks)
-// and load one row at a time.
+// Rows each thread of the one-channel reductions and input gradient loads before it uses any
+// (the vector kernels stream theirs: row_stream.cuh). The compiler issued one row's loads at a
+// time and waited for them (its register count did not change with `#pragma unroll`), which
+// left about 16 KB in flight per SM where the memory needs more than 20, and kept those passes
+// at 50-75 % of the bandwidth (Nsight Compute: stalls on the loads' scoreboard). The forward
+// passes were slower with it (more registers, fewer blocks) and load one row at a time.
 constexpr int ROWS_IN_FLIGHT = 4;
 
 // Calls use(r, load_row(r)) for r = first, first + step, ... below rows, in that order, loading
@@ -96,14 +96,14 @@ template <bool STREAM, int U, typename T, int N, int K, typename Use>
 __device__ __forceinline__ void pass_rows(long long first, long long rows, long long step,
                                           const T* const (&in)[K], int c, int col,
                                           bool vector, Use use) {
-    if constexpr (STREAM && N > 1) {
+    if constexpr (STREAM) {
         if (vector) {
             stream_rows<T, N, K>(first, rows, step, in, c, col, use);
             return;
         }
     }
     const auto at = [=](long long r) { return r * c + col; };
-    each_row<RowVecs<T, N, K>, (STREAM && N > 1) ? 1 : U>(
+    each_row<RowVecs<T, N, K>, STREAM ? 1 : U>(
         first, rows, step,
         [&](long long r) {
             RowVecs<T, N, K> row;
@@ -289,34 +289,32 @@ __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsig
         });
 }
 
-// Channels per thread in the `_vec` kernels: 8 bytes of 16-bit data, 16 of f32 and f64. A
-// thread keeps several coefficients and sums per channel in registers: with 16 bytes of 16-bit
-// data (8 channels) the gradient reduction took 85 registers and its input gradient 70, which
-// left room for two and three blocks of 256 threads per SM, and both ran at about half the
-// memory's bandwidth (Nsight Compute, ResNet-50 bf16 on an H100). With four channels and
-// ROWS_IN_FLIGHT rows loaded at once the reduction fits 64 registers (`__launch_bounds__`: four
-// blocks per SM, 64 KB of loads in flight) and the input gradient over 64 (three blocks).
+// Channels per thread in the vector kernels: 8 bytes of 16-bit data, 16 of f32 and f64. Loaded
+// into registers, 16 bytes of 16-bit data (8 channels) took the gradient reduction to 85
+// registers and its input gradient to 70, two and three blocks of 256 threads per SM, at about
+// half the memory's bandwidth (sixteenth session). Streamed, the rows take no registers, but
+// eight channels' coefficients and sums still left three blocks an SM where four channels
+// leave four to six, and ran slower (BENCHMARKS.md, twenty-fifth session).
 template <typename T>
 struct BnLanes {
     static constexpr int n = sizeof(T) == 8 ? 2 : 4;
 };
 
+// Per type: every pass over one channel a thread; over BnLanes channels, the plain forward with
+// its rows loaded into registers (`_vec`) and the other passes streaming theirs (`_vecs`; the
+// plain forward ran 5 % slower streamed: Nsight Compute, ResNet-50 bf16 at batch 128 on an H100).
 #define BATCH_NORM_NHWC_KERNELS(T, S, SUFFIX)                                                    \
-    NHWC_KERNELS(T, S, SUFFIX, 1)                                                                \
-    NHWC_KERNELS(T, S, vec_##SUFFIX, BnLanes<T>::n)                                              \
-    NHWC_STREAMED_KERNELS(T, S, vecs_##SUFFIX, BnLanes<T>::n)
+    NHWC_STREAMABLE_KERNELS(T, S, SUFFIX, 1, false)                                              \
+    NHWC_FORWARD_KERNEL(T, S, SUFFIX, 1)                                                         \
+    NHWC_STREAMABLE_KERNELS(T, S, vecs_##SUFFIX, BnLanes<T>::n, true)                            \
+    NHWC_FORWARD_KERNEL(T, S, vec_##SUFFIX, BnLanes<T>::n)
 
-#define NHWC_KERNELS(T, S, SUFFIX, N)                                                            \
-    NHWC_STREAMABLE_KERNELS(T, S, SUFFIX, N, false)                                              \
+#define NHWC_FORWARD_KERNEL(T, S, SUFFIX, N)                                                     \
     extern "C" __global__ void bn_nhwc_forward_##SUFFIX(const T* x, const S* table, T* y,        \
                                                         unsigned rows, int c, double eps,        \
                                                         int relu) {                              \
         forward<T, S, N>(x, table, y, rows, c, eps, relu);                                       \
     }
-
-// The passes that gain from streaming their rows (`stream_rows`): all but the plain forward,
-// which ran 5 % slower streamed (Nsight Compute, ResNet-50 bf16 at batch 128 on an H100).
-#define NHWC_STREAMED_KERNELS(T, S, SUFFIX, N) NHWC_STREAMABLE_KERNELS(T, S, SUFFIX, N, true)
 
 #define NHWC_STREAMABLE_KERNELS(T, S, SUFFIX, N, STREAM)                                         \
     extern "C" __global__ void __launch_bounds__(256, 4) bn_nhwc_grad_sums_partial_##SUFFIX(     \

@@ -68,6 +68,7 @@ template <typename T, int N, int K, typename Use>
 __device__ __forceinline__ void stream_rows(long long first, long long rows, long long step,
                                             const T* const (&in)[K], int c, int col, Use use) {
     using V = Vec<T, N>;
+    static_assert(sizeof(V) == 8 || sizeof(V) == 16, "streamed vectors are 8 or 16 bytes");
     constexpr int STAGES = StreamStages<V>::n;
     __shared__ V slots[STAGES][K][STREAM_THREADS];
     const int t = threadIdx.y * blockDim.x + threadIdx.x;
