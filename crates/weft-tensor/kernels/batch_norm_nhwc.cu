@@ -43,10 +43,12 @@ __device__ __forceinline__ S normalised(S a, S b, T x, int relu) {
     return relu && v < (S)0 ? (S)0 : v;
 }
 
-// Whether the forward's ReLU output for x, as stored (rounded to T), is <= 0: its gradient is 0.
+// Whether the forward's ReLU output for x (widened to S), as stored (rounded to T), is <= 0: its
+// gradient is 0. Compared before rounding (`RoundsToZero`), the same test in two instructions
+// fewer: the 16-bit backward passes were bound by instruction issue.
 template <typename T, typename S>
-__device__ __forceinline__ bool relu_cut(S a, S b, T x) {
-    return cvt<S>(cvt<T>(fma(a, cvt<S>(x), b))) <= (S)0;
+__device__ __forceinline__ bool relu_cut(S a, S b, S x) {
+    return fma(a, x, b) <= (S)RoundsToZero<T>::up_to;
 }
 
 // The first channel of the thread's N and whether the vector path applies; -1 past the row.
@@ -72,7 +74,7 @@ __device__ __forceinline__ int reduction_channel(int c) {
 // passes were slower with it (more registers, fewer blocks) and load one row at a time.
 constexpr int ROWS_IN_FLIGHT = 4;
 
-// Calls use(r, load_row(r)) for r = first, first + step, ... below rows, in that order, loading
+// Calls use(load_row(r)) for r = first, first + step, ... below rows, in that order, loading
 // U rows before using them.
 template <typename Row, int U, typename Load, typename Use>
 __device__ __forceinline__ void each_row(long long first, long long rows, long long step,
@@ -83,12 +85,12 @@ __device__ __forceinline__ void each_row(long long first, long long rows, long l
 #pragma unroll
         for (int u = 0; u < U; ++u) batch[u] = load_row(r + u * step);
 #pragma unroll
-        for (int u = 0; u < U; ++u) use(r + u * step, batch[u]);
+        for (int u = 0; u < U; ++u) use(batch[u]);
     }
-    for (; r < rows; r += step) use(r, load_row(r));
+    for (; r < rows; r += step) use(load_row(r));
 }
 
-// Calls use(r, row) over a pass's rows (as `each_row`), row.v[k] the vector of channels `col`
+// Calls use(row) over a pass's rows (as `each_row`), row.v[k] the vector of channels `col`
 // onward of row r of in[k]: streamed through shared memory when STREAM and the pointers are
 // aligned to the vectors (`stream_rows`), else loaded into registers U rows at a time (one
 // at a time when STREAM: the fallback's registers would be the kernel's).
@@ -113,6 +115,21 @@ __device__ __forceinline__ void pass_rows(long long first, long long rows, long 
         },
         use);
 }
+
+// A thread's output rows, first, first + step, ... in the order a pass visits them, its vector
+// of channels from `col`: advanced by an increment instead of a 64-bit product a row.
+template <typename T>
+struct RowCursor {
+    T* at;
+    long long advance;
+    __device__ RowCursor(T* out, long long first, long long step, int c, int col)
+        : at(out + first * c + col), advance(step * c) {}
+    __device__ __forceinline__ T* next() {
+        T* row = at;
+        at += advance;
+        return row;
+    }
+};
 
 // Adds the block's partial sums (a[k], b[k] of channel col + k, per thread) over its rows in a
 // fixed order and writes them into slot blockIdx.x: one thread per (column, k, sum) adds the
@@ -154,7 +171,7 @@ __device__ void moments_partial(const T* x, double* partial, long long rows, int
         pass_rows<STREAM, ROWS_IN_FLIGHT, T, N>(
             (long long)blockIdx.x * blockDim.y + threadIdx.y, rows,
             (long long)gridDim.x * blockDim.y, in, c, col, vector,
-            [&](long long, const RowVecs<T, N, 1>& row) {
+            [&](const RowVecs<T, N, 1>& row) {
 #pragma unroll
                 for (int k = 0; k < N; ++k) {
                     const S d = cvt<S>(row.v[0].v[k]) - x0[k];
@@ -188,12 +205,12 @@ __device__ void grad_sums_partial(const T* x, const T* dy, const S* table, doubl
         pass_rows<STREAM, ROWS_IN_FLIGHT, T, N>(
             (long long)blockIdx.x * blockDim.y + threadIdx.y, rows,
             (long long)gridDim.x * blockDim.y, in, c, col, vector,
-            [&](long long, const RowVecs<T, N, 2>& row) {
+            [&](const RowVecs<T, N, 2>& row) {
 #pragma unroll
                 for (int k = 0; k < N; ++k) {
-                    const T xk = row.v[0].v[k];
-                    const S g = relu && relu_cut(a[k], b[k], xk) ? (S)0 : cvt<S>(row.v[1].v[k]);
-                    dk[k] = fma(cvt<S>(xk) - mean[k], g, dk[k]);
+                    const S xk = cvt<S>(row.v[0].v[k]);
+                    const S g = relu && relu_cut<T>(a[k], b[k], xk) ? (S)0 : cvt<S>(row.v[1].v[k]);
+                    dk[k] = fma(xk - mean[k], g, dk[k]);
                     gk[k] += g;
                 }
             });
@@ -217,19 +234,20 @@ __device__ void forward(const T* x, const S* table, T* y, unsigned rows, int c, 
 #pragma unroll
     for (int k = 0; k < N; ++k) forward_coefficients(table, c, col + k, eps, a[k], b[k]);
     const T* const in[1] = {x};
+    const long long first = blockIdx.y * blockDim.y + threadIdx.y, step = gridDim.y * blockDim.y;
+    RowCursor<T> to(y, first, step, c, col);
     pass_rows<false, 1, T, N>(
-        blockIdx.y * blockDim.y + threadIdx.y, rows, gridDim.y * blockDim.y, in, c, col, vector,
-        [&](long long r, const RowVecs<T, N, 1>& row) {
-            Vec<T, N> out;
+        first, rows, step, in, c, col, vector, [&](const RowVecs<T, N, 1>& row) {
+            S out[N];
 #pragma unroll
-            for (int k = 0; k < N; ++k)
-                out.v[k] = cvt<T>(normalised(a[k], b[k], row.v[0].v[k], relu));
-            store<T, N>(y + r * c + col, out, vector);
+            for (int k = 0; k < N; ++k) out[k] = normalised(a[k], b[k], row.v[0].v[k], relu);
+            store<T, N>(to.next(), rounded<T, N>(out), vector);
         });
 }
 
 // out = max(y + r, 0) with y the forward's output as it stores it and the sum in S, rounded
-// once, as relu.cu's add_relu_forward computes it.
+// once, as relu.cu's add_relu_forward computes it (the sum's rounding compared before it is
+// rounded, as `relu_cut`).
 template <typename T, typename S, int N, bool STREAM>
 __device__ void forward_add_relu(const T* x, const S* table, const T* residual, T* out,
                                  unsigned rows, int c, double eps) {
@@ -240,21 +258,25 @@ __device__ void forward_add_relu(const T* x, const S* table, const T* residual, 
 #pragma unroll
     for (int k = 0; k < N; ++k) forward_coefficients(table, c, col + k, eps, a[k], b[k]);
     const T* const in[2] = {x, residual};
+    const long long first = blockIdx.y * blockDim.y + threadIdx.y, step = gridDim.y * blockDim.y;
+    RowCursor<T> to(out, first, step, c, col);
     pass_rows<STREAM, 1, T, N>(
-        blockIdx.y * blockDim.y + threadIdx.y, rows, gridDim.y * blockDim.y, in, c, col, vector,
-        [&](long long r, const RowVecs<T, N, 2>& row) {
-            Vec<T, N> o;
+        first, rows, step, in, c, col, vector, [&](const RowVecs<T, N, 2>& row) {
+            S y[N], o[N];
+#pragma unroll
+            for (int k = 0; k < N; ++k) y[k] = normalised(a[k], b[k], row.v[0].v[k], 0);
+            const Vec<T, N> y_stored = rounded<T, N>(y);
 #pragma unroll
             for (int k = 0; k < N; ++k) {
-                const T y = cvt<T>(normalised(a[k], b[k], row.v[0].v[k], 0));
-                const T sum = cvt<T>(cvt<S>(y) + cvt<S>(row.v[1].v[k]));
-                o.v[k] = cvt<S>(sum) < (S)0 ? cvt<T>((S)0) : sum;
+                const S sum = cvt<S>(y_stored.v[k]) + cvt<S>(row.v[1].v[k]);
+                o[k] = sum < -(S)RoundsToZero<T>::up_to ? (S)0 : sum;
             }
-            store<T, N>(out + r * c + col, o, vector);
+            store<T, N>(to.next(), rounded<T, N>(o), vector);
         });
 }
 
-// dx = g * k + x * u + t (the NCHW kernel's coefficients), g as the header says.
+// dx = g * k + x * u + t (the NCHW kernel's coefficients) in two fused multiply-adds, g as the
+// header says.
 template <typename T, typename S, int N, bool STREAM>
 __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsigned rows,
                            int c, double m, double eps, int relu) {
@@ -275,17 +297,18 @@ __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsig
         forward_coefficients(table, c, ch, eps, a[k], b[k]);
     }
     const T* const in[2] = {x, dy};
+    const long long first = blockIdx.y * blockDim.y + threadIdx.y, step = gridDim.y * blockDim.y;
+    RowCursor<T> to(dx, first, step, c, col);
     pass_rows<STREAM, ROWS_IN_FLIGHT, T, N>(
-        blockIdx.y * blockDim.y + threadIdx.y, rows, gridDim.y * blockDim.y, in, c, col, vector,
-        [&](long long r, const RowVecs<T, N, 2>& row) {
-            Vec<T, N> out;
+        first, rows, step, in, c, col, vector, [&](const RowVecs<T, N, 2>& row) {
+            S out[N];
 #pragma unroll
             for (int k = 0; k < N; ++k) {
-                const T xk = row.v[0].v[k];
-                const S gk = relu && relu_cut(a[k], b[k], xk) ? (S)0 : cvt<S>(row.v[1].v[k]);
-                out.v[k] = cvt<T>(dy_scale[k] * gk + x_scale[k] * cvt<S>(xk) + shift[k]);
+                const S xk = cvt<S>(row.v[0].v[k]);
+                const S gk = relu && relu_cut<T>(a[k], b[k], xk) ? (S)0 : cvt<S>(row.v[1].v[k]);
+                out[k] = fma(dy_scale[k], gk, fma(x_scale[k], xk, shift[k]));
             }
-            store<T, N>(dx + r * c + col, out, vector);
+            store<T, N>(to.next(), rounded<T, N>(out), vector);
         });
 }
 

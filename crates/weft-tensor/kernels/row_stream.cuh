@@ -58,12 +58,12 @@ struct RowVecs {
     Vec<T, N> v[K];
 };
 
-// Calls use(r, row) for r = first, first + step, ... below rows, in that order, where row.v[k]
-// is the vector of N elements at element offset r * c + col of in[k] (aligned to the vector).
-// Each thread's slot of a stage is its own: no barrier is needed, and a slot is refilled only
-// after the thread has used the row it held. The loop is unrolled by the stages, so that every
-// slot's address is fixed, and the sources advance by a pointer increment: the streamed passes
-// were bound by instruction issue.
+// Calls use(row) for rows r = first, first + step, ... below rows (fewer than 2^32), in that
+// order, where row.v[k] is the vector of N elements at element offset r * c + col of in[k]
+// (aligned to the vector). Each thread's slot of a stage is its own: no barrier is needed, and a
+// slot is refilled only after the thread has used the row it held. The loop is unrolled by the
+// stages, so that every slot's address is fixed, the sources advance by a pointer increment and
+// the rows are counted in 32 bits: the streamed passes were bound by instruction issue.
 template <typename T, int N, int K, typename Use>
 __device__ __forceinline__ void stream_rows(long long first, long long rows, long long step,
                                             const T* const (&in)[K], int c, int col, Use use) {
@@ -76,31 +76,32 @@ __device__ __forceinline__ void stream_rows(long long first, long long rows, lon
 #pragma unroll
     for (int k = 0; k < K; ++k) from[k] = (const V*)(in[k] + first * c + col);
     const long long stride = step * c / N;  // vectors between a thread's rows
-    long long next = first;                 // the next row to copy
+    const unsigned count = first < rows ? (unsigned)(rows - 1 - first) / (unsigned)step + 1 : 0;
+    unsigned issued = 0;
     auto issue = [&](int stage) {
-        if (next < rows) {
+        if (issued < count) {
 #pragma unroll
             for (int k = 0; k < K; ++k) {
                 copy_async(&slots[stage][k][t], from[k]);
                 from[k] += stride;
             }
+            ++issued;
         }
-        next += step;
         copies_committed();
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) issue(s);
-    for (long long r = first; r < rows;) {
+    for (unsigned used = 0; used < count;) {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
-            if (r >= rows) break;
+            if (used == count) break;
             issue((s + STAGES - 1) % STAGES);
             copies_arrived<STAGES - 1>();
             RowVecs<T, N, K> row;
 #pragma unroll
             for (int k = 0; k < K; ++k) row.v[k] = slots[s][k][t];
-            use(r, row);
-            r += step;
+            use(row);
+            ++used;
         }
     }
 }
