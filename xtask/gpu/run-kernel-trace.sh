@@ -15,6 +15,8 @@ X=$B/xtask
 OUT=${OUT:-/tmp/kernel-trace-out}; mkdir -p "$OUT"
 N=${1:-2}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+# The bundle's kernel_trace.so (gpu-bundle compiles it where CUPTI's headers are); compiled here
+# otherwise, which needs the CUDA runtime headers that cupti.h includes.
 tracer=$B/kernel_trace.so
 if [ ! -f "$tracer" ]; then
   include=$(dirname "$(ls "$site_packages"/nvidia/*/include/cupti.h 2>/dev/null | head -1)")

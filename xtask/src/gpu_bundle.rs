@@ -3,7 +3,9 @@
 //! and no Rust toolchain: the stripped binaries (optionally xz-packed for transfer), `env.sh`,
 //! the run scripts with the C sources of their injection libraries, compiled there
 //! (`scripts/`), the PyTorch anchors (`python/`) and `manifest.json` naming the
-//! commit, the features and every file.
+//! commit, the features and every file. The CUPTI kernel tracer is compiled here when CUPTI's
+//! headers are (`kernel_trace.so`): the GPU machines' CUDA 13 wheels lack the runtime headers
+//! that `cupti.h` includes (`crt/host_defines.h`), so it no longer compiles there.
 //!
 //! On the GPU machine: `source BUNDLE/env.sh` (unpacks, sets the library path), then e.g.
 //! `WEFT_BUNDLE=BUNDLE bash BUNDLE/scripts/run-reference.sh` or `BUNDLE/xtask gpu-check`.
@@ -84,6 +86,9 @@ pub fn run(args: &GpuBundleArgs) -> Result<()> {
             }
         }
     }
+    if let Some(name) = kernel_tracer(&root, out)? {
+        files.push(name);
+    }
     files.sort();
     let manifest = manifest(&root, &files)?;
     std::fs::write(
@@ -97,6 +102,38 @@ pub fn run(args: &GpuBundleArgs) -> Result<()> {
         manifest["commit"].as_str().unwrap_or("?")
     );
     Ok(())
+}
+
+/// Compiles `xtask/gpu/kernel_trace.c` into the bundle's `kernel_trace.so` when CUPTI's headers
+/// are found (`CUPTI_HOME`, else `/opt/cupti/nvidia/cu13`, beside CUDA_HOME's runtime headers);
+/// returns its name in the bundle, or `None` (with a note) when they are not.
+fn kernel_tracer(root: &Path, out: &Path) -> Result<Option<String>> {
+    let cupti = std::env::var_os("CUPTI_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/cupti/nvidia/cu13"));
+    let cuda = std::env::var_os("CUDA_HOME").map(PathBuf::from);
+    let Some(cuda) = cuda.filter(|_| cupti.join("include/cupti.h").is_file()) else {
+        println!(
+            "gpu-bundle: no CUPTI headers at {} (CUPTI_HOME) or no CUDA_HOME: kernel_trace.so is left to run-kernel-trace.sh",
+            cupti.display()
+        );
+        return Ok(None);
+    };
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2"])
+        .arg(format!("-I{}", cupti.join("include").display()))
+        .arg(format!("-I{}", cuda.join("include").display()))
+        .arg("-o")
+        .arg(out.join("kernel_trace.so"))
+        .arg(root.join("xtask/gpu/kernel_trace.c"))
+        .arg(format!("-L{}", cupti.join("lib").display()))
+        .arg("-l:libcupti.so.13")
+        .status()
+        .context("cannot run cc for kernel_trace.c")?;
+    if !status.success() {
+        bail!("gpu-bundle: compiling xtask/gpu/kernel_trace.c failed ({status})");
+    }
+    Ok(Some("kernel_trace.so".to_string()))
 }
 
 /// Copies a binary into the bundle, stripped when `strip` is available, packed with xz when
