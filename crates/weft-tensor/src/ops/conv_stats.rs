@@ -47,6 +47,30 @@ type Key = (DType, [usize; 8]);
 /// A key's plan, or why it takes the separate passes.
 type Decided = std::result::Result<Rc<StatsPlan>, String>;
 
+/// The key of a `dtype` convolution `problem`.
+fn key_of(dtype: DType, problem: &ConvProblem) -> Key {
+    let g = &problem.geom;
+    (
+        dtype,
+        [
+            problem.batch,
+            problem.c_out,
+            g.c_in,
+            g.in_h,
+            g.in_w,
+            g.k_h,
+            g.stride,
+            g.padding,
+        ],
+    )
+}
+
+/// Whether the shape of a `dtype` convolution `problem` was decided for the separate passes.
+fn decided_separate(dtype: DType, problem: &ConvProblem) -> bool {
+    let key = key_of(dtype, problem);
+    DECIDED.with(|decided| matches!(decided.borrow().get(&key), Some(Err(_))))
+}
+
 thread_local! {
     static DECIDED: RefCell<HashMap<Key, Decided>> = RefCell::new(HashMap::new());
 }
@@ -90,8 +114,13 @@ pub(super) fn forward_with_sums(
         return Ok(None);
     }
     if let Some(lowering) = SpaceToDepth::for_problem(&problem, x.dtype()) {
+        // The caller lowers the input again for the separate passes: not twice a step.
+        let lowered = lowering.lowered()?;
+        if decided_separate(x.dtype(), &lowered) {
+            return Ok(None);
+        }
         let blocks = lowering.input(x)?;
-        return forward_with_sums(&blocks, &lowering.filter(w)?, lowering.lowered()?);
+        return forward_with_sums(&blocks, &lowering.filter(w)?, lowered);
     }
     let outputs = match x.dtype() {
         DType::BF16 => fused::<half::bf16>(x, w, &problem)?,
@@ -118,19 +147,7 @@ fn fused<T: CudaDType + DeviceRepr + WithDType>(
     problem: &ConvProblem,
 ) -> Result<Option<(CudaStorage, CudaStorage)>> {
     let g = &problem.geom;
-    let key = (
-        T::DTYPE,
-        [
-            problem.batch,
-            problem.c_out,
-            g.c_in,
-            g.in_h,
-            g.in_w,
-            g.k_h,
-            g.stride,
-            g.padding,
-        ],
-    );
+    let key = key_of(T::DTYPE, problem);
     let known = DECIDED.with(|decided| decided.borrow().get(&key).cloned());
     if let Some(Err(_)) = known {
         return Ok(None);
