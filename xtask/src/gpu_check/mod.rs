@@ -329,7 +329,14 @@ pub fn run() -> Result<()> {
     ] {
         checks.push(Check {
             name: format!("copy_tensors, 61 tensors, {dtype:?} into {into:?}"),
-            error: compare_multi_tensor(&gpu, dtype, into)?,
+            error: compare_multi_tensor(&gpu, dtype, into, false)?,
+            tolerance: 0.0,
+        });
+    }
+    for dtype in [DType::BF16, DType::F16] {
+        checks.push(Check {
+            name: format!("copy_tensors, 61 tensors, {dtype:?} and F32 into F32 in one launch"),
+            error: compare_multi_tensor(&gpu, dtype, DType::F32, true)?,
             tolerance: 0.0,
         });
     }

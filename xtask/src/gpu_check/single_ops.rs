@@ -193,11 +193,21 @@ pub(super) const MULTI_SIZES: [usize; 61] = {
 };
 
 /// `copy_tensors` of tensors of `dtype` into destinations of `into` on the GPU against the CPU:
-/// the largest relative error of the copies.
-pub(super) fn compare_multi_tensor(gpu: &Device, dtype: DType, into: DType) -> Result<f64> {
+/// the largest relative error of the copies. With `mixed`, every other source is of `into`
+/// instead (copied in the same launch as the others are widened).
+pub(super) fn compare_multi_tensor(
+    gpu: &Device,
+    dtype: DType,
+    into: DType,
+    mixed: bool,
+) -> Result<f64> {
     let sources: Vec<Tensor> = MULTI_SIZES
         .iter()
-        .map(|&n| Tensor::randn(0f32, 1.0, n, &Device::Cpu)?.to_dtype(dtype))
+        .enumerate()
+        .map(|(i, &n)| {
+            let of = if mixed && i % 2 == 1 { into } else { dtype };
+            Tensor::randn(0f32, 1.0, n, &Device::Cpu)?.to_dtype(of)
+        })
         .collect::<candle_core::Result<_>>()?;
     let run = |device: &Device| -> Result<Tensor> {
         let params: Vec<Tensor> = sources

@@ -1,8 +1,8 @@
 //! Copies of many tensors at once, for the per-step bookkeeping of training: writing a
 //! block's gradients into the flat gradient buffer, gathering and scattering BatchNorm buffers
 //! around a broadcast, writing a flat master copy back into the model. On CUDA one kernel
-//! launch per 48 tensors (`kernels/multi_tensor.cu`, PyTorch's `multi_tensor_apply`) instead of
-//! one per tensor; on the CPU a loop over the tensors. (The optimizers' multi-tensor updates
+//! launch per 48 tensors, copies and widenings alike (`kernels/multi_tensor.cu`, PyTorch's
+//! `multi_tensor_apply`) instead of one per tensor; on the CPU a loop over the tensors. (The optimizers' multi-tensor updates
 //! live with their rules, in weft-optim.)
 
 use candle_core::{bail, DType, Result, Tensor};
@@ -45,10 +45,7 @@ pub fn copy_tensors(pairs: &[(&Tensor, &Tensor)]) -> Result<()> {
             .zip(pairs)
             .map(|(s, (_, d))| (s, *d))
             .collect();
-        let (same, widened): (Vec<_>, Vec<_>) =
-            pairs.into_iter().partition(|(s, d)| s.dtype() == d.dtype());
-        super::multi_tensor_cuda::copy(&same)?;
-        return super::multi_tensor_cuda::widen(&widened);
+        return super::multi_tensor_cuda::copy_and_widen(&pairs);
     }
     for (src, dst) in pairs {
         let src = src
