@@ -141,7 +141,7 @@ fn conv_grads(
             .transpose()?;
         return Ok((dx, dw));
     }
-    let (x, dy) = (&x.contiguous()?, &dy.contiguous()?);
+    let (x, w, dy) = (&x.contiguous()?, &w.contiguous()?, &dy.contiguous()?);
     let (_, _, in_h, in_w) = x.dims4()?;
     let (_, _, k_h, k_w) = w.dims4()?;
     let dx = if wanted.0 {
