@@ -94,18 +94,25 @@ impl SpaceToDepth {
         from_nhwc(&pixels.apply_op1_no_bwd(&Blocks(geometry))?)
     }
 
-    /// The filter `w` (`K x C x k x k`) for the blocks: `K x 16 x kb x kb`, contiguous.
+    /// The filter `w` (`K x C x k x k`) for the blocks: `K x 16 x kb x kb`, channels-last (as
+    /// the NHWC convolution reads it), in one pass: the blocks of `w`'s own `k x k` planes,
+    /// unpadded (entry `(o, (dy * 2 + dx) * 4 + c, a, b)` is `w[o, c, 2a + dy, 2b + dx]`, the
+    /// blocks' rule with `p = 0`). Built from padding, a six-axis permutation and a transpose
+    /// to KRSC it took nine launches a forward.
     pub(super) fn filter(&self, w: &Tensor) -> Result<Tensor> {
         let g = &self.problem.geom;
-        let (kb, k) = (self.block_kernel, g.k_h);
-        w.contiguous()?
-            .pad_with_zeros(1, 0, CHANNELS - g.c_in)?
-            .pad_with_zeros(2, 0, 2 * kb - k)?
-            .pad_with_zeros(3, 0, 2 * kb - k)?
-            .reshape((self.problem.c_out, CHANNELS, kb, 2, kb, 2))?
-            .permute((0, 3, 5, 1, 2, 4))?
-            .contiguous()?
-            .reshape((self.problem.c_out, 4 * CHANNELS, kb, kb))
+        let kb = self.block_kernel;
+        let geometry = BlockGeometry {
+            n: self.problem.c_out,
+            h: g.k_h,
+            w: g.k_w,
+            c: g.c_in,
+            bh: kb,
+            bw: kb,
+            padding: 0,
+        };
+        let taps = w.permute((0, 2, 3, 1))?.contiguous()?;
+        from_nhwc(&taps.apply_op1_no_bwd(&Blocks(geometry))?)
     }
 
     /// The gradient of `w` from that of [`SpaceToDepth::filter`]`(w)`: `K x C x k x k`,

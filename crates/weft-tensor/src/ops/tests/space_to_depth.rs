@@ -38,6 +38,14 @@ fn the_lowered_convolution_equals_the_stride_2_one() -> Result<()> {
             is_channels_last(&blocks),
             "case {i}: the blocks are channels-last"
         );
+        assert_eq!(
+            filter.dims(),
+            [w_dims[0], 16, lowered.geom.k_h, lowered.geom.k_w]
+        );
+        assert!(
+            is_channels_last(&filter),
+            "case {i}: the lowered filter is channels-last"
+        );
 
         let y = conv2d_forward(&x, &w, 2, padding)?;
         let y_lowered = conv2d_forward(&blocks, &filter, 1, 0)?;
