@@ -76,22 +76,40 @@ impl Descriptor {
         Ok(self)
     }
 
+    /// Reads attribute `name`, elements of cuDNN's type `ty`, into `values`; returns how many
+    /// cuDNN wrote (at most `values.len()`).
+    ///
+    /// # Safety
+    /// `T` must be the C type of `ty`, as for [`Descriptor::set`].
+    pub unsafe fn get<T>(&self, name: Attr, ty: Type, values: &mut [T]) -> CudnnResult<usize> {
+        let mut count = 0i64;
+        sys::cudnnBackendGetAttribute(
+            self.0,
+            name,
+            ty,
+            values.len() as i64,
+            &mut count,
+            values.as_mut_ptr().cast(),
+        )
+        .result()?;
+        Ok(count.clamp(0, values.len() as i64) as usize)
+    }
+
     /// The INT64 attribute `name` of a finalized descriptor.
     pub fn get_i64(&self, name: Attr) -> CudnnResult<i64> {
-        let (mut value, mut count) = (0i64, 0i64);
-        // SAFETY: one i64 element is asked for and written.
-        unsafe {
-            sys::cudnnBackendGetAttribute(
-                self.0,
-                name,
-                Type::CUDNN_TYPE_INT64,
-                1,
-                &mut count,
-                (&raw mut value).cast(),
-            )
-        }
-        .result()?;
-        Ok(value)
+        let mut value = [0i64];
+        // SAFETY: INT64 attributes are arrays of i64.
+        unsafe { self.get(name, Type::CUDNN_TYPE_INT64, &mut value) }?;
+        Ok(value[0])
+    }
+
+    /// Fills the created descriptors `into` from the BACKEND_DESCRIPTOR attribute `name`;
+    /// returns how many cuDNN filled (the first ones).
+    pub fn get_descriptors(&self, name: Attr, into: &[Descriptor]) -> CudnnResult<usize> {
+        let mut raw: Vec<_> = into.iter().map(|d| d.0).collect();
+        // SAFETY: BACKEND_DESCRIPTOR attributes are arrays of descriptors; cuDNN fills the
+        // created descriptors `raw` points to, all alive in `into`.
+        unsafe { self.get(name, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raw) }
     }
 }
 
@@ -151,24 +169,8 @@ pub(crate) fn plans(
     let configs = (0..WANTED)
         .map(|_| Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
         .collect::<CudnnResult<Vec<_>>>()?;
-    let mut raw: Vec<_> = configs.iter().map(|c| c.0).collect();
-    let mut count = 0i64;
-    // SAFETY: `raw` holds WANTED created engine-configuration descriptors for cuDNN to fill.
-    unsafe {
-        sys::cudnnBackendGetAttribute(
-            heuristics.0,
-            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-            Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            WANTED as i64,
-            &mut count,
-            raw.as_mut_ptr().cast(),
-        )
-    }
-    .result()?;
-    let mut configs: Vec<Descriptor> = configs
-        .into_iter()
-        .take(count.clamp(0, WANTED as i64) as usize)
-        .collect();
+    let count = heuristics.get_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS, &configs)?;
+    let mut configs: Vec<Descriptor> = configs.into_iter().take(count).collect();
     configs.extend(every_engine(&graph)?);
     let mut last = CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED);
     let mut plans = Vec::new();
@@ -198,36 +200,18 @@ pub(crate) fn plans(
 /// Whether the engine of the finalized engine configuration `config` carries cuDNN's
 /// runtime-compilation behaviour note.
 fn compiles_at_run_time(config: &Descriptor) -> CudnnResult<bool> {
-    let engine = Descriptor::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
-    let mut raw = [engine.0];
-    let mut count = 0i64;
-    // SAFETY: one created engine descriptor is asked for and filled.
-    unsafe {
-        sys::cudnnBackendGetAttribute(
-            config.0,
-            Attr::CUDNN_ATTR_ENGINECFG_ENGINE,
-            Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            1,
-            &mut count,
-            raw.as_mut_ptr().cast(),
-        )
-    }
-    .result()?;
-    const MOST: usize = 16;
-    let mut notes = [sys::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; MOST];
-    // SAFETY: up to MOST behaviour notes (C enums) are written into `notes`.
-    unsafe {
-        sys::cudnnBackendGetAttribute(
-            engine.0,
+    let engine = [Descriptor::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?];
+    config.get_descriptors(Attr::CUDNN_ATTR_ENGINECFG_ENGINE, &engine)?;
+    let mut notes = [sys::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_TYPE_COUNT; 16];
+    // SAFETY: BEHAVIOR_NOTE attributes are arrays of cudnnBackendBehaviorNote_t.
+    let count = unsafe {
+        engine[0].get(
             Attr::CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
             Type::CUDNN_TYPE_BEHAVIOR_NOTE,
-            MOST as i64,
-            &mut count,
-            notes.as_mut_ptr().cast(),
+            &mut notes,
         )
-    }
-    .result()?;
-    Ok(notes[..count.clamp(0, MOST as i64) as usize]
+    }?;
+    Ok(notes[..count]
         .contains(&sys::cudnnBackendBehaviorNote_t::CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION))
 }
 
