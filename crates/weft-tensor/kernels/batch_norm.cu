@@ -176,17 +176,38 @@ __device__ void grad_sums_finalize(const S* stats, const double* partial, S* out
     out[c + ch] = (S)sum_dy;
 }
 
+// Running statistics a table's finalize blends the batch's into (no pointers: none), as
+// bn_update_running does: mean and var (the batch's variance times var_scale) by momentum, the
+// batch counted once.
+template <typename T>
+struct Running {
+    T* mean;
+    T* var;
+    long long* count;
+    double momentum;
+    double var_scale;
+};
+
 // The graph-free path's tables: [mean; var; weight; bias] from the moments, and that table
 // followed by [sum(dy * xhat); sum(dy)] from the gradient sums (so no separate copies are needed
-// to assemble them).
+// to assemble them). The first also updates `running` when it has pointers (saving the update's
+// own launch).
 template <typename T, typename S>
 __device__ void table_finalize(const T* x, const double* partial, const T* weight,
-                               const T* bias, S* out, int c, int hw, int splits, double m) {
+                               const T* bias, S* out, int c, int hw, int splits, double m,
+                               Running<T> running) {
     moments_finalize<T, S>(x, partial, out, c, hw, splits, m);
     const int ch = finalize_channel();
     if (ch >= c || !group_leader()) return;
     out[2 * c + ch] = cvt<S>(weight[ch]);
     out[3 * c + ch] = cvt<S>(bias[ch]);
+    if (!running.mean) return;
+    const double momentum = running.momentum;
+    running.mean[ch] = cvt<T>((1.0 - momentum) * cvt<double>(running.mean[ch]) +
+                              momentum * (double)out[ch]);
+    running.var[ch] = cvt<T>((1.0 - momentum) * cvt<double>(running.var[ch]) +
+                             momentum * running.var_scale * (double)out[c + ch]);
+    if (ch == 0) *running.count += 1;
 }
 
 template <typename S>
@@ -251,8 +272,10 @@ __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, int c
     }                                                                                            \
     extern "C" __global__ void bn_table_finalize_##SUFFIX(                                       \
         const T* x, const double* partial, const T* weight, const T* bias, S* out, int c,        \
-        int hw, int splits, double m) {                                                          \
-        table_finalize<T, S>(x, partial, weight, bias, out, c, hw, splits, m);                   \
+        int hw, int splits, double m, T* run_mean, T* run_var, long long* run_count,             \
+        double momentum, double var_scale) {                                                     \
+        const Running<T> running = {run_mean, run_var, run_count, momentum, var_scale};          \
+        table_finalize<T, S>(x, partial, weight, bias, out, c, hw, splits, m, running);          \
     }                                                                                            \
     extern "C" __global__ void bn_grad_table_finalize_##SUFFIX(                                  \
         const S* table, const double* partial, S* out, int c, int splits, double eps) {          \

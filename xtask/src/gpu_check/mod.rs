@@ -20,6 +20,7 @@ mod half;
 mod multi_gpu;
 mod optimizers;
 mod resnet;
+mod running_update;
 mod single_ops;
 mod synced_batch_norm;
 mod train_loop;
@@ -245,6 +246,24 @@ pub fn run() -> Result<()> {
         error: compare_update_running(&gpu, DType::F32)?,
         tolerance: 1e-6,
     });
+    for dtype in [DType::F32, DType::BF16] {
+        for channels_last in [false, true] {
+            let layout = if channels_last {
+                "channels-last"
+            } else {
+                "NCHW"
+            };
+            checks.push(Check {
+                name: format!("running statistics updated by the table kernel, {layout} {dtype:?}"),
+                error: running_update::compare_running_update_in_kernel(
+                    &gpu,
+                    dtype,
+                    channels_last,
+                )?,
+                tolerance: 0.0,
+            });
+        }
+    }
     // The fused causal attention (the CPU computes in f64 inside): one tile, several tiles with
     // a ragged last one, GPT-2's head width over 300 tokens; and GPT-2's tanh GELU.
     for (name, shape) in [

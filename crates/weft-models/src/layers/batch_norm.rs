@@ -112,7 +112,7 @@ impl BatchNorm2d {
         relu: bool,
     ) -> Result<BatchNormOutput> {
         let sync = self.sync.get();
-        let stats = batch_stats(sync.as_deref());
+        let stats = self.training_stats(sync.as_deref(), mode);
         let affine = (self.weight.as_tensor(), self.bias.as_tensor());
         let out = match sums {
             Some(sums) => {
@@ -120,7 +120,7 @@ impl BatchNorm2d {
             }
             None => ops::batch_norm_train_forward(x, affine.0, affine.1, self.eps, relu, stats)?,
         };
-        self.track_graph_free(x, mode, &out)?;
+        self.track_graph_free(mode, &out)?;
         Ok(out)
     }
 
@@ -134,7 +134,7 @@ impl BatchNorm2d {
         residual: &Tensor,
     ) -> Result<BatchNormOutput> {
         let sync = self.sync.get();
-        let stats = batch_stats(sync.as_deref());
+        let stats = self.training_stats(sync.as_deref(), mode);
         let (weight, bias) = (self.weight.as_tensor(), self.bias.as_tensor());
         let out = match sums {
             Some(sums) => ops::batch_norm_train_forward_add_relu_from_sums(
@@ -149,25 +149,37 @@ impl BatchNorm2d {
                 ops::batch_norm_train_forward_add_relu(x, weight, bias, self.eps, residual, stats)?
             }
         };
-        self.track_graph_free(x, mode, &out)?;
+        self.track_graph_free(mode, &out)?;
         Ok(out)
     }
 
-    /// The running statistics' update of a graph-free forward of `x`, when `mode` asks; with
-    /// global statistics, unbiased by the global count on the device.
-    fn track_graph_free(&self, x: &Tensor, mode: Mode, out: &BatchNormOutput) -> Result<()> {
-        if !mode.update_running_stats {
-            return Ok(());
+    /// The statistics a graph-free training forward normalises with: the global batch's
+    /// through `sync`, else this rank's, blended into the running statistics by the pass that
+    /// computes them when `mode` asks.
+    fn training_stats<'a>(
+        &'a self,
+        sync: Option<&'a dyn CrossRankSum>,
+        mode: Mode,
+    ) -> ops::BatchStats<'a> {
+        match (sync, mode.update_running_stats) {
+            (Some(_), _) | (None, false) => batch_stats(sync),
+            (None, true) => ops::BatchStats::LocalUpdating(ops::RunningUpdate {
+                stats: self.running_stats(),
+                momentum: self.momentum,
+            }),
         }
-        match &out.unbiasing {
-            Some(factor) => {
+    }
+
+    /// The running statistics' update of a graph-free forward under SyncBatchNorm, when `mode`
+    /// asks, unbiased by the global count on the device (with local statistics the forward
+    /// itself updates them, [`ops::BatchStats::LocalUpdating`]).
+    fn track_graph_free(&self, mode: Mode, out: &BatchNormOutput) -> Result<()> {
+        match (&out.unbiasing, mode.update_running_stats) {
+            (Some(factor), true) => {
                 let unbiased = out.var()?.broadcast_mul(factor)?;
                 self.blend_running_stats(&out.mean()?, &unbiased, 1.0)
             }
-            None => {
-                let (n, _, h, w) = x.dims4()?;
-                self.update_running_stats((n * h * w) as f64, &out.mean()?, &out.var()?)
-            }
+            _ => Ok(()),
         }
     }
 
@@ -272,16 +284,20 @@ impl BatchNorm2d {
         self.blend_running_stats(mean, biased_var, count / (count - 1.0).max(1.0))
     }
 
-    /// Blends a batch's mean and its variance times `var_scale` (the unbiasing factor) into the
-    /// running statistics (momentum) and counts the batch.
-    fn blend_running_stats(&self, mean: &Tensor, var: &Tensor, var_scale: f64) -> Result<()> {
-        let stats = ops::RunningStats {
+    /// The running statistics and the count of batches blended into them.
+    fn running_stats(&self) -> ops::RunningStats<'_> {
+        ops::RunningStats {
             mean: self.running_mean.as_tensor(),
             var: self.running_var.as_tensor(),
             count: self.num_batches_tracked.as_tensor(),
-        };
+        }
+    }
+
+    /// Blends a batch's mean and its variance times `var_scale` (the unbiasing factor) into the
+    /// running statistics (momentum) and counts the batch.
+    fn blend_running_stats(&self, mean: &Tensor, var: &Tensor, var_scale: f64) -> Result<()> {
         Ok(ops::update_running_stats(
-            stats,
+            self.running_stats(),
             mean,
             var,
             self.momentum,

@@ -11,6 +11,7 @@ use super::batch_norm_sums::TableFromSums;
 use super::batch_norm_sync::BatchStats;
 use super::channels_last::{from_nhwc, is_channels_last, nhwc};
 use super::relu::{add_relu_forward, relu, relu_backward};
+use super::running_update::RunningUpdate;
 use super::storage::{
     dims4, half_on_cpu, uses_cpu_kernels, uses_cuda_kernels_with_half, uses_kernels_with_half,
 };
@@ -131,11 +132,8 @@ fn train_forward(
         });
     }
     let x = x.contiguous()?;
-    let table = match sums {
-        Some(sums) => table_from_sums(sums, &x, (&weight, &bias))?,
-        None => x.apply_op3_no_bwd(&weight, &bias, &BatchNormOp::new(BnPass::Table, eps, false))?,
-    };
-    let (table, unbiasing) = stats.combine(table, per_channel_count(&x, &weight)?)?;
+    let op = BatchNormOp::new(BnPass::Table, eps, false);
+    let (table, unbiasing) = local_table(&x, sums, (&weight, &bias), op, stats)?;
     let y = x.apply_op2_no_bwd(&table, &BatchNormOp::new(BnPass::ForwardTable, eps, relu))?;
     Ok(BatchNormOutput {
         y,
@@ -216,12 +214,59 @@ fn nhwc_table(
     stats: BatchStats<'_>,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let x = nhwc(x)?;
-    let table = match sums {
-        Some(sums) => table_from_sums(sums, &x, (weight, bias))?,
-        None => x.apply_op3_no_bwd(weight, bias, &BatchNormOp::nhwc(BnPass::Table, eps, false))?,
-    };
-    let (table, unbiasing) = stats.combine(table, per_channel_count(&x, weight)?)?;
+    let op = BatchNormOp::nhwc(BnPass::Table, eps, false);
+    let (table, unbiasing) = local_table(&x, sums, (weight, bias), op, stats)?;
     Ok((x, table, unbiasing))
+}
+
+/// The `[mean; var; weight; bias]` table of `x` (as `op`, a `Table` pass, reads it) that `stats`
+/// says, with the variance's unbiasing factor when global; with
+/// [`BatchStats::LocalUpdating`] the running statistics blended too, inside `op`'s last kernel
+/// where it can.
+fn local_table(
+    x: &Tensor,
+    sums: Option<&Tensor>,
+    (weight, bias): (&Tensor, &Tensor),
+    op: BatchNormOp,
+    stats: BatchStats<'_>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let count = per_channel_count(x, weight)?;
+    let update = match stats {
+        BatchStats::LocalUpdating(update) => Some(update),
+        _ => None,
+    };
+    let (table, updated) = match sums {
+        Some(sums) => (table_from_sums(sums, x, (weight, bias))?, false),
+        None => table_pass(x, (weight, bias), op, update, count)?,
+    };
+    if let (Some(update), false) = (update, updated) {
+        update.apply(&table, count)?;
+    }
+    stats.combine(table, count)
+}
+
+/// `op` (a `Table` pass) over `x`: the table, and whether its last kernel blended it into
+/// `update`'s running statistics (on CUDA, where [`RunningUpdate::target`] takes them).
+fn table_pass(
+    x: &Tensor,
+    (weight, bias): (&Tensor, &Tensor),
+    op: BatchNormOp,
+    update: Option<RunningUpdate<'_>>,
+    count: usize,
+) -> Result<(Tensor, bool)> {
+    #[cfg(feature = "cuda")]
+    if let Some(target) = match update {
+        Some(update) if x.device().is_cuda() => update.target(x, count)?,
+        _ => None,
+    } {
+        return Ok((
+            x.apply_op3_no_bwd(weight, bias, &op.updating(target))?,
+            true,
+        ));
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = (update, count);
+    Ok((x.apply_op3_no_bwd(weight, bias, &op)?, false))
 }
 
 /// The `[mean; var; weight; bias]` table from `x`'s per-channel `sums` (`batch_norm_sums`).

@@ -11,6 +11,7 @@ use half::{bf16, f16};
 
 use super::batch_norm_op::BnPass;
 use super::cuda_launch::{device_of, function, launched, output, view, BATCH_NORM, THREADS};
+use super::running_update::RunningTarget;
 
 /// Geometry of `x` (`N x C x H x W`).
 #[derive(Clone, Copy)]
@@ -115,7 +116,8 @@ pub(super) fn bn_views<'a, T: CudaDType, S: CudaDType>(
         .collect()
 }
 
-/// Element type `T` of the data, `S` of the statistics and tables (f32 for 16-bit data).
+/// Element type `T` of the data, `S` of the statistics and tables (f32 for 16-bit data); a
+/// `Table` pass updates `running` (when it has addresses).
 fn run<T, S>(
     pass: BnPass,
     eps: f64,
@@ -123,6 +125,7 @@ fn run<T, S>(
     shape: BnShape,
     args: &[(&CudaStorage, &Layout, &'static str)],
     out_len: usize,
+    running: RunningTarget,
 ) -> Result<CudaStorage>
 where
     T: CudaDType + DeviceRepr + WithDType,
@@ -173,6 +176,9 @@ where
                         views[2].push(&mut builder);
                     }
                     builder.arg(&out).arg(&c).arg(&hw).arg(&splits).arg(&m);
+                    if let BnPass::Table = pass {
+                        running.push(&mut builder);
+                    }
                 }
                 _ => {
                     views[2].push(&mut builder);
@@ -230,16 +236,17 @@ pub(crate) fn run_cuda(
     shape: BnShape,
     args: &[(&CudaStorage, &Layout, &'static str)],
     out_len: usize,
+    running: RunningTarget,
 ) -> Result<CudaStorage> {
     let elements = shape.n * shape.c * shape.plane;
     if shape.n * shape.plane > u32::MAX as usize || shape.n * shape.c > i32::MAX as usize {
         bail!("batch-norm kernel: x with {elements} elements is too large for the CUDA kernels");
     }
     match args[0].0.dtype() {
-        DType::F32 => run::<f32, f32>(pass, eps, relu, shape, args, out_len),
-        DType::F64 => run::<f64, f64>(pass, eps, relu, shape, args, out_len),
-        DType::BF16 => run::<bf16, f32>(pass, eps, relu, shape, args, out_len),
-        DType::F16 => run::<f16, f32>(pass, eps, relu, shape, args, out_len),
+        DType::F32 => run::<f32, f32>(pass, eps, relu, shape, args, out_len, running),
+        DType::F64 => run::<f64, f64>(pass, eps, relu, shape, args, out_len, running),
+        DType::BF16 => run::<bf16, f32>(pass, eps, relu, shape, args, out_len, running),
+        DType::F16 => run::<f16, f32>(pass, eps, relu, shape, args, out_len, running),
         other => bail!("batch-norm kernel: dtype {other:?} is not supported"),
     }
 }

@@ -19,6 +19,7 @@ use super::batch_norm_op::BnPass;
 use super::cuda_launch::{
     device_of, function, launched, output, BATCH_NORM, BATCH_NORM_NHWC, THREADS,
 };
+use super::running_update::RunningTarget;
 
 /// Vectors of channels a reduction block spans (at most).
 const REDUCTION_COLUMNS: usize = 32;
@@ -59,12 +60,14 @@ fn lanes_of<T>(c: usize, pass: BnPass) -> (usize, &'static str) {
     }
 }
 
+/// A `Table` pass updates `running` (when it has addresses).
 fn run<T, S>(
     pass: BnPass,
     (eps, relu): (f64, bool),
     (rows, c): (usize, usize),
     args: &[(&CudaStorage, &Layout, &'static str)],
     out_len: usize,
+    running: RunningTarget,
 ) -> Result<CudaStorage>
 where
     T: CudaDType + DeviceRepr + WithDType,
@@ -119,6 +122,7 @@ where
                     views[1].push(&mut builder);
                     views[2].push(&mut builder);
                     builder.arg(&out).arg(&c_i).arg(&one).arg(&splits_i).arg(&m);
+                    running.push(&mut builder);
                 }
                 _ => {
                     views[2].push(&mut builder);
@@ -210,16 +214,17 @@ pub(crate) fn run_cuda_nhwc(
     (rows, c): (usize, usize),
     args: &[(&CudaStorage, &Layout, &'static str)],
     out_len: usize,
+    running: RunningTarget,
 ) -> Result<CudaStorage> {
     if rows > u32::MAX as usize || rows * c > i64::MAX as usize || c > 2048 {
         bail!("channels-last batch norm: {rows} rows of {c} channels are beyond the kernels (at most 2^32 rows, 2048 channels)");
     }
     let settings = (eps, relu);
     match args[0].0.dtype() {
-        DType::F32 => run::<f32, f32>(pass, settings, (rows, c), args, out_len),
-        DType::F64 => run::<f64, f64>(pass, settings, (rows, c), args, out_len),
-        DType::BF16 => run::<bf16, f32>(pass, settings, (rows, c), args, out_len),
-        DType::F16 => run::<f16, f32>(pass, settings, (rows, c), args, out_len),
+        DType::F32 => run::<f32, f32>(pass, settings, (rows, c), args, out_len, running),
+        DType::F64 => run::<f64, f64>(pass, settings, (rows, c), args, out_len, running),
+        DType::BF16 => run::<bf16, f32>(pass, settings, (rows, c), args, out_len, running),
+        DType::F16 => run::<f16, f32>(pass, settings, (rows, c), args, out_len, running),
         other => bail!("channels-last batch norm: dtype {other:?} is not supported"),
     }
 }

@@ -8,6 +8,8 @@ use super::batch_norm_cpu::{forward, grad_input, grad_sums, moments, ChannelLayo
 use super::batch_norm_cuda::{run_cuda, BnShape};
 #[cfg(feature = "cuda")]
 use super::batch_norm_nhwc_cuda::run_cuda_nhwc;
+#[cfg(feature = "cuda")]
+use super::running_update::RunningTarget;
 use super::storage::{dims4, run_kernel, Arg, CpuKernel, Float};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
@@ -57,6 +59,9 @@ pub(super) struct BatchNormOp {
     relu: bool,
     /// The data arguments are the NHWC storage of channels-last tensors (CUDA only).
     nhwc: bool,
+    /// The running statistics a `Table` pass blends the batch's into (none by default).
+    #[cfg(feature = "cuda")]
+    running: RunningTarget,
 }
 
 /// A batch-norm kernel bound to its data layout.
@@ -125,7 +130,15 @@ impl BatchNormOp {
             eps,
             relu,
             nhwc: false,
+            #[cfg(feature = "cuda")]
+            running: RunningTarget::default(),
         }
+    }
+
+    /// The same op, a `Table` pass of which updates `running` in its last kernel.
+    #[cfg(feature = "cuda")]
+    pub(super) fn updating(self, running: RunningTarget) -> Self {
+        Self { running, ..self }
     }
 
     /// The same pass on the `N x H x W x C` storage of channels-last data.
@@ -225,6 +238,7 @@ impl BatchNormOp {
                 (rows, c),
                 args,
                 shape.elem_count(),
+                self.running,
             )?;
             return Ok((storage, shape));
         }
@@ -240,6 +254,7 @@ impl BatchNormOp {
             geometry,
             args,
             shape.elem_count(),
+            self.running,
         )?;
         Ok((storage, shape))
     }

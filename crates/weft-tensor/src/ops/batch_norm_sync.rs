@@ -19,6 +19,9 @@ use crate::CrossRankSum;
 pub enum BatchStats<'a> {
     /// This rank's batch.
     Local,
+    /// This rank's batch, blended into running statistics by the pass that computes it (see
+    /// [`super::RunningUpdate`]); the backward takes it as `Local`.
+    LocalUpdating(super::RunningUpdate<'a>),
     /// The global batch of every rank, through a sum over the ranks (SyncBatchNorm).
     Global(&'a dyn CrossRankSum),
 }

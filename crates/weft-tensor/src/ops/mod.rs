@@ -120,6 +120,7 @@ mod relu_cuda;
 mod running_average;
 #[cfg(feature = "cuda")]
 mod running_average_cuda;
+mod running_update;
 mod scratch;
 #[cfg(feature = "cudnn")]
 mod space_to_depth_cuda;
@@ -171,6 +172,7 @@ pub use pixels::{normalize_pixels, PixelNormalization};
 pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::{blend_into, update_running_stats, RunningStats};
+pub use running_update::RunningUpdate;
 pub use storage::{has_kernels, set_cuda_kernels};
 pub use unscale::{unscale_and_check, unscale_and_check_by};
 

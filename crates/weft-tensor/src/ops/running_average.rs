@@ -18,6 +18,7 @@ fn blends(running: DType, batch: DType) -> bool {
 }
 
 /// One batch norm's running statistics, updated in place by [`update_running_stats`].
+#[derive(Clone, Copy)]
 pub struct RunningStats<'a> {
     pub mean: &'a Tensor,
     pub var: &'a Tensor,

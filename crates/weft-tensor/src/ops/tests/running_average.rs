@@ -58,3 +58,56 @@ fn updates_mean_variance_and_count_in_place() -> Result<()> {
     }
     Ok(())
 }
+
+/// A graph-free training forward with `BatchStats::LocalUpdating` blends the batch's mean and
+/// unbiased variance into the running statistics and counts the batch, in both layouts; with
+/// `Local` it leaves them alone. Channel 0 holds 1, 2, 3, 4 (mean 2.5, unbiased variance 5/3),
+/// channel 1 four 7s (variance 0).
+#[test]
+fn a_forward_with_local_updating_statistics_blends_them() -> Result<()> {
+    use crate::ops::{batch_norm_train_forward, to_channels_last, BatchStats, RunningUpdate};
+    let x =
+        Tensor::new(&[1f32, 2., 7., 7., 3., 4., 7., 7.], &Device::Cpu)?.reshape((2, 2, 1, 2))?;
+    let (weight, bias) = (
+        Tensor::ones(2, DType::F32, &Device::Cpu)?,
+        Tensor::zeros(2, DType::F32, &Device::Cpu)?,
+    );
+    for (layout, x) in [
+        ("NCHW", x.clone()),
+        ("channels-last", to_channels_last(&x)?),
+    ] {
+        for updating in [false, true] {
+            let mean = Tensor::new(&[1f32, 2.], &Device::Cpu)?;
+            let var = Tensor::new(&[4f32, 8.], &Device::Cpu)?;
+            let count = Tensor::new(3i64, &Device::Cpu)?;
+            let running = RunningStats {
+                mean: &mean,
+                var: &var,
+                count: &count,
+            };
+            let stats = match updating {
+                true => BatchStats::LocalUpdating(RunningUpdate {
+                    stats: running,
+                    momentum: 0.1,
+                }),
+                false => BatchStats::Local,
+            };
+            batch_norm_train_forward(&x, &weight, &bias, 1e-5, false, stats)?;
+            let (m, v) = (values(&mean), values(&var));
+            // 0.9 * 1 + 0.1 * 2.5, 0.9 * 2 + 0.1 * 7; 0.9 * 4 + 0.1 * 5/3, 0.9 * 8 + 0.1 * 0.
+            let expected = match updating {
+                true => [1.15, 2.5, 3.6 + 1.0 / 6.0, 7.2],
+                false => [1.0, 2.0, 4.0, 8.0],
+            };
+            for (got, want) in [m[0], m[1], v[0], v[1]].into_iter().zip(expected) {
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "{layout}, updating {updating}: {m:?} {v:?}"
+                );
+            }
+            let batches = count.to_scalar::<i64>()?;
+            assert_eq!(batches, 3 + i64::from(updating), "{layout}");
+        }
+    }
+    Ok(())
+}
