@@ -33,17 +33,41 @@ pub struct Classification;
 
 impl Objective for Classification {
     fn loss(&self, logits: &Tensor, labels: &Tensor) -> weft_tensor::Result<LossOutput> {
-        let loss = cross_entropy(logits, labels)?;
-        let predicted = logits.detach().argmax(D::Minus1)?;
-        let hits = predicted
-            .eq(&labels.to_dtype(predicted.dtype())?)?
-            .to_dtype(candle_core::DType::U32)?
-            .sum_all()?;
         Ok(LossOutput {
-            loss,
-            metrics: vec![("correct", hits)],
+            loss: cross_entropy(logits, labels)?,
+            metrics: vec![("correct", hits(logits, labels)?)],
         })
     }
+
+    /// The fused cross-entropy's two passes with no graph
+    /// ([`ops::cross_entropy_rows_and_grad`]): the mean loss, `(softmax − one-hot) · scale / N`
+    /// as the logits' gradient (f32 for 16-bit logits), and the correct predictions.
+    fn loss_and_output_grad(
+        &self,
+        logits: &Tensor,
+        labels: &Tensor,
+        scale: f64,
+    ) -> weft_tensor::Result<Option<(LossOutput, Tensor)>> {
+        let (rows, classes) = logits.dims2()?;
+        let fused = ops::cross_entropy_rows_and_grad(logits, labels, classes, scale / rows as f64)?;
+        let Some((losses, grad)) = fused else {
+            return Ok(None);
+        };
+        let loss = LossOutput {
+            loss: losses.mean_all()?,
+            metrics: vec![("correct", hits(logits, labels)?)],
+        };
+        Ok(Some((loss, grad)))
+    }
+}
+
+/// The number of rows whose arg-max equals the label (u32, on the logits' device).
+fn hits(logits: &Tensor, labels: &Tensor) -> candle_core::Result<Tensor> {
+    let predicted = logits.detach().argmax(D::Minus1)?;
+    predicted
+        .eq(&labels.to_dtype(predicted.dtype())?)?
+        .to_dtype(DType::U32)?
+        .sum_all()
 }
 
 /// Language modelling: the mean cross-entropy of `[B, T, rows]` logits against `[B, T]` u32
@@ -117,7 +141,7 @@ mod tests {
     use candle_core::{DType, Device, Tensor, Var};
     use weft_tensor::Objective;
 
-    use super::NextToken;
+    use super::{Classification, NextToken};
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
         (a - b)
@@ -166,5 +190,39 @@ mod tests {
         assert_eq!(max_diff(&padded, &padded.zeros_like().unwrap()), 0.0);
         assert!(max_diff(&output.loss, &reference) < 1e-15);
         assert_eq!(grad.dtype(), DType::F64);
+    }
+
+    /// Classification's direct gradient is autograd's of `scale × loss` (Candle's
+    /// cross-entropy) in f64 within 1e-15 relative to `scale` (the two sum the softmax in
+    /// different orders), with the same loss and count of correct rows.
+    #[test]
+    fn classification_output_grad_is_the_scaled_loss_gradient() {
+        let values: Vec<f64> = (0..4 * 5)
+            .map(|i| ((i * 37 % 23) as f64 - 11.0) / 4.0)
+            .collect();
+        let logits =
+            Var::from_tensor(&Tensor::from_vec(values, (4, 5), &Device::Cpu).unwrap()).unwrap();
+        let labels = Tensor::from_vec(vec![0u32, 4, 2, 3], 4, &Device::Cpu).unwrap();
+        let scale = 1024.0 * 0.5;
+        let reference = Classification.loss(logits.as_tensor(), &labels).unwrap();
+        let expected = (&reference.loss * scale)
+            .unwrap()
+            .backward()
+            .unwrap()
+            .get(logits.as_tensor())
+            .unwrap()
+            .clone();
+        let (output, grad) = Classification
+            .loss_and_output_grad(logits.as_tensor(), &labels, scale)
+            .unwrap()
+            .expect("the fused kernels run on the CPU in f64");
+        assert!(
+            max_diff(&grad, &expected) < 1e-15 * scale,
+            "{}",
+            max_diff(&grad, &expected)
+        );
+        assert!(max_diff(&output.loss, &reference.loss) < 1e-15);
+        let correct = |o: &weft_tensor::LossOutput| o.metrics[0].1.to_scalar::<u32>().unwrap();
+        assert_eq!(correct(&output), correct(&reference));
     }
 }
