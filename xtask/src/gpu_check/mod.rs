@@ -24,6 +24,7 @@ mod running_update;
 mod single_ops;
 mod synced_batch_norm;
 mod train_loop;
+mod transposes;
 mod zero;
 
 use anyhow::{bail, Result};
@@ -246,6 +247,13 @@ pub fn run() -> Result<()> {
         error: compare_update_running(&gpu, DType::F32)?,
         tolerance: 1e-6,
     });
+    for dtype in [DType::BF16, DType::F32, DType::F64] {
+        checks.push(Check {
+            name: format!("to_channels_last by tiles and by planes, {dtype:?}"),
+            error: transposes::compare_to_channels_last(&gpu, dtype)?,
+            tolerance: 0.0,
+        });
+    }
     for dtype in [DType::F32, DType::BF16] {
         for channels_last in [false, true] {
             let layout = if channels_last {

@@ -1,23 +1,40 @@
 //! Launches the batched transposes of `kernels/transpose.cu`: a contiguous `[batch, rows,
 //! cols]` CUDA tensor into a contiguous `[batch, cols, rows]` one, in 32 x 32 tiles through
 //! shared memory (Candle's strided copy of the same permutation reads or writes across rows and
-//! ran at about a tenth of the memory's bandwidth on ResNet-50's 3 x 3 filters).
+//! ran at about a tenth of the memory's bandwidth on ResNet-50's 3 x 3 filters), or, for thin
+//! planes that fit in shared memory (a 3 x 3 filter's `C x 9`), a whole plane per block: the
+//! tiles left 23 of their 32 columns idle there, and layer4's 512 x 512 x 3 x 3 filter took
+//! 21 µs in bf16 (0.45 TB/s; 9-10 µs by plane; BENCHMARKS.md, twenty-seventh session).
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::cuda_launch::{device_of, function_named, launched, output, view, TRANSPOSE};
+use super::cuda_launch::{device_of, function_named, launched, output, view, THREADS, TRANSPOSE};
 
 /// The tile's side and the rows of threads that move it.
 const TILE: usize = 32;
 const THREAD_ROWS: u32 = 8;
 /// The largest grid extent along y and z.
 const GRID_LIMIT: usize = 65_535;
+/// The most shared memory a plane may take (the default limit of a block, no opt-in).
+const PLANE_BYTES: usize = 48 << 10;
 
-/// Whether the kernel takes `[batch, rows, cols]` of `dtype` (an element size it moves, the
-/// grid's y and z extents, 32-bit sides).
+/// The shared memory a `[rows, cols]` plane of `element` bytes takes in `transpose_plane`
+/// (rows `cols | 1` elements apart).
+fn plane_bytes(element: usize, rows: usize, cols: usize) -> usize {
+    rows * (cols | 1) * element
+}
+
+/// Whether `[rows, cols]` planes of `element` bytes go one per block: a side under a tile's
+/// and the plane within [`PLANE_BYTES`].
+fn by_plane(element: usize, rows: usize, cols: usize) -> bool {
+    rows.min(cols) < TILE && plane_bytes(element, rows, cols) <= PLANE_BYTES
+}
+
+/// Whether the kernels take `[batch, rows, cols]` of `dtype` (an element size they move, the
+/// grids' y and z extents, 32-bit sides).
 pub(super) fn fits(dtype: DType, (batch, rows, cols): (usize, usize, usize)) -> bool {
     kernel_of(dtype).is_some()
         && batch <= GRID_LIMIT
@@ -83,23 +100,38 @@ fn launch<T: CudaDType + DeviceRepr>(
     let device = device_of(storage);
     let input = view::<T>(storage, layout, kernel)?;
     let out = output::<T>(&device, batch * rows * cols)?;
-    let func = function_named(&device, &TRANSPOSE, kernel)?;
+    let element = std::mem::size_of::<T>();
+    let (kernel, config) = match by_plane(element, rows, cols) {
+        true => (
+            kernel.replace("transpose_", "transpose_plane_"),
+            LaunchConfig {
+                grid_dim: (batch as u32, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: plane_bytes(element, rows, cols) as u32,
+            },
+        ),
+        false => (
+            kernel.to_string(),
+            LaunchConfig {
+                grid_dim: (
+                    cols.div_ceil(TILE) as u32,
+                    rows.div_ceil(TILE) as u32,
+                    batch as u32,
+                ),
+                block_dim: (TILE as u32, THREAD_ROWS, 1),
+                shared_mem_bytes: 0,
+            },
+        ),
+    };
+    let func = function_named(&device, &TRANSPOSE, &kernel)?;
     let mut builder = func.builder();
     let (rows_i, cols_i) = (rows as i32, cols as i32);
     builder.arg(&input).arg(&out).arg(&rows_i).arg(&cols_i);
-    let config = LaunchConfig {
-        grid_dim: (
-            cols.div_ceil(TILE) as u32,
-            rows.div_ceil(TILE) as u32,
-            batch as u32,
-        ),
-        block_dim: (TILE as u32, THREAD_ROWS, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: the arguments match the kernel's signature in kernels/transpose.cu (T has the
+    // SAFETY: the arguments match the kernels' signature in kernels/transpose.cu (T has the
     // kernel's element size); the input holds batch * rows * cols contiguous elements and the
-    // output as many; the grid covers every tile.
-    launched(kernel, unsafe { builder.launch(config) })?;
+    // output as many; the grid covers every tile, or every plane with the shared memory it
+    // takes (`plane_bytes`).
+    launched(&kernel, unsafe { builder.launch(config) })?;
     Ok(CudaStorage::wrap_cuda_slice(out, device))
 }
 
