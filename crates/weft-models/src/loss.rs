@@ -156,26 +156,36 @@ mod tests {
             .unwrap()
     }
 
-    /// The direct gradient is autograd's of `scale × loss` in f64 within 1e-15 — the padded
-    /// columns' zero included — and the loss is the same.
-    #[test]
-    fn next_token_output_grad_is_the_scaled_loss_gradient() {
-        let values: Vec<f64> = (0..2 * 3 * 8)
+    /// Logits in f64 for the tests, `rows x columns` (any shape of that many elements).
+    fn test_logits(shape: &[usize]) -> Var {
+        let n: usize = shape.iter().product();
+        let values: Vec<f64> = (0..n)
             .map(|i| ((i * 37 % 23) as f64 - 11.0) / 4.0)
             .collect();
-        let logits =
-            Var::from_tensor(&Tensor::from_vec(values, (2, 3, 8), &Device::Cpu).unwrap()).unwrap();
-        let targets = Tensor::from_vec(vec![0u32, 5, 2, 6, 1, 3], (2, 3), &Device::Cpu).unwrap();
-        let objective = NextToken { vocab_size: 7 };
-        let scale = 1024.0 * 0.25;
-        let reference = objective.loss(logits.as_tensor(), &targets).unwrap().loss;
-        let expected = (&reference * scale)
+        Var::from_tensor(&Tensor::from_vec(values, shape, &Device::Cpu).unwrap()).unwrap()
+    }
+
+    /// Autograd's gradient of `scale × loss` with respect to `logits`.
+    fn autograd_grad(loss: &Tensor, logits: &Var, scale: f64) -> Tensor {
+        (loss * scale)
             .unwrap()
             .backward()
             .unwrap()
             .get(logits.as_tensor())
             .unwrap()
-            .clone();
+            .clone()
+    }
+
+    /// The direct gradient is autograd's of `scale × loss` in f64 within 1e-15 — the padded
+    /// columns' zero included — and the loss is the same.
+    #[test]
+    fn next_token_output_grad_is_the_scaled_loss_gradient() {
+        let logits = test_logits(&[2, 3, 8]);
+        let targets = Tensor::from_vec(vec![0u32, 5, 2, 6, 1, 3], (2, 3), &Device::Cpu).unwrap();
+        let objective = NextToken { vocab_size: 7 };
+        let scale = 1024.0 * 0.25;
+        let reference = objective.loss(logits.as_tensor(), &targets).unwrap().loss;
+        let expected = autograd_grad(&reference, &logits, scale);
         let (output, grad) = objective
             .loss_and_output_grad(logits.as_tensor(), &targets, scale)
             .unwrap()
@@ -197,21 +207,11 @@ mod tests {
     /// different orders), with the same loss and count of correct rows.
     #[test]
     fn classification_output_grad_is_the_scaled_loss_gradient() {
-        let values: Vec<f64> = (0..4 * 5)
-            .map(|i| ((i * 37 % 23) as f64 - 11.0) / 4.0)
-            .collect();
-        let logits =
-            Var::from_tensor(&Tensor::from_vec(values, (4, 5), &Device::Cpu).unwrap()).unwrap();
+        let logits = test_logits(&[4, 5]);
         let labels = Tensor::from_vec(vec![0u32, 4, 2, 3], 4, &Device::Cpu).unwrap();
         let scale = 1024.0 * 0.5;
         let reference = Classification.loss(logits.as_tensor(), &labels).unwrap();
-        let expected = (&reference.loss * scale)
-            .unwrap()
-            .backward()
-            .unwrap()
-            .get(logits.as_tensor())
-            .unwrap()
-            .clone();
+        let expected = autograd_grad(&reference.loss, &logits, scale);
         let (output, grad) = Classification
             .loss_and_output_grad(logits.as_tensor(), &labels, scale)
             .unwrap()
