@@ -133,7 +133,7 @@ fn train_forward(
     }
     let x = x.contiguous()?;
     let op = BatchNormOp::new(BnPass::Table, eps, false);
-    let (table, unbiasing) = local_table(&x, sums, (&weight, &bias), op, stats)?;
+    let (table, unbiasing) = statistics_table(&x, sums, (&weight, &bias), op, stats)?;
     let y = x.apply_op2_no_bwd(&table, &BatchNormOp::new(BnPass::ForwardTable, eps, relu))?;
     Ok(BatchNormOutput {
         y,
@@ -215,7 +215,7 @@ fn nhwc_table(
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let x = nhwc(x)?;
     let op = BatchNormOp::nhwc(BnPass::Table, eps, false);
-    let (table, unbiasing) = local_table(&x, sums, (weight, bias), op, stats)?;
+    let (table, unbiasing) = statistics_table(&x, sums, (weight, bias), op, stats)?;
     Ok((x, table, unbiasing))
 }
 
@@ -223,7 +223,7 @@ fn nhwc_table(
 /// says, with the variance's unbiasing factor when global; with
 /// [`BatchStats::LocalUpdating`] the running statistics blended too, inside `op`'s last kernel
 /// where it can.
-fn local_table(
+fn statistics_table(
     x: &Tensor,
     sums: Option<&Tensor>,
     (weight, bias): (&Tensor, &Tensor),
