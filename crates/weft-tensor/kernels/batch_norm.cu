@@ -104,7 +104,9 @@ __device__ void split_sums(const double* partial, int c, int ch, int splits, dou
                            double& b) {
     a = 0.0;
     b = 0.0;
+    // A thread takes up to four splits (finalize_groups): their loads are issued together.
     if (ch < c)
+#pragma unroll 4
         for (int k = threadIdx.x; k < splits; k += blockDim.x) {
             a += partial[2ll * c * k + ch];
             b += partial[2ll * c * k + c + ch];
@@ -191,32 +193,62 @@ struct Running {
 // The graph-free path's tables: [mean; var; weight; bias] from the moments, and that table
 // followed by [sum(dy * xhat); sum(dy)] from the gradient sums (so no separate copies are needed
 // to assemble them). The first also updates `running` when it has pointers (saving the update's
-// own launch).
+// own launch). The group's first thread reads every other value it needs before the split sums
+// are added, so that those loads overlap the partial sums' instead of following the reduction
+// one after another (a load issued after each store; the arithmetic is unchanged).
 template <typename T, typename S>
 __device__ void table_finalize(const T* x, const double* partial, const T* weight,
                                const T* bias, S* out, int c, int hw, int splits, double m,
                                Running<T> running) {
-    moments_finalize<T, S>(x, partial, out, c, hw, splits, m);
     const int ch = finalize_channel();
-    if (ch >= c || !group_leader()) return;
-    out[2 * c + ch] = cvt<S>(weight[ch]);
-    out[3 * c + ch] = cvt<S>(bias[ch]);
+    const bool writes = ch < c && group_leader();
+    T x0{}, w{}, b{}, mean{}, var{};
+    long long count = 0;
+    if (writes) {
+        x0 = x[(long long)ch * hw];
+        w = weight[ch];
+        b = bias[ch];
+        if (running.mean) {
+            mean = running.mean[ch];
+            var = running.var[ch];
+            if (ch == 0) count = *running.count;
+        }
+    }
+    double s, q;
+    split_sums(partial, c, ch, splits, s, q);
+    if (!writes) return;
+    const double d = s / m;
+    const S batch_mean = (S)(cvt<double>(x0) + d);
+    const S batch_var = (S)fmax(q / m - d * d, 0.0);
+    out[ch] = batch_mean;
+    out[c + ch] = batch_var;
+    out[2 * c + ch] = cvt<S>(w);
+    out[3 * c + ch] = cvt<S>(b);
     if (!running.mean) return;
     const double momentum = running.momentum;
-    running.mean[ch] = cvt<T>((1.0 - momentum) * cvt<double>(running.mean[ch]) +
-                              momentum * (double)out[ch]);
-    running.var[ch] = cvt<T>((1.0 - momentum) * cvt<double>(running.var[ch]) +
-                             momentum * running.var_scale * (double)out[c + ch]);
-    if (ch == 0) *running.count += 1;
+    running.mean[ch] =
+        cvt<T>((1.0 - momentum) * cvt<double>(mean) + momentum * (double)batch_mean);
+    running.var[ch] = cvt<T>((1.0 - momentum) * cvt<double>(var) +
+                             momentum * running.var_scale * (double)batch_var);
+    if (ch == 0) *running.count = count + 1;
 }
 
 template <typename S>
 __device__ void grad_table_finalize(const S* table, const double* partial, S* out, int c,
                                     int splits, double eps) {
     const int ch = finalize_channel();
-    if (ch < c && group_leader())
-        for (int row = 0; row < 4; ++row) out[row * c + ch] = table[row * c + ch];
-    grad_sums_finalize<S>(table, partial, out + 4 * c, c, splits, eps);
+    const bool writes = ch < c && group_leader();
+    S rows[4] = {};
+    if (writes)
+#pragma unroll
+        for (int row = 0; row < 4; ++row) rows[row] = table[row * c + ch];
+    double dot, sum_dy;
+    split_sums(partial, c, ch, splits, dot, sum_dy);
+    if (!writes) return;
+#pragma unroll
+    for (int row = 0; row < 4; ++row) out[row * c + ch] = rows[row];
+    out[4 * c + ch] = (S)(dot * rsqrt((double)rows[1] + eps));
+    out[5 * c + ch] = (S)sum_dy;
 }
 
 // dx = dy * k + x * u + t, with k = w * inv_std, u = -k * inv_std * mean(dy * xhat),
