@@ -41,7 +41,8 @@ impl Objective for Classification {
 
     /// The fused cross-entropy's two passes with no graph
     /// ([`ops::cross_entropy_rows_and_grad`]): the mean loss, `(softmax − one-hot) · scale / N`
-    /// as the logits' gradient (f32 for 16-bit logits), and the correct predictions.
+    /// as the logits' gradient (bf16 for bf16 logits on a GPU, f32 for other 16-bit logits),
+    /// and the correct predictions.
     fn loss_and_output_grad(
         &self,
         logits: &Tensor,

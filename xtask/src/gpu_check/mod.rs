@@ -297,6 +297,18 @@ pub fn run() -> Result<()> {
         })?,
         tolerance: 1e-5,
     });
+    // bf16 logits: read as they are on the GPU and their gradient written in bf16, against the
+    // CPU widening them to f32 first. The same f32 arithmetic up to exp's last bits, then one
+    // rounding of the gradient to bf16 on either side: a unit of bf16 (2^-8) at most.
+    checks.push(Check {
+        name: "cross_entropy_rows 64 x 1000 (990 classes), bf16 logits".into(),
+        error: compare_op(&gpu, &[&[64, 1000]], |t| {
+            let targets: Vec<u32> = (0..64).map(|i| i * 13 % 990).collect();
+            let targets = Tensor::from_vec(targets, 64, t[0].device())?;
+            ops::cross_entropy_rows(&t[0].to_dtype(DType::BF16)?, &targets, 990)
+        })?,
+        tolerance: 2f64.powi(-8),
+    });
     checks.push(Check {
         name: "layer_norm 64 x 768".into(),
         error: compare_op(&gpu, &[&[64, 768], &[768], &[768]], |t| {

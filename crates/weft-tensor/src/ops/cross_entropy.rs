@@ -7,31 +7,37 @@
 //! copy, max, subtract, exp, sum, log, gather and their backward) costs more than the head's
 //! matmul.
 //!
-//! CPU (f32/f64) and CUDA f32/f64 tensors run the kernels (`kernels/cross_entropy.cu` on a
-//! GPU); 16-bit logits are computed in f32; others take Candle's ops. A target outside
-//! `0..classes` gives that row a NaN loss.
+//! CPU (f32/f64) and CUDA f32/f64/bf16 tensors run the kernels (`kernels/cross_entropy.cu` on a
+//! GPU); CUDA bf16 logits are read as they are and computed in f32 there, their gradient
+//! written in bf16; other 16-bit logits are widened to f32 first; others take Candle's ops. A
+//! target outside `0..classes` gives that row a NaN loss.
 
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::storage::{run_kernel, uses_cpu_kernels, uses_cuda_kernels, Arg, CpuKernel, Float};
+use super::storage::{
+    run_kernel, uses_cpu_kernels, uses_cuda_kernels, uses_cuda_kernels_with_half, Arg, CpuKernel,
+    Float,
+};
 
 /// The per-row losses (`[N]`) of `logits` (`[N, C]`) against `targets` (`[N]`, any integer
 /// or float dtype holding class indices) over the first `classes` columns; differentiable
 /// with respect to `logits`.
 pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, classes: usize) -> Result<Tensor> {
     let n = check_shapes("cross_entropy_rows", logits, targets, classes)?;
-    if matches!(logits.dtype(), DType::BF16 | DType::F16) {
-        return cross_entropy_rows(&logits.to_dtype(DType::F32)?, targets, classes);
-    }
-    if !(uses_cpu_kernels(&[logits]) || uses_cuda_kernels(&[logits])) {
-        return reference(logits, targets, classes);
-    }
-    let targets = targets.to_dtype(logits.dtype())?.contiguous()?;
+    let Some(wide) = kernel_dtype(logits) else {
+        return match logits.dtype() {
+            DType::BF16 | DType::F16 => {
+                cross_entropy_rows(&logits.to_dtype(DType::F32)?, targets, classes)
+            }
+            _ => reference(logits, targets, classes),
+        };
+    };
+    let targets = targets.to_dtype(wide)?.contiguous()?;
     // The third argument only carries the dtype and device for the forward pass.
-    let unused = Tensor::zeros((n, 2), logits.dtype(), logits.device())?;
+    let unused = Tensor::zeros((n, 2), wide, logits.device())?;
     let packed = logits.contiguous()?.apply_op3(
         &targets,
         &unused,
@@ -47,7 +53,8 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, classes: usize) -> 
 /// gradient of `scale × Σ losses` with respect to `logits` — with no autograd graph: a
 /// language model's loss gradient written once instead of through Candle's backward, which
 /// adds a zero-filled accumulator of the logits' size per node. `None` where the fused kernels
-/// do not run (16-bit logits come back as an f32 gradient).
+/// do not run. CUDA bf16 logits get a bf16 gradient; other 16-bit logits an f32 one (a loss
+/// scale multiplies it before it is rounded to f16, so small gradients are not flushed).
 pub fn cross_entropy_rows_and_grad(
     logits: &Tensor,
     targets: &Tensor,
@@ -55,21 +62,24 @@ pub fn cross_entropy_rows_and_grad(
     scale: f64,
 ) -> Result<Option<(Tensor, Tensor)>> {
     let n = check_shapes("cross_entropy_rows_and_grad", logits, targets, classes)?;
-    if matches!(logits.dtype(), DType::BF16 | DType::F16) {
-        return cross_entropy_rows_and_grad(&logits.to_dtype(DType::F32)?, targets, classes, scale);
-    }
-    if !(uses_cpu_kernels(&[logits]) || uses_cuda_kernels(&[logits])) {
-        return Ok(None);
-    }
+    let Some(wide) = kernel_dtype(logits) else {
+        return match logits.dtype() {
+            DType::BF16 | DType::F16 => {
+                let widened = logits.to_dtype(DType::F32)?;
+                cross_entropy_rows_and_grad(&widened, targets, classes, scale)
+            }
+            _ => Ok(None),
+        };
+    };
     let logits = logits.detach().contiguous()?;
-    let targets = targets.to_dtype(logits.dtype())?.contiguous()?;
-    let unused = Tensor::zeros((n, 2), logits.dtype(), logits.device())?;
+    let targets = targets.to_dtype(wide)?.contiguous()?;
+    let unused = Tensor::zeros((n, 2), wide, logits.device())?;
     let forward = CrossEntropyOp {
         pass: Pass::Forward,
         classes,
     };
     let packed = logits.apply_op3_no_bwd(&targets, &unused, &forward)?;
-    let weights = Tensor::full(scale, (n, 1), logits.device())?.to_dtype(logits.dtype())?;
+    let weights = Tensor::full(scale, (n, 1), logits.device())?.to_dtype(wide)?;
     let stats = Tensor::cat(&[&weights, &packed.narrow(1, 1, 1)?], 1)?.contiguous()?;
     let backward = CrossEntropyOp {
         pass: Pass::Backward,
@@ -77,6 +87,19 @@ pub fn cross_entropy_rows_and_grad(
     };
     let grad = logits.apply_op3_no_bwd(&targets, &stats, &backward)?;
     Ok(Some((packed.narrow(1, 0, 1)?.squeeze(1)?, grad)))
+}
+
+/// The dtype the kernels compute `logits` in (that of the targets and statistics they take)
+/// when they run on them as they are: f32 and f64 on the CPU or a GPU, f32 for bf16 on a GPU;
+/// `None` otherwise.
+fn kernel_dtype(logits: &Tensor) -> Option<DType> {
+    match logits.dtype() {
+        DType::BF16 if uses_cuda_kernels_with_half(&[logits]) => Some(DType::F32),
+        DType::F32 | DType::F64 if uses_cpu_kernels(&[logits]) || uses_cuda_kernels(&[logits]) => {
+            Some(logits.dtype())
+        }
+        _ => None,
+    }
 }
 
 /// The rows of `logits` (`[N, C]`), after checking `targets` (`[N]`) and `classes` against it.
