@@ -107,6 +107,13 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
             tolerance,
         });
         checks.push(Check {
+            name: format!(
+                "{dtype:?} stem 7x7/2 from ConvOperands (restored) = the direct passes, channels-last"
+            ),
+            error: operands_against_direct(gpu, dtype, STEM)?,
+            tolerance: unit,
+        });
+        checks.push(Check {
             name: format!("{dtype:?} conv2d_backward_add 3x3 @16"),
             error: compare_conv_backward_add(gpu, [4, 64, 16, 16], [64, 64, 3, 3], (1, 1), dtype)?,
             // cuDNN's beta = 1 rounds the input gradient to 16 bits before adding it (the CPU
@@ -129,6 +136,37 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The largest relative error between a convolution's output, input gradient and weight
+/// gradient on the GPU, channels-last, through `ops::ConvOperands` (prepared once, the backward
+/// from the saved tensors restored: a bf16 stem's blocks built once) and through the direct
+/// passes (`conv2d_forward`, `conv2d_backward`), infinite if a shape or layout differs. The same
+/// kernels on the same operands: equal but for cuDNN's weight-gradient algorithms that add with
+/// atomics in any order.
+fn operands_against_direct(gpu: &Device, dtype: DType, case: ConvCase) -> Result<f64> {
+    let (x_dims, w_dims, dy_dims, stride, padding) = case;
+    let t = inputs(dtype, &[&x_dims, &w_dims, &dy_dims])?;
+    let x = ops::to_channels_last(&t[0].to_device(gpu)?)?;
+    let w = (t[1].to_device(gpu)? * 0.1)?;
+    let dy = ops::to_channels_last(&t[2].to_device(gpu)?)?;
+    let operands = ops::ConvOperands::new(&x, &w, stride, padding)?;
+    let y = operands.forward()?;
+    let restored = ops::ConvOperands::restore(operands.saved(), &w, stride, padding)?;
+    let (dx, dw) = restored.backward(&dy, true)?;
+    let filter = ops::conv2d_filter_for(&x, &w)?;
+    let direct_y = ops::conv2d_forward(&x, &filter, stride, padding)?;
+    let (direct_dx, direct_dw) = ops::conv2d_backward(&x, &filter, &dy, stride, padding, true)?;
+    let dx = dx.expect("asked for");
+    let direct_dx = direct_dx.expect("asked for");
+    let mut worst = 0f64;
+    for (a, b) in [(direct_y, y), (direct_dx, dx), (direct_dw, dw)] {
+        if a.dims() != b.dims() || ops::is_channels_last(&a) != ops::is_channels_last(&b) {
+            return Ok(f64::INFINITY);
+        }
+        worst = worst.max(relative_error(&a, &b)?);
+    }
+    Ok(worst)
 }
 
 /// Seeded-by-Candle random inputs on the CPU, rounded to `dtype`.

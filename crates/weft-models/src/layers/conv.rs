@@ -44,30 +44,44 @@ impl Conv2d {
     }
 
     /// [`Conv2d::forward`] without an autograd graph (blocks with their own backward); returns
-    /// the output, the filter as the passes over `x` read it ([`ops::conv2d_filter_for`]), for
-    /// [`Conv2d::backward`] and [`Conv2d::backward_add`], and, where one cuDNN kernel computes
-    /// them with the output, the output's per-channel `[sum; sum of squares]`
-    /// ([`ops::conv2d_forward_with_sums`]) for the batch norm after it.
-    pub fn forward_graph_free(&self, x: &Tensor) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let filter = ops::conv2d_filter_for(x, self.weight.as_tensor())?;
-        if let Some((y, sums)) =
-            ops::conv2d_forward_with_sums(x, &filter, self.stride, self.padding)?
-        {
-            return Ok((y, filter, Some(sums)));
+    /// the output, the operands as the passes read them ([`ops::ConvOperands`]: a channels-last
+    /// filter, a stem's space-to-depth blocks), for [`Conv2d::backward`] and
+    /// [`Conv2d::backward_add`], and, where one cuDNN kernel computes them with the output, the
+    /// output's per-channel `[sum; sum of squares]` for the batch norm after it.
+    pub fn forward_graph_free(
+        &self,
+        x: &Tensor,
+    ) -> Result<(Tensor, ops::ConvOperands, Option<Tensor>)> {
+        let operands =
+            ops::ConvOperands::new(x, self.weight.as_tensor(), self.stride, self.padding)?;
+        if let Some((y, sums)) = operands.forward_with_sums()? {
+            return Ok((y, operands, Some(sums)));
         }
-        let y = ops::conv2d_forward(x, &filter, self.stride, self.padding)?;
-        Ok((y, filter, None))
+        let y = operands.forward()?;
+        Ok((y, operands, None))
+    }
+
+    /// The operands of [`Conv2d::forward_graph_free`] from the tensors a block kept of them
+    /// ([`ops::ConvOperands::saved`]).
+    pub fn restore(&self, saved: [Tensor; 3]) -> Result<ops::ConvOperands> {
+        let w = self.weight.as_tensor();
+        Ok(ops::ConvOperands::restore(
+            saved,
+            w,
+            self.stride,
+            self.padding,
+        )?)
     }
 
     /// The input gradient (if `input_grad`) and the weight's gradient, keyed by its id, from
-    /// the input `x` and the `filter` of [`Conv2d::forward_graph_free`].
+    /// the operands of [`Conv2d::forward_graph_free`].
     pub fn backward(
         &self,
-        (x, filter): (&Tensor, &Tensor),
+        operands: &ops::ConvOperands,
         dy: &Tensor,
         input_grad: bool,
     ) -> Result<(Option<Tensor>, ParamGrad)> {
-        let (dx, dw) = ops::conv2d_backward(x, filter, dy, self.stride, self.padding, input_grad)?;
+        let (dx, dw) = operands.backward(dy, input_grad)?;
         Ok((dx, (self.weight.id(), dw)))
     }
 
@@ -75,11 +89,11 @@ impl Conv2d {
     /// [`ops::conv2d_backward_add`]); returns the weight's gradient.
     pub fn backward_add(
         &self,
-        (x, filter): (&Tensor, &Tensor),
+        operands: &ops::ConvOperands,
         dy: &Tensor,
         acc: &Tensor,
     ) -> Result<ParamGrad> {
-        let dw = ops::conv2d_backward_add(acc, x, filter, dy, self.stride, self.padding)?;
+        let dw = operands.backward_add(acc, dy)?;
         Ok((self.weight.id(), dw))
     }
 }

@@ -68,6 +68,7 @@ mod conv_crop;
 mod conv_cudnn;
 #[cfg(feature = "cudnn")]
 mod conv_nhwc;
+mod conv_operands;
 #[cfg(any(feature = "cudnn", test))]
 mod conv_space_to_depth;
 #[cfg(feature = "cudnn")]
@@ -151,6 +152,7 @@ pub use conv2d::{
 pub use conv_add::conv2d_backward_add;
 #[cfg(feature = "cudnn")]
 pub use conv_cudnn::set_allow_tf32;
+pub use conv_operands::ConvOperands;
 #[cfg(feature = "cudnn")]
 pub use conv_stats::conv_stats_plans;
 pub use conv_stats_choice::{conv_stats, set_conv_stats, ConvStats};

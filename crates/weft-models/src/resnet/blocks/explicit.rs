@@ -7,19 +7,19 @@
 //! weft's kernels take; otherwise (evaluation, other dtypes) the tape records Candle's graph.
 
 use candle_core::Tensor;
-use weft_tensor::ops::{self, BatchNormOutput};
+use weft_tensor::ops::{self, BatchNormOutput, ConvOperands};
 use weft_tensor::{ExplicitBackward, ExplicitGrads, Mode, ParamGrad, Result, Saved, TensorError};
 
 use super::{Residual, Stem};
 use crate::layers::{BatchNorm2d, Conv2d};
 
-/// What one convolution + batch norm keeps for its backward: the convolution's input and its
-/// filter as the forward read it (channels-last filters are not transposed again), the batch
-/// norm's input and statistics, and its output only when a ReLU follows (its mask). The output
-/// of a batch norm without ReLU (the largest tensors of a bottleneck) is not kept.
+/// What one convolution + batch norm keeps for its backward: the convolution's operands as the
+/// forward read them (channels-last filters are not transposed again, a stem's pixel blocks
+/// not built again), the batch norm's input and statistics, and its output only when a ReLU
+/// follows (its mask). The output of a batch norm without ReLU (the largest tensors of a
+/// bottleneck) is not kept.
 struct ConvBnSaved {
-    input: Tensor,
-    filter: Tensor,
+    conv: ConvOperands,
     z: Tensor,
     table: Tensor,
     relu_output: Option<Tensor>,
@@ -47,7 +47,7 @@ impl ConvBnSaved {
         mode: Mode,
         after: After<'_>,
     ) -> Result<(Tensor, Self)> {
-        let (z, filter, sums) = conv.forward_graph_free(x)?;
+        let (z, operands, sums) = conv.forward_graph_free(x)?;
         let sums = sums.as_ref();
         let BatchNormOutput { y, table, .. } = match after {
             After::AddRelu(shortcut) => bn.forward_graph_free_add_relu(&z, sums, mode, shortcut)?,
@@ -55,8 +55,7 @@ impl ConvBnSaved {
         };
         let relu_output = matches!(after, After::Relu).then(|| y.clone());
         let kept = Self {
-            input: x.clone(),
-            filter,
+            conv: operands,
             z,
             table,
             relu_output,
@@ -65,15 +64,20 @@ impl ConvBnSaved {
     }
 
     fn push_to(self, saved: &mut Saved) {
-        saved.extend([self.input, self.filter, self.z, self.table]);
+        saved.extend(self.conv.saved());
+        saved.extend([self.z, self.table]);
         saved.extend(self.relu_output);
     }
 
-    fn take_from(saved: &mut std::vec::IntoIter<Tensor>, block: &str, relu: bool) -> Result<Self> {
+    fn take_from(
+        saved: &mut std::vec::IntoIter<Tensor>,
+        conv: &Conv2d,
+        block: &str,
+        relu: bool,
+    ) -> Result<Self> {
         let mut next = || saved.next().ok_or_else(|| incomplete(block));
         Ok(Self {
-            input: next()?,
-            filter: next()?,
+            conv: conv.restore([next()?, next()?, next()?])?,
             z: next()?,
             table: next()?,
             relu_output: if relu { Some(next()?) } else { None },
@@ -96,15 +100,12 @@ impl ConvBnSaved {
         grads.extend(bn_grads);
         let dx = match input {
             InputGrad::AddTo(acc) => {
-                grads.push(conv.backward_add((&self.input, &self.filter), &dz, acc)?);
+                grads.push(conv.backward_add(&self.conv, &dz, acc)?);
                 None
             }
             InputGrad::New | InputGrad::Skip => {
-                let (dx, conv_grad) = conv.backward(
-                    (&self.input, &self.filter),
-                    &dz,
-                    matches!(input, InputGrad::New),
-                )?;
+                let (dx, conv_grad) =
+                    conv.backward(&self.conv, &dz, matches!(input, InputGrad::New))?;
                 grads.push(conv_grad);
                 dx
             }
@@ -148,7 +149,7 @@ impl ExplicitBackward for Stem {
         }
         let x = self.in_layout(x)?;
         let (h, conv_bn) = ConvBnSaved::forward(&self.conv1, &self.bn1, &x, mode, After::Relu)?;
-        let mut saved = Vec::with_capacity(6);
+        let mut saved = Vec::with_capacity(7);
         let y = if self.max_pool {
             let (pooled, pool_saved) = ops::max_pool2d_forward_saving(&h, 3, 2, 1)?;
             saved.push(pool_saved);
@@ -167,7 +168,7 @@ impl ExplicitBackward for Stem {
         } else {
             None
         };
-        let conv_bn = ConvBnSaved::take_from(&mut saved, "stem", true)?;
+        let conv_bn = ConvBnSaved::take_from(&mut saved, &self.conv1, "stem", true)?;
         let dy = match (pool_saved, &conv_bn.relu_output) {
             (Some(pool_saved), Some(h)) => {
                 ops::max_pool2d_backward_saved(h, &pool_saved, dy, 3, 2, 1)?
@@ -191,7 +192,7 @@ impl ExplicitBackward for Residual {
             return Ok(None);
         }
         let layers = self.branch.len() + usize::from(self.downsample.is_some());
-        let mut saved = Vec::with_capacity(layers * 5 + 1);
+        let mut saved = Vec::with_capacity(layers * 6 + 1);
         let last = self.branch.len() - 1;
         // The shortcut first, so that the branch's last batch norm ends the block in its pass.
         let (shortcut, down) = match &self.downsample {
@@ -222,11 +223,11 @@ impl ExplicitBackward for Residual {
     fn backward(&self, saved: Saved, dy: &Tensor, input_grad: bool) -> Result<ExplicitGrads> {
         let mut saved = saved.into_iter();
         let last = self.branch.len() - 1;
-        let branch = (0..self.branch.len())
-            .map(|i| ConvBnSaved::take_from(&mut saved, &self.name, i != last))
+        let branch = (self.branch.iter().enumerate())
+            .map(|(i, (conv, _))| ConvBnSaved::take_from(&mut saved, conv, &self.name, i != last))
             .collect::<Result<Vec<_>>>()?;
-        let down = match self.downsample {
-            Some(_) => Some(ConvBnSaved::take_from(&mut saved, &self.name, false)?),
+        let down = match &self.downsample {
+            Some((conv, _)) => Some(ConvBnSaved::take_from(&mut saved, conv, &self.name, false)?),
             None => None,
         };
         let y = saved.next().ok_or_else(|| incomplete(&self.name))?;
