@@ -57,15 +57,7 @@ impl ConvOperands {
             Some(never) => match *never {},
             None => (x.clone(), conv2d_filter_for(x, w)?),
         };
-        Ok(Self {
-            x: x.clone(),
-            w: w.clone(),
-            input,
-            filter,
-            stride,
-            padding,
-            lowering,
-        })
+        Self::restore([x.clone(), input, filter], w, stride, padding)
     }
 
     /// The tensors a block keeps for the backward: `x`, the input and the filter as the passes
