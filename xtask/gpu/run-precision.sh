@@ -25,6 +25,11 @@
 #            eager and compiled
 #   memory   the trainer on one GPU (bench-ddp --world-sizes 1, its CUDA graph) beside PyTorch,
 #            channels-last, bf16-mixed at batch 128 and fp32 at batch 32: nvidia-smi's peak per phase
+#   ratio    issue 14's bar, bf16-mixed ÷ fp32 at batch 128 channels-last: bench-step launched
+#            ahead in RATIO_ROUNDS (default 5) interleaved rounds, then synchronised (2 rounds) and
+#            the trainer (bench-ddp --world-sizes 1, once); the median of each and their ratio.
+#            RATIO_BUILDS (default "xtask") names the bundle's binaries to run side by side,
+#            e.g. "xtask-base xtask"
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -145,4 +150,50 @@ if want memory; then
     kill $sampler 2>/dev/null
     python3 "$B/python/peak_by_phase.py" /tmp/mem.csv "$OUT/memory-$1.log" | tee -a "$OUT/memory-$1.log"
   done
+fi
+
+if want ratio; then
+  echo "== issue 14's ratio: bf16-mixed ÷ fp32, batch 128, channels-last"
+  ROUNDS=${RATIO_ROUNDS:-5}
+  STEP="bench-step $MODEL --channels-last --no-anchor --warmup 4"
+  rate() { awk '{for (i = 1; i <= NF; i++) if ($i == "images/s") print $(i - 1)}' | tail -1; }
+  : > "$OUT/ratio.txt"
+  for round in $(seq "$ROUNDS"); do
+    for build in ${RATIO_BUILDS:-xtask}; do
+      for precision in bf16-mixed fp32; do
+        r=$(timeout 100 "$B/$build" $STEP --steps 40 --launch-ahead --precision $precision 2>&1 | rate)
+        echo "launched-ahead $build $precision $r" | tee -a "$OUT/ratio.txt"
+      done
+    done
+  done
+  for round in 1 2; do
+    for build in ${RATIO_BUILDS:-xtask}; do
+      for precision in bf16-mixed fp32; do
+        r=$(timeout 100 "$B/$build" $STEP --steps 20 --precision $precision 2>&1 | rate)
+        echo "synchronised $build $precision $r" | tee -a "$OUT/ratio.txt"
+      done
+    done
+  done
+  for build in ${RATIO_BUILDS:-xtask}; do
+    for precision in bf16-mixed fp32; do
+      rm -rf target/bench-runs
+      r=$(timeout 150 "$B/$build" bench-ddp $MODEL --channels-last --cuda-graph true --world-sizes 1 \
+        --steps 40 --warmup 10 --precision $precision --no-anchor 2>&1 | grep -E "^weft" | tail -1 |
+        awk '{for (i = 1; i <= NF; i++) if ($i == "img/s") print $(i - 1)}')
+      echo "trainer $build $precision $r" | tee -a "$OUT/ratio.txt"
+    done
+  done
+  python3 - "$OUT/ratio.txt" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    mode, build, precision, *rate = line.split()
+    if rate:
+        runs.setdefault((mode, build), {}).setdefault(precision, []).append(float(rate[0]))
+for (mode, build), by in runs.items():
+    if "bf16-mixed" in by and "fp32" in by:
+        bf16, fp32 = statistics.median(by["bf16-mixed"]), statistics.median(by["fp32"])
+        print(f"{mode:>14} {build}: bf16 {bf16:.1f} / fp32 {fp32:.1f} = {bf16 / fp32:.4f}"
+              f" (min bf16 / max fp32 {min(by['bf16-mixed']) / max(by['fp32']):.4f})")
+PY
 fi
