@@ -1,7 +1,7 @@
 //! `conv2d` against Candle's convolution, its autograd, and finite differences.
 
 use super::support::{assert_close, autograd, finite_differences, seeded, values, weighted_sum};
-use crate::ops::{conv2d, conv2d_backward, conv2d_backward_add, conv2d_forward};
+use crate::ops::{conv2d, conv2d_backward, conv2d_backward_add, conv2d_forward, ConvOperands};
 use candle_core::{DType, Result, Tensor, Var};
 
 /// (x shape, w shape, stride, padding) cases: ResNet's kinds of convolutions, a
@@ -160,6 +160,43 @@ fn backward_add_adds_the_input_gradient_into_the_tensor_and_its_clones() -> Resu
             assert_close(&values(&alias), &expected, 1e-6, &format!("{what}, clone"));
             assert_close(&values(&dw_add), &values(&dw), 1e-6, &format!("{what}, dw"));
         }
+    }
+    Ok(())
+}
+
+/// `ConvOperands` prepared once, its backward from the saved tensors restored, runs the direct
+/// passes' kernels on the same operands: output, input gradient, weight gradient and the
+/// in-place input gradient equal to theirs bit for bit (f64).
+#[test]
+fn operands_restored_from_their_saved_tensors_give_the_direct_passes() -> Result<()> {
+    for case in [0, 1, 3, 5, 11] {
+        let (x, w, stride, padding) = inputs(case);
+        let operands = ConvOperands::new(&x, &w, stride, padding)?;
+        let y = operands.forward()?;
+        let dy = seeded(y.dims(), 50 + case as u64);
+        let restored = ConvOperands::restore(operands.saved(), &w, stride, padding)?;
+        let (dx, dw) = restored.backward(&dy, true)?;
+        let (direct_dx, direct_dw) = conv2d_backward(&x, &w, &dy, stride, padding, true)?;
+        let what = format!("case {case}");
+        assert_eq!(
+            values(&y),
+            values(&conv2d_forward(&x, &w, stride, padding)?),
+            "{what}"
+        );
+        assert_eq!(
+            values(&dx.expect("asked for")),
+            values(&direct_dx.expect("asked for"))
+        );
+        assert_eq!(values(&dw), values(&direct_dw), "{what}, dw");
+        let (acc, direct_acc) = (seeded(x.dims(), 60), seeded(x.dims(), 60));
+        let dw_add = restored.backward_add(&acc, &dy)?;
+        conv2d_backward_add(&direct_acc, &x, &w, &dy, stride, padding)?;
+        assert_eq!(values(&acc), values(&direct_acc), "{what}, added");
+        assert_eq!(
+            values(&dw_add),
+            values(&direct_dw),
+            "{what}, dw with the add"
+        );
     }
     Ok(())
 }
