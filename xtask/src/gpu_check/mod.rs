@@ -368,14 +368,30 @@ pub fn run() -> Result<()> {
     ] {
         checks.push(Check {
             name: format!("copy_tensors, 61 tensors, {dtype:?} into {into:?}"),
-            error: compare_multi_tensor(&gpu, dtype, into, false)?,
+            error: compare_multi_tensor(&gpu, dtype, into, (false, false))?,
             tolerance: 0.0,
         });
     }
     for dtype in [DType::BF16, DType::F16] {
         checks.push(Check {
             name: format!("copy_tensors, 61 tensors, {dtype:?} and F32 into F32 in one launch"),
-            error: compare_multi_tensor(&gpu, dtype, DType::F32, true)?,
+            error: compare_multi_tensor(&gpu, dtype, DType::F32, (true, false))?,
+            tolerance: 0.0,
+        });
+    }
+    // Channels-last filters (convolutions' weight gradients) transposed by the copy itself.
+    for (dtype, into, mixed) in [
+        (DType::F32, DType::F32, false),
+        (DType::BF16, DType::BF16, false),
+        (DType::BF16, DType::F32, true),
+        (DType::F16, DType::F32, true),
+    ] {
+        checks.push(Check {
+            name: format!(
+                "copy_tensors, 61 tensors, channels-last filters, {dtype:?}{} into {into:?}",
+                if mixed { " and F32" } else { "" }
+            ),
+            error: compare_multi_tensor(&gpu, dtype, into, (mixed, true))?,
             tolerance: 0.0,
         });
     }

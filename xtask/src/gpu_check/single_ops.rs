@@ -192,31 +192,49 @@ pub(super) const MULTI_SIZES: [usize; 61] = {
     sizes
 };
 
+/// The shape of source `i` of the multi-tensor checks: `MULTI_SIZES[i]` elements, or with
+/// `filters` every third a filter `K x C x R x R` (R of 1, 3, 5 or 7; one of layer4's 3 x 3
+/// filters, whose blocks stride), which the checks store channels-last.
+fn multi_shape(i: usize, filters: bool) -> Vec<usize> {
+    match (filters, i % 3) {
+        (true, 2) if i == 11 => vec![512, 512, 3, 3],
+        (true, 2) => vec![
+            1 + i % 5,
+            2 + i % 7,
+            [1, 3, 5, 7][i / 3 % 4],
+            [1, 3, 5, 7][i / 3 % 4],
+        ],
+        _ => vec![MULTI_SIZES[i]],
+    }
+}
+
 /// `copy_tensors` of tensors of `dtype` into destinations of `into` on the GPU against the CPU:
 /// the largest relative error of the copies. With `mixed`, every other source is of `into`
-/// instead (copied in the same launch as the others are widened).
+/// instead (copied in the same launch as the others are widened); with `filters`, every third
+/// is a 4-D filter stored channels-last (transposed by the copy).
 pub(super) fn compare_multi_tensor(
     gpu: &Device,
     dtype: DType,
     into: DType,
-    mixed: bool,
+    (mixed, filters): (bool, bool),
 ) -> Result<f64> {
-    let sources: Vec<Tensor> = MULTI_SIZES
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| {
+    let sources: Vec<Tensor> = (0..MULTI_SIZES.len())
+        .map(|i| {
             let of = if mixed && i % 2 == 1 { into } else { dtype };
-            Tensor::randn(0f32, 1.0, n, &Device::Cpu)?.to_dtype(of)
+            Tensor::randn(0f32, 1.0, multi_shape(i, filters), &Device::Cpu)?.to_dtype(of)
         })
         .collect::<candle_core::Result<_>>()?;
     let run = |device: &Device| -> Result<Tensor> {
         let params: Vec<Tensor> = sources
             .iter()
-            .map(|t| t.to_device(device)?.copy())
+            .map(|t| match t.rank() {
+                4 => ops::to_channels_last(&t.to_device(device)?),
+                _ => t.to_device(device)?.copy(),
+            })
             .collect::<candle_core::Result<_>>()?;
-        let copies: Vec<Tensor> = params
+        let copies: Vec<Tensor> = sources
             .iter()
-            .map(|t| t.zeros_like()?.to_dtype(into))
+            .map(|t| t.zeros_like()?.to_dtype(into)?.to_device(device))
             .collect::<candle_core::Result<_>>()?;
         let pairs: Vec<(&Tensor, &Tensor)> = params.iter().zip(&copies).collect();
         ops::copy_tensors(&pairs)?;
@@ -226,7 +244,14 @@ pub(super) fn compare_multi_tensor(
             .collect::<candle_core::Result<_>>()?;
         Ok(Tensor::cat(&flat, 0)?)
     };
-    relative_error(&run(&Device::Cpu)?, &run(gpu)?)
+    let gpu_copies = run(gpu)?;
+    let logical: Vec<Tensor> = sources
+        .iter()
+        .map(|t| t.flatten_all()?.to_dtype(into))
+        .collect::<candle_core::Result<_>>()?;
+    // Against the sources' own values as well: a transposition wrong alike on both sides.
+    let error = relative_error(&run(&Device::Cpu)?, &gpu_copies)?;
+    Ok(error.max(relative_error(&Tensor::cat(&logical, 0)?, &gpu_copies)?))
 }
 
 /// `unscale_and_check` on the GPU against the CPU for a buffer of `dtype`: the unscaled values

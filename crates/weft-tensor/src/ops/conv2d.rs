@@ -91,7 +91,8 @@ pub fn conv2d_filter_for(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 }
 
 /// The gradients of [`conv2d_forward`]`(x, w)` given the output gradient `dy`:
-/// `(dx if input_grad, dw)`.
+/// `(dx if input_grad, dw)`; `dw` is stored channels-last on the NHWC cuDNN path (see
+/// `conv_nhwc::backward_filter`), contiguous otherwise.
 pub fn conv2d_backward(
     x: &Tensor,
     w: &Tensor,

@@ -3,8 +3,9 @@
 //! too), and, after `set_conv_nhwc(true)`, for 16-bit NCHW tensors, whose operands are copied
 //! in and the results out (measured on an H100, those copies cost more than NHWC saves:
 //! ResNet-50 bf16 956 against 1074 images/s with heuristic choices). Weight gradients come
-//! back OIHW. bf16 stride-2 convolutions over at most four input channels (the stem) run
-//! lowered by space-to-depth (`conv_space_to_depth`).
+//! back OIHW-shaped and stored channels-last, as cuDNN writes them. bf16 stride-2 convolutions
+//! over at most four input channels (the stem) run lowered by space-to-depth
+//! (`conv_space_to_depth`).
 
 use candle_core::{bail, CpuStorage, CudaStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
@@ -120,7 +121,9 @@ pub(super) fn backward_data(
     )
 }
 
-/// The weight gradient from `x` and `dy` (OIHW, contiguous).
+/// The weight gradient from `x` and `dy`: OIHW-shaped, stored channels-last (KRSC, as cuDNN
+/// wrote it). The copy that writes it into a flat gradient buffer transposes it
+/// (`copy_tensors`), so no pass of its own does.
 pub(super) fn backward_filter(x: &Tensor, dy: &Tensor, problem: ConvProblem) -> Result<Tensor> {
     if let Some(lowering) = SpaceToDepth::for_problem(&problem, x.dtype()) {
         let blocks_grad = backward_filter(&lowering.input(x)?, dy, lowering.lowered()?)?;
@@ -128,5 +131,5 @@ pub(super) fn backward_filter(x: &Tensor, dy: &Tensor, problem: ConvProblem) -> 
     }
     let g = &problem.geom;
     let out = [problem.c_out, g.k_h, g.k_w, g.c_in];
-    run(CudnnPass::BackwardFilter, problem, (x, dy), out, false)
+    run(CudnnPass::BackwardFilter, problem, (x, dy), out, true)
 }

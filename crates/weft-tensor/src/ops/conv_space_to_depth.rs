@@ -23,7 +23,7 @@ use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use half::{bf16, f16};
 
-use super::channels_last::from_nhwc;
+use super::channels_last::{from_nhwc, nhwc};
 use super::conv2d::conv_problem;
 use super::conv_cpu::ConvProblem;
 
@@ -115,20 +115,22 @@ impl SpaceToDepth {
         from_nhwc(&taps.apply_op1_no_bwd(&Blocks(geometry))?)
     }
 
-    /// The gradient of `w` from that of [`SpaceToDepth::filter`]`(w)`: `K x C x k x k`,
-    /// contiguous.
+    /// The gradient of `w` from that of [`SpaceToDepth::filter`]`(w)` (channels-last, as the
+    /// NHWC passes give it): `K x C x k x k`, stored channels-last like the passes' other weight
+    /// gradients.
     pub(super) fn filter_grad(&self, grad: &Tensor) -> Result<Tensor> {
         let g = &self.problem.geom;
         let (kb, k) = (self.block_kernel, g.k_h);
-        grad.contiguous()?
-            .reshape((self.problem.c_out, 2, 2, CHANNELS, kb, kb))?
-            .permute((0, 3, 4, 1, 5, 2))?
+        let taps = nhwc(grad)?
+            .reshape((self.problem.c_out, kb, kb, 2, 2, CHANNELS))?
+            .permute((0, 1, 3, 2, 4, 5))?
             .contiguous()?
-            .reshape((self.problem.c_out, CHANNELS, 2 * kb, 2 * kb))?
-            .narrow(1, 0, g.c_in)?
+            .reshape((self.problem.c_out, 2 * kb, 2 * kb, CHANNELS))?
+            .narrow(1, 0, k)?
             .narrow(2, 0, k)?
-            .narrow(3, 0, k)?
-            .contiguous()
+            .narrow(3, 0, g.c_in)?
+            .contiguous()?;
+        from_nhwc(&taps)
     }
 
     /// The gradient of the input from that of [`SpaceToDepth::input`]: channels-last when

@@ -15,7 +15,9 @@ pub fn copies_into(from: DType, to: DType) -> bool {
 
 /// Copies each `(source, destination)` pair: same number of elements, dtypes as
 /// [`copies_into`] allows (a 16-bit source is widened to an f32 destination in the same pass),
-/// destination contiguous (a variable, or a slot of a flat buffer). Shapes may differ.
+/// destination contiguous (a variable, or a slot of a flat buffer). Shapes may differ; the
+/// source's values are taken in its logical order (on a GPU, a channels-last source is
+/// transposed by the copy itself).
 pub fn copy_tensors(pairs: &[(&Tensor, &Tensor)]) -> Result<()> {
     for (i, (src, dst)) in pairs.iter().enumerate() {
         if !copies_into(src.dtype(), dst.dtype()) || src.elem_count() != dst.elem_count() {
@@ -36,11 +38,17 @@ pub fn copy_tensors(pairs: &[(&Tensor, &Tensor)]) -> Result<()> {
         .iter()
         .all(|(s, d)| s.device().is_cuda() && d.device().is_cuda())
     {
-        let contiguous: Vec<Tensor> = pairs
+        // The kernels read contiguous sources, and channels-last ones as they are.
+        let sources: Vec<Tensor> = pairs
             .iter()
-            .map(|(src, _)| src.contiguous())
+            .map(
+                |(src, _)| match super::multi_tensor_cuda::channels_last_source(src).is_some() {
+                    true => Ok((*src).clone()),
+                    false => src.contiguous(),
+                },
+            )
             .collect::<Result<_>>()?;
-        let pairs: Vec<(&Tensor, &Tensor)> = contiguous
+        let pairs: Vec<(&Tensor, &Tensor)> = sources
             .iter()
             .zip(pairs)
             .map(|(s, (_, d))| (s, *d))

@@ -1,7 +1,7 @@
 //! The space-to-depth lowering of stride-2 convolutions over few channels (`conv_space_to_depth`)
 //! against the convolution itself, on the CPU kernels in f64: output, filter gradient and input
 //! gradient (in both layouts) of the lowered problem equal the direct ones up to the order of
-//! the additions (1e-12 relative).
+//! the additions (1e-12 relative); the filter gradient comes back stored channels-last.
 
 use super::support::{assert_close, seeded, values};
 use crate::ops::channels_last::{is_channels_last, to_channels_last};
@@ -62,6 +62,11 @@ fn the_lowered_convolution_equals_the_stride_2_one() -> Result<()> {
         let (blocks_dx, blocks_dw) = conv2d_backward(&blocks, &filter, &dy, 1, 0, true)?;
         let dw_lowered = lowering.filter_grad(&blocks_dw)?;
         assert_eq!(dw_lowered.dims(), w.dims());
+        assert_eq!(
+            is_channels_last(&dw_lowered),
+            w_dims[1] > 1,
+            "case {i}: dw is stored channels-last, as the NHWC passes give it"
+        );
         assert_close(
             &values(&dw_lowered),
             &values(&dw),
