@@ -42,7 +42,7 @@ impl Objective for Classification {
     /// The fused cross-entropy's two passes with no graph
     /// ([`ops::cross_entropy_rows_and_grad`]): the mean loss, `(softmax − one-hot) · scale / N`
     /// as the logits' gradient (bf16 for bf16 logits on a GPU, f32 for other 16-bit logits),
-    /// and the correct predictions.
+    /// and the correct predictions (counted by the forward pass, in its dtype).
     fn loss_and_output_grad(
         &self,
         logits: &Tensor,
@@ -51,14 +51,14 @@ impl Objective for Classification {
     ) -> weft_tensor::Result<Option<(LossOutput, Tensor)>> {
         let (rows, classes) = logits.dims2()?;
         let fused = ops::cross_entropy_rows_and_grad(logits, labels, classes, scale / rows as f64)?;
-        let Some((losses, grad)) = fused else {
+        let Some(fused) = fused else {
             return Ok(None);
         };
         let loss = LossOutput {
-            loss: losses.mean_all()?,
-            metrics: vec![("correct", hits(logits, labels)?)],
+            loss: fused.losses()?.mean_all()?,
+            metrics: vec![("correct", fused.hits()?.sum_all()?)],
         };
-        Ok(Some((loss, grad)))
+        Ok(Some((loss, fused.grad)))
     }
 }
 
@@ -126,14 +126,14 @@ impl Objective for NextToken {
             self.vocab_size,
             scale / tokens as f64,
         )?;
-        let Some((losses, grad)) = fused else {
+        let Some(fused) = fused else {
             return Ok(None);
         };
         let loss = LossOutput {
-            loss: losses.mean_all()?,
+            loss: fused.losses()?.mean_all()?,
             metrics: Vec::new(),
         };
-        Ok(Some((loss, grad.reshape(logits.shape())?)))
+        Ok(Some((loss, fused.grad.reshape(logits.shape())?)))
     }
 }
 
@@ -223,7 +223,14 @@ mod tests {
             max_diff(&grad, &expected)
         );
         assert!(max_diff(&output.loss, &reference.loss) < 1e-15);
-        let correct = |o: &weft_tensor::LossOutput| o.metrics[0].1.to_scalar::<u32>().unwrap();
+        let correct = |o: &weft_tensor::LossOutput| {
+            let count = &o.metrics[0].1;
+            count
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap()
+        };
         assert_eq!(correct(&output), correct(&reference));
     }
 }

@@ -1,8 +1,10 @@
 // Fused per-row cross-entropy, the CUDA side of weft-tensor's `cross_entropy_rows`
 // (crates/weft-tensor/src/ops/cross_entropy_cuda.rs launches these):
-//   cross_entropy_forward   (logits [N, C], targets [N]) -> [loss | lse] per row, over the
-//                           first `classes` columns; one block per row, two passes (max, then
-//                           the sum of exponentials), block reductions by warp shuffles
+//   cross_entropy_forward   (logits [N, C], targets [N]) -> [loss | lse | hit] per row, over
+//                           the first `classes` columns; one block per row, two passes (max,
+//                           then the sum of exponentials and the first column holding the
+//                           max), block reductions by warp shuffles; hit is 1 where that
+//                           column is the target (a top-1 prediction's `correct`), else 0
 //   cross_entropy_backward  (logits, targets, [g | lse]) -> (softmax - one-hot) * g, zero in the
 //                           columns from `classes` on; grid-stride over the elements
 // Targets arrive as floats (exact below 2^24); one outside 0..classes gives the row a NaN loss.
@@ -22,15 +24,23 @@ __device__ void forward(const T* logits, const A* targets, A* out, int cols, int
     for (int j = threadIdx.x; j < classes; j += blockDim.x) m = max(m, cvt<A>(row[j]));
     m = block_reduce<A>(m, true, scratch);
     A s = 0;
-    for (int j = threadIdx.x; j < classes; j += blockDim.x) s += exp_of<A>(cvt<A>(row[j]) - m);
+    // Minus the first column holding the max (each thread meets its columns in order).
+    A first = -INFINITY;
+    for (int j = threadIdx.x; j < classes; j += blockDim.x) {
+        A v = cvt<A>(row[j]);
+        s += exp_of<A>(v - m);
+        if (v == m && first == -INFINITY) first = -(A)j;
+    }
     s = block_reduce<A>(s, false, scratch);
+    first = block_reduce<A>(first, true, scratch);
     if (threadIdx.x == 0) {
         A lse = m + log_of<A>(s);
         A target = targets[i];
         int t = (int)target;
         bool valid = target >= (A)0 && t < classes;
-        out[2 * i] = valid ? lse - cvt<A>(row[t]) : (A)NAN;
-        out[2 * i + 1] = lse;
+        out[3 * i] = valid ? lse - cvt<A>(row[t]) : (A)NAN;
+        out[3 * i + 1] = lse;
+        out[3 * i + 2] = valid && -first == (A)t ? (A)1 : (A)0;
     }
 }
 

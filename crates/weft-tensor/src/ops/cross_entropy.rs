@@ -1,8 +1,9 @@
 //! Cross-entropy per row, fused: for `logits` `[N, C]` and integer `targets` `[N]`, row `i`'s
 //! loss `log Σ_{j<classes} exp(z_ij) − z_i,t_i` over the first `classes` columns only (the
 //! columns a padded vocabulary adds take no part), without materialising the log-softmax.
-//! Forward keeps each row's log-sum-exp; backward writes `(softmax − one-hot) · g_i` in one
-//! pass (zero in the padded columns). A language model's logits are its largest activation
+//! Forward keeps each row's log-sum-exp and whether the row's first arg-max is its target (a
+//! classifier's `correct`, from the same pass); backward writes `(softmax − one-hot) · g_i` in
+//! one pass (zero in the padded columns). A language model's logits are its largest activation
 //! (GPT-2: 8192 rows × 50304 at batch 8 × 1024), so the unfused chain of Candle ops (narrow,
 //! copy, max, subtract, exp, sum, log, gather and their backward) costs more than the head's
 //! matmul.
@@ -37,7 +38,7 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, classes: usize) -> 
     };
     let targets = targets.to_dtype(wide)?.contiguous()?;
     // The third argument only carries the dtype and device for the forward pass.
-    let unused = Tensor::zeros((n, 2), wide, logits.device())?;
+    let unused = Tensor::zeros((n, 3), wide, logits.device())?;
     let packed = logits.contiguous()?.apply_op3(
         &targets,
         &unused,
@@ -49,18 +50,42 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, classes: usize) -> 
     packed.narrow(1, 0, 1)?.squeeze(1)
 }
 
-/// The per-row losses of [`cross_entropy_rows`] and, from the same pass's log-sum-exps, the
-/// gradient of `scale × Σ losses` with respect to `logits` — with no autograd graph: a
-/// language model's loss gradient written once instead of through Candle's backward, which
-/// adds a zero-filled accumulator of the logits' size per node. `None` where the fused kernels
-/// do not run. CUDA bf16 logits get a bf16 gradient; other 16-bit logits an f32 one (a loss
-/// scale multiplies it before it is rounded to f16, so small gradients are not flushed).
+/// What [`cross_entropy_rows_and_grad`] gives for `N` rows.
+#[derive(Debug, Clone)]
+pub struct CrossEntropyRows {
+    /// `[N, 3]`: per row its loss, its log-sum-exp and its hit (1 where the row's first
+    /// arg-max over the counted columns is its target, else 0), in the kernels' dtype (f32
+    /// for 16-bit logits).
+    pub rows: Tensor,
+    /// The gradient of `scale × Σ losses` with respect to the logits.
+    pub grad: Tensor,
+}
+
+impl CrossEntropyRows {
+    /// The per-row losses (`[N]`).
+    pub fn losses(&self) -> Result<Tensor> {
+        self.rows.narrow(1, 0, 1)?.squeeze(1)
+    }
+
+    /// The per-row hits (`[N]`, 1 or 0).
+    pub fn hits(&self) -> Result<Tensor> {
+        self.rows.narrow(1, 2, 1)?.squeeze(1)
+    }
+}
+
+/// The per-row losses of [`cross_entropy_rows`], their hits and, from the same pass's
+/// log-sum-exps, the gradient of `scale × Σ losses` with respect to `logits` — with no
+/// autograd graph: a language model's loss gradient written once instead of through Candle's
+/// backward, which adds a zero-filled accumulator of the logits' size per node. `None` where
+/// the fused kernels do not run. CUDA bf16 logits get a bf16 gradient; other 16-bit logits an
+/// f32 one (a loss scale multiplies it before it is rounded to f16, so small gradients are not
+/// flushed).
 pub fn cross_entropy_rows_and_grad(
     logits: &Tensor,
     targets: &Tensor,
     classes: usize,
     scale: f64,
-) -> Result<Option<(Tensor, Tensor)>> {
+) -> Result<Option<CrossEntropyRows>> {
     let n = check_shapes("cross_entropy_rows_and_grad", logits, targets, classes)?;
     let Some(wide) = kernel_dtype(logits) else {
         return match logits.dtype() {
@@ -73,7 +98,7 @@ pub fn cross_entropy_rows_and_grad(
     };
     let logits = logits.detach().contiguous()?;
     let targets = targets.to_dtype(wide)?.contiguous()?;
-    let unused = Tensor::zeros((n, 2), wide, logits.device())?;
+    let unused = Tensor::zeros((n, 3), wide, logits.device())?;
     let forward = CrossEntropyOp {
         pass: Pass::Forward,
         classes,
@@ -86,7 +111,7 @@ pub fn cross_entropy_rows_and_grad(
         classes,
     };
     let grad = logits.apply_op3_no_bwd(&targets, &stats, &backward)?;
-    Ok(Some((packed.narrow(1, 0, 1)?.squeeze(1)?, grad)))
+    Ok(Some(CrossEntropyRows { rows: packed, grad }))
 }
 
 /// The dtype the kernels compute `logits` in (that of the targets and statistics they take)
@@ -131,7 +156,7 @@ fn candle_nn_free_log_softmax(x: &Tensor) -> Result<Tensor> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
-    /// `(logits, targets, _)` → `[loss | lse]` per row.
+    /// `(logits, targets, _)` → `[loss | lse | hit]` per row.
     Forward,
     /// `(logits, targets, [g | lse])` → the logits' gradient.
     Backward,
@@ -155,7 +180,7 @@ impl CpuKernel for CrossEntropyKernel {
         let (logits, targets, stats) = (args[0], args[1], args[2]);
         let (cols, classes) = (self.cols, self.classes);
         let width = match self.pass {
-            Pass::Forward => 2,
+            Pass::Forward => 3,
             Pass::Backward => cols,
         };
         let mut out = vec![T::ZERO; self.rows * width];
@@ -177,8 +202,11 @@ impl CpuKernel for CrossEntropyKernel {
                     } else {
                         f64::NAN
                     };
+                    let first_max = row.iter().position(|v| v.to_f64() == max);
+                    let hit = valid && first_max == Some(t);
                     out[0] = T::from_f64(loss);
                     out[1] = T::from_f64(lse);
+                    out[2] = T::from_f64(if hit { 1.0 } else { 0.0 });
                 }
                 Pass::Backward => {
                     let (g, lse) = (stats[2 * i].to_f64(), stats[2 * i + 1].to_f64());
@@ -266,7 +294,7 @@ impl CustomOp3 for CrossEntropyOp {
 impl CrossEntropyOp {
     fn out_shape(&self, rows: usize, cols: usize) -> Shape {
         match self.pass {
-            Pass::Forward => (rows, 2).into(),
+            Pass::Forward => (rows, 3).into(),
             Pass::Backward => (rows, cols).into(),
         }
     }
@@ -333,5 +361,29 @@ mod tests {
             .unwrap();
         assert!((losses[0] - 4f32.ln()).abs() < 1e-6);
         assert!(losses[1].is_nan());
+    }
+
+    /// A row hits where its first largest counted column is its target: not at a later tie,
+    /// not at a larger padded column, never for a target outside the classes.
+    #[test]
+    fn hits_are_the_first_arg_max() {
+        let logits = Tensor::new(
+            &[
+                [1.0f64, 3.0, 3.0, 9.0],
+                [1.0, 3.0, 3.0, 9.0],
+                [0.5, 0.0, -1.0, 0.0],
+                [0.5, 0.0, -1.0, 0.0],
+            ],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let targets = Tensor::new(&[1u32, 2, 0, 3], &Device::Cpu).unwrap();
+        let fused = cross_entropy_rows_and_grad(&logits, &targets, 3, 1.0)
+            .unwrap()
+            .expect("the CPU kernels run in f64");
+        let hits: Vec<f64> = fused.hits().unwrap().to_vec1().unwrap();
+        assert_eq!(hits, [1.0, 0.0, 1.0, 0.0]);
+        let losses: Vec<f64> = fused.losses().unwrap().to_vec1().unwrap();
+        assert!(losses[3].is_nan() && losses[..3].iter().all(|l| l.is_finite()));
     }
 }

@@ -1,7 +1,7 @@
 //! Launches the cross-entropy kernels of `kernels/cross_entropy.cu`: the forward with one block
 //! of 256 threads per row, the backward grid-stride over the logits' elements. Logits of type
 //! `T` are computed in `A` (f32 for bf16), whose type the targets, the statistics and the
-//! forward's `[loss | lse]` have; the backward writes the gradient in `T`.
+//! forward's `[loss | lse | hit]` have; the backward writes the gradient in `T`.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
@@ -12,8 +12,8 @@ use half::bf16;
 use super::cross_entropy::Pass;
 use super::cuda_launch::{device_of, function, grid_stride, launched, output, view, CROSS_ENTROPY};
 
-/// Runs `pass` into `out` (`[loss | lse]` of type `A` rows by two, or the gradient of type `T`
-/// rows by columns).
+/// Runs `pass` into `out` (`[loss | lse | hit]` of type `A` rows by three, or the gradient of
+/// type `T` rows by columns).
 fn launch<T, A, O>(
     pass: Pass,
     (rows, cols, classes): (usize, usize, usize),
@@ -51,7 +51,7 @@ where
     };
     // SAFETY: the arguments match the kernel's signature in kernels/cross_entropy.cu; the
     // logits hold `rows × cols` elements, the targets `rows`, the statistics `2 × rows`
-    // (checked by the op), and the kernel writes every element of `out`.
+    // (backward; checked by the op), and the kernel writes every element of `out`.
     launched(name, unsafe { builder.launch(config) })
 }
 
@@ -69,7 +69,7 @@ where
     let (rows, cols, _) = shape;
     match pass {
         Pass::Forward => {
-            let out = output::<A>(&device, rows * 2)?;
+            let out = output::<A>(&device, rows * 3)?;
             launch::<T, A, A>(pass, shape, args, &out)?;
             Ok(CudaStorage::wrap_cuda_slice(out, device))
         }

@@ -156,7 +156,7 @@ pub use conv_operands::ConvOperands;
 #[cfg(feature = "cudnn")]
 pub use conv_stats::conv_stats_plans;
 pub use conv_stats_choice::{conv_stats, set_conv_stats, ConvStats};
-pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_and_grad};
+pub use cross_entropy::{cross_entropy_rows, cross_entropy_rows_and_grad, CrossEntropyRows};
 #[cfg(feature = "cudnn")]
 pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
