@@ -16,8 +16,7 @@
 // there (a separate transpose cost 17 launches a ResNet-50 step).
 // (The optimizers' multi-tensor updates are in crates/weft-optim/kernels/optimizers.cu.)
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "float_types.cuh"
 
 #define MAX_TENSORS 48
 
@@ -71,20 +70,6 @@ __device__ __forceinline__ unsigned int channels_last_index(const TensorList& li
     return k * plane + pi * c + ci;
 }
 
-// v as a D: 16-bit floats widened to f32 (exact), anything else as it is.
-template <typename D, typename S>
-__device__ __forceinline__ D converted(S v) {
-    return v;
-}
-template <>
-__device__ __forceinline__ float converted<float, __nv_bfloat16>(__nv_bfloat16 v) {
-    return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float converted<float, __half>(__half v) {
-    return __half2float(v);
-}
-
 // Channels-last entry t, each element converted from S to D (a copy when they are the same).
 template <typename S, typename D>
 __device__ void transpose_elements(const TensorList& list, unsigned int t) {
@@ -92,7 +77,7 @@ __device__ void transpose_elements(const TensorList& list, unsigned int t) {
     const S* src = (const S*)list.b[t];
     const unsigned int len = (unsigned int)list.len[t];
     for (long long i = first_index(); i < len; i += stride())
-        dst[i] = converted<D>(src[channels_last_index(list, t, (unsigned int)i)]);
+        dst[i] = cvt<D>(src[channels_last_index(list, t, (unsigned int)i)]);
 }
 
 // Channels-last entry t copied as raw words of its element size.
@@ -128,14 +113,14 @@ __device__ void widen_elements(const TensorList& list, unsigned int t) {
             const T* v = (const T*)&packed;
             float w[8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) w[j] = converted<float>(v[j]);
+            for (int j = 0; j < 8; j++) w[j] = cvt<float>(v[j]);
             ((float4*)dst)[2 * i] = make_float4(w[0], w[1], w[2], w[3]);
             ((float4*)dst)[2 * i + 1] = make_float4(w[4], w[5], w[6], w[7]);
         }
         done = vectors * 8;
     }
     for (long long i = done + first_index(); i < len; i += stride())
-        dst[i] = converted<float>(src[i]);
+        dst[i] = cvt<float>(src[i]);
 }
 
 template <typename T>
