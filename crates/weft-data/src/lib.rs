@@ -49,7 +49,7 @@ mod workers;
 pub use batch::{Batch, BatchImages};
 pub use cifar::{Cifar10, Split, CIFAR10_CLASSES, CIFAR10_IMAGE_SIZE, CIFAR10_RECORD_BYTES};
 pub use dataset::{Dataset, Sample};
-pub use device_pixels::pixels_to_float;
+pub use device_pixels::{pixels_to_float, pixels_to_float_into};
 pub use error::DataError;
 pub use image_folder::{ImageFolder, IMAGE_EXTENSIONS};
 pub use loader::{DataLoader, LoaderConfig};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use serde::Serialize;
 use weft_data::DistributedSampler;
 use weft_models::loss::Classification;
@@ -226,16 +226,17 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             .for_each(|(t, c)| *t = c);
         let mut skipped = 0;
         // The next batch, on the device: each step fetches and stages its successor while the
-        // device runs it (`Trainer::step_micro_batches_then`); the first is fetched here.
-        let mut fetch = |loader: &mut weft_data::DataLoader| {
+        // device runs it (`Trainer::step_micro_batches_then`), once steps replay straight into
+        // the captured step's input buffer; the first is fetched here.
+        let mut fetch = |loader: &mut weft_data::DataLoader, into: Option<&Tensor>| {
             let wait = Instant::now();
             let next = loader
                 .next()
-                .map(|batch| upload_batch(&batch?, &mut staging, &device, input));
+                .map(|batch| upload_batch(&batch?, &mut staging, &device, input, into));
             timeline.record("data", "data", "host", wait, Instant::now());
             next
         };
-        let mut next = fetch(&mut loader);
+        let mut next = fetch(&mut loader, None);
         let mut period = Instant::now();
         // A replayed step launched and not yet read: the next one is launched before it is
         // read, so the device goes from one to the next (`Trainer::launch`).
@@ -257,8 +258,10 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             let (mut reported, mut flushed) = (Ok(()), Ok(0));
             // Device time on a GPU, as the step's blocks are (`Timeline::time_on_device`).
             let step_span = timeline.open(format!("step {step}"), "step", "steps");
+            // Written into once this step is launched, behind it on the device.
+            let buffer = trainer.input_buffers().map(|(inputs, _)| inputs);
             let launched = trainer.launch_then(&images, &labels, micro, &mut || {
-                next = fetch(&mut loader);
+                next = fetch(&mut loader, buffer.as_ref());
                 reported = reports.make(run.writer.as_mut(), &mut progress);
                 flushed = timeline.flush_first(this.spans_before);
             });

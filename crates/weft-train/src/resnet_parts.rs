@@ -6,11 +6,15 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use weft_data::{pixels_to_float, Batch, BatchImages, DataLoader, Dataset, LoaderConfig, Pipeline};
+use weft_data::{
+    pixels_to_float, pixels_to_float_into, Batch, BatchImages, DataLoader, Dataset, LoaderConfig,
+    Pipeline,
+};
 use weft_models::{resnet, ResNetConfig};
 use weft_parallel::zero::ShardLayout;
 use weft_parallel::{StepOutcome, Trainer};
 use weft_tensor::flat::BatchUpload;
+use weft_tensor::ops::is_channels_last;
 use weft_tensor::sharded_init::ShardedInit;
 use weft_tensor::{timeline, BlockModel};
 
@@ -66,13 +70,17 @@ pub(crate) struct BatchStaging {
 
 /// `batch`'s images (`[N, C, H, W]`, `dtype`) and labels (u32 `[N]`) on `device`; on a GPU
 /// both go through `staging`'s pinned memory, copied on a stream of their own while the
-/// device computes, without the host waiting for the device. Pixels handed over as bytes are converted and normalised
-/// there, into channels-last order when `channels_last` (else contiguous NCHW).
+/// device computes, without the host waiting for the device. Pixels handed over as bytes are
+/// converted and normalised there, into channels-last order when `channels_last` (else
+/// contiguous NCHW): straight into `into` when given and of the images' shape, dtype and
+/// layout (the captured step's input buffer, [`Trainer::input_buffers`]), which is then the
+/// images returned.
 pub(crate) fn upload_batch(
     batch: &Batch,
     staging: &mut BatchStaging,
     device: &Device,
     (dtype, channels_last): (DType, bool),
+    into: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     let images = match &batch.images {
         BatchImages::Float(values) => staging
@@ -82,12 +90,25 @@ pub(crate) fn upload_batch(
             .to_dtype(dtype)?,
         BatchImages::Pixels { data, normalize } => {
             let [n, c, h, w] = batch.shape;
-            let pixels = staging.pixels.upload(data, device)?;
-            let images =
-                pixels_to_float(&pixels.reshape((n, h, w, c))?, normalize.as_ref(), dtype)?;
-            match channels_last {
-                true => images,
-                false => images.contiguous()?,
+            let pixels = staging.pixels.upload(data, device)?.reshape((n, h, w, c))?;
+            let fits = |buffer: &&Tensor| {
+                channels_last
+                    && buffer.dims() == batch.shape
+                    && buffer.dtype() == dtype
+                    && is_channels_last(buffer)
+            };
+            match into.filter(fits) {
+                Some(buffer) => {
+                    pixels_to_float_into(&pixels, normalize.as_ref(), buffer)?;
+                    buffer.clone()
+                }
+                None => {
+                    let images = pixels_to_float(&pixels, normalize.as_ref(), dtype)?;
+                    match channels_last {
+                        true => images,
+                        false => images.contiguous()?,
+                    }
+                }
             }
         }
     };
@@ -192,7 +213,7 @@ pub(crate) fn validate(
         0,
         false,
     )? {
-        let (images, labels) = upload_batch(&batch?, staging, device, input)?;
+        let (images, labels) = upload_batch(&batch?, staging, device, input, None)?;
         let eval = trainer.evaluate(&images, &labels)?;
         sums[0] += eval.loss_sum;
         sums[1] += eval

@@ -497,7 +497,8 @@ pub fn run() -> Result<()> {
         tolerance: 1e-12,
     });
     checks.push(Check {
-        name: "train-resnet ResNet-20 14 steps, checkpoint after 7: launched ahead = read first"
+        name: "train-resnet ResNet-20 14 steps, checkpoint after 7: launched ahead = read first \
+               = eager"
             .into(),
         error: train_loop::compare_launched_ahead_loop()?,
         // --deterministic: the same kernels on the same batches in the same order.

@@ -278,19 +278,38 @@ pub(super) fn compare_unscale(gpu: &Device, dtype: DType) -> Result<f64> {
     relative_error(&cpu, &on_gpu)
 }
 
-/// A batch's pixels (u8 `[4, 32, 32, 3]`, random) converted and normalised with ImageNet's
-/// statistics into `dtype` on the GPU against the CPU: the relative error, or infinity when the
-/// GPU's result is not channels-last.
+/// Batches of pixels (u8, random) converted and normalised with ImageNet's statistics into
+/// `dtype` on the GPU, into a new tensor and into a channels-last buffer, against the CPU: the
+/// largest relative error, or infinity when the GPU's new tensor is not channels-last.
 pub(super) fn compare_pixels(gpu: &Device, dtype: DType) -> Result<f64> {
-    let values = Tensor::rand(0f32, 256.0, (4, 32, 32, 3), &Device::Cpu)?.floor()?;
-    let pixels = values.to_dtype(DType::U8)?;
     let normalize = weft_data::Normalize::imagenet();
-    let cpu = weft_data::pixels_to_float(&pixels, Some(&normalize), dtype)?;
-    let on_gpu = weft_data::pixels_to_float(&pixels.to_device(gpu)?, Some(&normalize), dtype)?;
-    if !weft_tensor::ops::is_channels_last(&on_gpu) {
-        return Ok(f64::INFINITY);
+    let mut error = 0f64;
+    // Four pixels a thread, a tail of one pixel, and bytes starting one pixel in (not 4-byte
+    // aligned: one pixel a thread throughout).
+    for (dims, offset) in [([4, 32, 32, 3], 0), ([3, 7, 5, 3], 0), ([2, 9, 4, 3], 3)] {
+        let len: usize = dims.iter().product();
+        let values = Tensor::rand(0f32, 256.0, len + offset, &Device::Cpu)?.floor()?;
+        let bytes = values.to_dtype(DType::U8)?;
+        let pixels = |device: &Device| -> Result<Tensor> {
+            Ok(bytes
+                .to_device(device)?
+                .narrow(0, offset, len)?
+                .reshape(&dims[..])?)
+        };
+        let cpu = weft_data::pixels_to_float(&pixels(&Device::Cpu)?, Some(&normalize), dtype)?;
+        let on_gpu = weft_data::pixels_to_float(&pixels(gpu)?, Some(&normalize), dtype)?;
+        if !weft_tensor::ops::is_channels_last(&on_gpu) {
+            return Ok(f64::INFINITY);
+        }
+        // Into a channels-last buffer that exists (a captured step's input), as the trainer does.
+        let [n, h, w, c] = dims;
+        let buffer = Tensor::zeros((n, h, w, c), dtype, gpu)?.permute((0, 3, 1, 2))?;
+        weft_data::pixels_to_float_into(&pixels(gpu)?, Some(&normalize), &buffer)?;
+        for result in [on_gpu, buffer] {
+            error = error.max(relative_error(&cpu, &result.to_device(&Device::Cpu)?)?);
+        }
     }
-    relative_error(&cpu, &on_gpu.to_device(&Device::Cpu)?)
+    Ok(error)
 }
 
 /// Batches uploaded one after another through one `BatchUpload`, each behind a matmul that

@@ -1,7 +1,9 @@
 //! The ResNet trainer's loop on one GPU with each replay launched before the step before it is
-//! read (`--launch-ahead true`, the default) against the same run reading every step first:
-//! the loop must log each step's own loss, in order, and save its checkpoint after the step it
-//! names, with nothing launched beyond it.
+//! read (`--launch-ahead true`, the default) against the same run reading every step first and
+//! against an eager run (`--cuda-graph false`): the loop must log each step's own loss, in
+//! order, and save its checkpoint after the step it names, with nothing launched beyond it; the
+//! replays, whose batches are normalised straight into the captured step's input buffer, must
+//! train on the batches the eager run trains on.
 
 use std::path::{Path, PathBuf};
 
@@ -19,8 +21,8 @@ struct Cli {
 const STEPS: usize = 14;
 const SAVED_AFTER: usize = 7;
 
-/// ResNet-20 on synthetic 32×32 images, `--deterministic`, with and without launching ahead:
-/// the largest relative difference of the step losses in `metrics.jsonl`. Infinity when a run
+/// ResNet-20 on synthetic 32×32 images, `--deterministic`, with and without launching ahead,
+/// and eagerly: the largest relative difference of the step losses in `metrics.jsonl`. Infinity when a run
 /// logged another number of steps or its steps out of order, when the launched-ahead run
 /// replayed fewer than `STEPS - 4` steps from its graph (its trace's "cuda graph launch"
 /// spans), or when its checkpoint after step [`SAVED_AFTER`] holds other parameters than the
@@ -28,8 +30,9 @@ const SAVED_AFTER: usize = 7;
 pub(super) fn compare_launched_ahead_loop() -> Result<f64> {
     let out = std::env::temp_dir().join(format!("weft-gpu-check-loop-{}", std::process::id()));
     let result = (|| {
-        let ahead = train(&out, true)?;
-        let read_first = train(&out, false)?;
+        let ahead = train(&out, (true, true))?;
+        let read_first = train(&out, (false, true))?;
+        let eager = step_losses(&train(&out, (false, false))?)?;
         let (losses, graphed) = (step_losses(&ahead)?, graph_launches(&ahead)?);
         let reference = step_losses(&read_first)?;
         println!(
@@ -39,6 +42,7 @@ pub(super) fn compare_launched_ahead_loop() -> Result<f64> {
         let in_order = |l: &[(usize, f64)]| l.iter().enumerate().all(|(i, (s, _))| i == *s);
         if losses.len() != STEPS
             || reference.len() != STEPS
+            || eager.len() != STEPS
             || !in_order(&losses)
             || !in_order(&reference)
             || graphed + 4 < STEPS
@@ -49,6 +53,7 @@ pub(super) fn compare_launched_ahead_loop() -> Result<f64> {
         Ok(losses
             .iter()
             .zip(&reference)
+            .chain(losses.iter().zip(&eager))
             .map(|((_, a), (_, b))| ((a - b) / b).abs())
             .fold(0f64, f64::max))
     })();
@@ -58,9 +63,9 @@ pub(super) fn compare_launched_ahead_loop() -> Result<f64> {
     result
 }
 
-/// One run into `out/ahead-<launch_ahead>`; its folder.
-fn train(out: &Path, launch_ahead: bool) -> Result<PathBuf> {
-    let name = format!("ahead-{launch_ahead}");
+/// One run into `out/ahead-<launch_ahead>-graph-<cuda_graph>`; its folder.
+fn train(out: &Path, (launch_ahead, cuda_graph): (bool, bool)) -> Result<PathBuf> {
+    let name = format!("ahead-{launch_ahead}-graph-{cuda_graph}");
     let (steps, every) = (STEPS.to_string(), SAVED_AFTER.to_string());
     let flags = [
         "train-resnet",
@@ -88,6 +93,8 @@ fn train(out: &Path, launch_ahead: bool) -> Result<PathBuf> {
         "--quiet",
         "--launch-ahead",
         if launch_ahead { "true" } else { "false" },
+        "--cuda-graph",
+        if cuda_graph { "true" } else { "false" },
         "--out",
         out.to_str()
             .context("the temporary folder's path is not UTF-8")?,

@@ -23,6 +23,7 @@ use candle_core::cuda_backend::cudarc::driver::CudaGraph;
 use candle_core::{DType, Device, Tensor};
 use weft_collectives::Work;
 use weft_tensor::flat::HostStaging;
+use weft_tensor::ops::cuda_launch::device_address;
 use weft_tensor::ops::{copy_tensors, is_channels_last};
 
 use super::outcome::{outcome, BatchResult, StepOutcome, StepTimings};
@@ -56,17 +57,33 @@ impl Buffers {
             && is_channels_last(inputs) == is_channels_last(&self.inputs)
     }
 
-    /// The batch's values, in the static input buffers (device-to-device copies). Channels-last
-    /// images (whose buffer is channels-last too) travel as their NHWC storage.
+    /// The batch's values, in the static input buffers (device-to-device copies, but for a
+    /// tensor that is its buffer: written there already, see [`StepGraph::input_buffers`]).
+    /// Channels-last images (whose buffer is channels-last too) travel as their NHWC storage.
     fn load(&self, inputs: &Tensor, targets: &Tensor) -> Result<()> {
         let storage_order = |t: &Tensor| match is_channels_last(t) {
             true => t.permute((0, 2, 3, 1)),
             false => Ok(t.clone()),
         };
         let (inputs, buffer) = (storage_order(inputs)?, storage_order(&self.inputs)?);
-        copy_tensors(&[(&inputs, &buffer), (targets, &self.targets)])?;
+        let mut pairs = Vec::with_capacity(2);
+        for (value, buffer) in [(&inputs, &buffer), (targets, &self.targets)] {
+            if !is_buffer(value, buffer)? {
+                pairs.push((value, buffer));
+            }
+        }
+        copy_tensors(&pairs)?;
         Ok(())
     }
+}
+
+/// Whether `value` is `buffer` itself: the same elements of the same storage.
+fn is_buffer(value: &Tensor, buffer: &Tensor) -> Result<bool> {
+    if value.shape() != buffer.shape() || value.dtype() != buffer.dtype() {
+        return Ok(false);
+    }
+    let contiguous = value.is_contiguous() && buffer.is_contiguous();
+    Ok(contiguous && device_address(value)? == device_address(buffer)?)
 }
 
 enum State {
@@ -201,6 +218,17 @@ impl StepGraph {
                 }
             }
             State::Ready(_) | State::Off => unreachable!("handled above"),
+        }
+    }
+
+    /// The captured step's static input buffers (inputs, targets), once it replays: the next
+    /// batch may be written into them directly, once the step before it is queued (the device
+    /// runs that write after the replay that reads the buffers), and then handed to the next
+    /// step as its batch, which then copies nothing.
+    pub fn input_buffers(&self) -> Option<(Tensor, Tensor)> {
+        match (&self.state, &self.buffers) {
+            (State::Ready(_), Some(b)) => Some((b.inputs.clone(), b.targets.clone())),
+            _ => None,
         }
     }
 

@@ -98,6 +98,19 @@ impl Trainer {
         Ok(LaunchedStep(Launched::Done(outcome)))
     }
 
+    /// The captured step's static input buffers `(inputs, targets)` once steps replay (with
+    /// the `cuda` feature; `None` otherwise). A loop may write its next batch straight into
+    /// them — after launching the step that reads what they hold (in its `meanwhile` or
+    /// later: the device runs the write behind that step) — and launch the next step on the
+    /// buffers themselves, which then copies no batch.
+    pub fn input_buffers(&self) -> Option<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if let Some(graph) = &self.graph {
+            return graph.input_buffers();
+        }
+        None
+    }
+
     /// The outcome of a launched step, once the device has run it (watched for dead peers as
     /// [`Self::step`]'s own wait is).
     pub fn finish(&mut self, step: LaunchedStep) -> Result<StepOutcome> {

@@ -170,7 +170,7 @@ pub use max_pool::{
     max_pool2d_forward_saving,
 };
 pub use multi_tensor::{copies_into, copy_tensors};
-pub use pixels::{normalize_pixels, PixelNormalization};
+pub use pixels::{normalize_pixels, normalize_pixels_into, PixelNormalization};
 pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use running_average::{blend_into, update_running_stats, RunningStats};

@@ -2,7 +2,8 @@
 //! a model's input, as torchvision's `ToTensor` and `Normalize` compute it: `x / 255`, then
 //! `(x − mean) · (1 / std)` per channel, in f32 in that order, rounded once to the input's
 //! dtype. One pass (`kernels/pixels.cu` on a GPU; the CPU twin computes the same f32 operations
-//! and equals Candle's element-wise ops exactly).
+//! and equals Candle's element-wise ops exactly), into a new tensor or one that exists
+//! ([`normalize_pixels_into`]).
 
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
@@ -23,20 +24,56 @@ pub fn normalize_pixels(
     normalization: Option<PixelNormalization>,
     dtype: DType,
 ) -> Result<Tensor> {
+    check("normalize_pixels", pixels, dtype)?;
+    pixels.contiguous()?.apply_op1_no_bwd(&NormalizePixels {
+        normalization,
+        dtype,
+    })
+}
+
+/// [`normalize_pixels`] written into `out` (as many elements as `pixels`, a float dtype,
+/// contiguous: its elements in the pixels' order) instead of a new tensor, with `out`'s dtype:
+/// a trainer's next batch straight into its captured step's input buffer. On a GPU one pass;
+/// elsewhere the new tensor is copied in.
+pub fn normalize_pixels_into(
+    pixels: &Tensor,
+    normalization: Option<PixelNormalization>,
+    out: &Tensor,
+) -> Result<()> {
+    check("normalize_pixels_into", pixels, out.dtype())?;
+    if out.elem_count() != pixels.elem_count() || !out.is_contiguous() {
+        bail!(
+            "normalize_pixels_into: the output {:?} is not contiguous or not of the pixels' {} \
+             elements",
+            out.dims(),
+            pixels.elem_count()
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if pixels.device().is_cuda() && out.device().same_device(pixels.device()) {
+        return super::pixels_cuda::normalize_pixels_into(
+            &pixels.contiguous()?,
+            normalization,
+            out,
+        );
+    }
+    let values = normalize_pixels(pixels, normalization, out.dtype())?;
+    super::copy_tensors(&[(&values, out)])
+}
+
+/// An error unless `pixels` are u8 with three channels last and `dtype` is a float type.
+fn check(op: &str, pixels: &Tensor, dtype: DType) -> Result<()> {
     if pixels.dtype() != DType::U8 || pixels.dims().last() != Some(&3) {
         bail!(
-            "normalize_pixels: expected u8 pixels with 3 channels last, got {:?} {:?}",
+            "{op}: expected u8 pixels with 3 channels last, got {:?} {:?}",
             pixels.dtype(),
             pixels.dims()
         );
     }
     if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16 | DType::F16) {
-        bail!("normalize_pixels: dtype {dtype:?} is not a float type");
+        bail!("{op}: dtype {dtype:?} is not a float type");
     }
-    pixels.contiguous()?.apply_op1_no_bwd(&NormalizePixels {
-        normalization,
-        dtype,
-    })
+    Ok(())
 }
 
 struct NormalizePixels {
@@ -127,6 +164,37 @@ mod tests {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Into a tensor that exists: the same values as a new tensor, written in place (a view
+    /// of a larger buffer keeps the rest); a wrong length or a strided output is refused.
+    #[test]
+    fn into_an_existing_tensor_equals_a_new_one() -> Result<()> {
+        let bytes: Vec<u8> = (0..3 * 4 * 3).map(|i| (i * 53 % 256) as u8).collect();
+        let pixels = Tensor::from_vec(bytes, (3, 4, 3), &Device::Cpu)?;
+        let normalization = Some(PixelNormalization {
+            mean: [0.5, 0.25, 0.125],
+            inv_std: [2.0, 4.0, 8.0],
+        });
+        for dtype in [DType::F32, DType::BF16] {
+            let expected = normalize_pixels(&pixels, normalization, dtype)?;
+            let buffer = Tensor::full(7f32, 40, &Device::Cpu)?.to_dtype(dtype)?;
+            let out = buffer.narrow(0, 2, 36)?;
+            normalize_pixels_into(&pixels, normalization, &out)?;
+            let wide = |t: &Tensor| t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
+            assert_eq!(wide(&out)?, wide(&expected)?, "{dtype:?}");
+            let kept = wide(&buffer)?;
+            assert_eq!(
+                [kept[0], kept[1], kept[38], kept[39]],
+                [7.0; 4],
+                "{dtype:?}"
+            );
+        }
+        let short = Tensor::zeros(35, DType::F32, &Device::Cpu)?;
+        assert!(normalize_pixels_into(&pixels, None, &short).is_err());
+        let strided = Tensor::zeros((3, 12), DType::F32, &Device::Cpu)?.t()?;
+        assert!(normalize_pixels_into(&pixels, None, &strided).is_err());
         Ok(())
     }
 
