@@ -15,6 +15,8 @@
 //   max_pool_first_max_nhwc  (x, y)       -> the first maxima, for a backward from (x, y, dy)
 //   max_pool_backward_nhwc   (first, dy)  -> dx, one thread per input, the same sums in the same
 //                                            order as the one-pass kernel, without rescanning.
+//   max_pool_backward_nhwc_cells  the same, a thread per 2 x 2 cell of inputs (stride 2,
+//                                            kernel <= 3), each covering window loaded once.
 // f32, f64, bf16 and f16; 16-bit values are compared and summed in f32 (widening is exact, so the
 // pooled values are the inputs' own).
 
@@ -222,6 +224,71 @@ __device__ void backward_nhwc(const unsigned char* first, const T* dy, T* dx, un
     }
 }
 
+// The same for a stride of 2 and a kernel of at most 3 (ResNet's 3 x 3 / 2 stem pool), a thread
+// per 2 x 2 cell of input pixels and N channels: the at most 2 x 2 windows covering the cell are
+// loaded once for its four pixels, where a thread per pixel loads up to four for each (2.25 a
+// pixel on average). Each pixel sums its own windows in output order, as `backward_nhwc` does.
+template <typename T, int N>
+__device__ void backward_nhwc_cells(const unsigned char* first, const T* dy, T* dx,
+                                    unsigned total, int channels, Geometry g) {
+    typedef typename Wide<T>::type S;
+    const bool vec = N > 1 && aligned16(dy) && aligned16(dx);
+    const bool vec_first = N > 1 && ((uintptr_t)first & (N - 1)) == 0;
+    const unsigned groups = channels / N;
+    const unsigned cells_w = (g.w + 1) / 2, cells = ((g.h + 1) / 2) * cells_w;
+    const unsigned out_plane = (unsigned)g.oh * g.ow;
+    for (unsigned idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += gridDim.x * blockDim.x) {
+        const unsigned ch = (idx % groups) * N, cell = idx / groups;
+        const unsigned image = cell / cells, at = cell - image * cells;
+        const int r0 = 2 * (at / cells_w), c0 = 2 * (at % cells_w);
+        const Covering top = covering(r0, c0, g);
+        const Covering bottom = covering(min(r0 + 1, g.h - 1), min(c0 + 1, g.w - 1), g);
+        const size_t out_at = (size_t)image * out_plane * channels + ch;
+        Vec<T, N> d[2][2];
+        Vec<unsigned char, N> f[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int orow = top.lo_r + i, ocol = top.lo_c + j;
+                if (orow > bottom.hi_r || ocol > bottom.hi_c) continue;
+                const size_t o = out_at + (size_t)(orow * g.ow + ocol) * channels;
+                d[i][j] = load<T, N>(dy + o, vec);
+                f[i][j] = load<unsigned char, N>(first + o, vec_first);
+            }
+#pragma unroll
+        for (int pr = 0; pr < 2; ++pr)
+#pragma unroll
+            for (int pc = 0; pc < 2; ++pc) {
+                const int r = r0 + pr, c = c0 + pc;
+                if (r >= g.h || c >= g.w) continue;
+                const Covering w = covering(r, c, g);
+                S sum[N];
+#pragma unroll
+                for (int k = 0; k < N; ++k) sum[k] = (S)0;
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int orow = top.lo_r + i, ocol = top.lo_c + j;
+                        if (orow < w.lo_r || orow > w.hi_r || ocol < w.lo_c || ocol > w.hi_c)
+                            continue;
+                        const int in_window =
+                            (r - window_start(orow, g)) * g.kernel + (c - window_start(ocol, g));
+#pragma unroll
+                        for (int k = 0; k < N; ++k)
+                            if (f[i][j].v[k] == in_window) sum[k] += cvt<S>(d[i][j].v[k]);
+                    }
+                Vec<T, N> out;
+#pragma unroll
+                for (int k = 0; k < N; ++k) out.v[k] = cvt<T>(sum[k]);
+                const size_t in_at = ((size_t)image * g.h * g.w + (size_t)r * g.w + c) * channels;
+                store<T, N>(dx + in_at + ch, out, vec);
+            }
+    }
+}
+
 #define MAX_POOL_KERNELS(T, SUFFIX)                                                            \
     extern "C" __global__ void max_pool_forward_##SUFFIX(const T* x, T* y, long long total,    \
                                                          Geometry g) {                         \
@@ -252,6 +319,16 @@ __device__ void backward_nhwc(const unsigned char* first, const T* dy, T* dx, un
         const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
         Geometry g) {                                                                          \
         backward_nhwc<T, Lanes<T>::n>(first, dy, dx, total, channels, g);                      \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_backward_nhwc_cells_##SUFFIX(                          \
+        const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
+        Geometry g) {                                                                          \
+        backward_nhwc_cells<T, 1>(first, dy, dx, total, channels, g);                          \
+    }                                                                                          \
+    extern "C" __global__ void max_pool_backward_nhwc_cells_vec_##SUFFIX(                      \
+        const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
+        Geometry g) {                                                                          \
+        backward_nhwc_cells<T, Lanes<T>::n>(first, dy, dx, total, channels, g);                \
     }
 
 MAX_POOL_KERNELS(float, f32)

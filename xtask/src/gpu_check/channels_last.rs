@@ -119,17 +119,34 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
     Ok(())
 }
 
-/// `max_pool2d_forward` and `max_pool2d_backward` (3x3, stride 2, padding 1) of a ReLU's output
-/// (ties at zero) on channels-last GPU tensors, whose results must stay channels-last, against
-/// the CPU on NCHW, and the same through `max_pool2d_forward_saving` and
-/// `max_pool2d_backward_saved`: the largest relative error of `y` and `dx` (infinite if the
-/// layout is lost, or if the GPU did not keep the first maxima as bytes).
+/// `max_pool2d_forward` and `max_pool2d_backward` (3x3, stride 2, padding 1 on 15 x 15 and
+/// 16 x 16 images: the backward a thread per 2 x 2 cell, edge cells cut; 3x3, stride 1 on
+/// 16 x 16: a thread per pixel) of a ReLU's output (ties at zero) on channels-last GPU tensors,
+/// whose results must stay channels-last, against the CPU on NCHW, and the same through
+/// `max_pool2d_forward_saving` and `max_pool2d_backward_saved`: the largest relative error of
+/// `y` and `dx` (infinite if the layout is lost, or if the GPU did not keep the first maxima as
+/// bytes).
 fn pool_nhwc(gpu: &Device, dtype: DType, channels: usize) -> Result<f64> {
+    let mut error = 0f64;
+    for (size, stride) in [(15, 2), (16, 2), (16, 1)] {
+        error = error.max(pool_nhwc_window(gpu, dtype, channels, (size, stride))?);
+    }
+    Ok(error)
+}
+
+/// [`pool_nhwc`] for one image size and stride (3 x 3 windows, padding 1).
+fn pool_nhwc_window(
+    gpu: &Device,
+    dtype: DType,
+    channels: usize,
+    (size, stride): (usize, usize),
+) -> Result<f64> {
     let cpu = Device::Cpu;
-    let x = Tensor::randn(0f32, 1.0, (4, channels, 15, 15), &cpu)?
+    let x = Tensor::randn(0f32, 1.0, (4, channels, size, size), &cpu)?
         .relu()?
         .to_dtype(dtype)?;
-    let dy = Tensor::randn(0f32, 1.0, (4, channels, 8, 8), &cpu)?.to_dtype(dtype)?;
+    let out = (size + 2 - 3) / stride + 1;
+    let dy = Tensor::randn(0f32, 1.0, (4, channels, out, out), &cpu)?.to_dtype(dtype)?;
     let run = |device: &Device| -> Result<(Tensor, Tensor, bool)> {
         let put = |t: &Tensor| -> Result<Tensor> {
             let t = t.to_device(device)?;
@@ -139,10 +156,10 @@ fn pool_nhwc(gpu: &Device, dtype: DType, channels: usize) -> Result<f64> {
             })
         };
         let (x, dy) = (put(&x)?, put(&dy)?);
-        let y = ops::max_pool2d_forward(&x, 3, 2, 1)?;
-        let dx = ops::max_pool2d_backward(&x, &y, &dy, 3, 2, 1)?;
-        let (y_saving, saved) = ops::max_pool2d_forward_saving(&x, 3, 2, 1)?;
-        let dx_saved = ops::max_pool2d_backward_saved(&x, &saved, &dy, 3, 2, 1)?;
+        let y = ops::max_pool2d_forward(&x, 3, stride, 1)?;
+        let dx = ops::max_pool2d_backward(&x, &y, &dy, 3, stride, 1)?;
+        let (y_saving, saved) = ops::max_pool2d_forward_saving(&x, 3, stride, 1)?;
+        let dx_saved = ops::max_pool2d_backward_saved(&x, &saved, &dy, 3, stride, 1)?;
         let kept = [&y, &dx, &y_saving, &dx_saved]
             .iter()
             .all(|t| ops::is_channels_last(t))

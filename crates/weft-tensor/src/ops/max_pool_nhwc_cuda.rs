@@ -1,7 +1,9 @@
 //! Launches the channels-last max-pool kernels of `kernels/max_pool.cu` on NHWC storages: the
 //! forward pass (keeping each window's first maximum as a byte when asked), the first maxima
-//! found again from `x` and `y`, and the backward pass from the first maxima. The `_vec` kernels
-//! (16 bytes of channels per thread) run when the channel count divides into them.
+//! found again from `x` and `y`, and the backward pass from the first maxima (a thread per 2 x 2
+//! cell of inputs for windows of stride 2 and kernel at most 3, the `_cells` kernels). The
+//! `_vec` kernels (16 bytes of channels per thread) run when the channel count divides into
+//! them.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};
@@ -19,13 +21,16 @@ use super::max_pool_cuda::{geometry, Geometry};
 pub(crate) type Arg<'a> = (&'a CudaStorage, &'a Layout, &'static str);
 
 /// What every NHWC launch shares: the geometry, the element counts as the kernels' 32-bit
-/// indices, and whether the channels fill whole 16-byte vectors of `T`.
+/// indices, whether the channels fill whole 16-byte vectors of `T`, and for a window of
+/// stride 2 and kernel at most 3 the elements of the input's 2 x 2 cells (the backward's
+/// `_cells` kernels, a thread per cell).
 struct Launch {
     geometry: Geometry,
     inputs: usize,
     outputs: usize,
     channels: i32,
     lanes: usize,
+    cells: Option<usize>,
 }
 
 impl Launch {
@@ -51,12 +56,15 @@ impl Launch {
             candle_core::Error::Msg(format!("max_pool2d (NHWC): {c} channels are too many"))
         })?;
         let vector = 16 / element_size;
+        let cells = (window.stride == 2 && window.kernel <= 3)
+            .then(|| n * h.div_ceil(2) * w.div_ceil(2) * c);
         Ok(Self {
             geometry: geometry(window, planes)?,
             inputs,
             outputs,
             channels,
             lanes: if c.is_multiple_of(vector) { vector } else { 1 },
+            cells,
         })
     }
 
@@ -130,10 +138,16 @@ fn backward_from_first<T: CudaDType + DeviceRepr + WithDType>(
 ) -> Result<CudaStorage> {
     let dy = view::<T>(dy.0, dy.1, dy.2)?;
     let dx = output::<T>(device, launch.inputs)?;
-    let ((func, name), total) = (
-        launch.kernel::<T>(device, "max_pool_backward_nhwc")?,
-        launch.threads(launch.inputs),
-    );
+    let ((func, name), total) = match launch.cells {
+        Some(cells) => (
+            launch.kernel::<T>(device, "max_pool_backward_nhwc_cells")?,
+            launch.threads(cells),
+        ),
+        None => (
+            launch.kernel::<T>(device, "max_pool_backward_nhwc")?,
+            launch.threads(launch.inputs),
+        ),
+    };
     let mut builder = func.builder();
     builder.arg(first).arg(&dy).arg(&dx);
     launch.launch(builder, &name, &total)?;
