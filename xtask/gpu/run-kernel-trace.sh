@@ -16,12 +16,12 @@ OUT=${OUT:-/tmp/kernel-trace-out}; mkdir -p "$OUT"
 N=${1:-2}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # The bundle's kernel_trace.so (gpu-bundle compiles it where CUPTI's headers are); compiled here
-# otherwise, which needs the CUDA runtime headers that cupti.h includes.
+# otherwise, with the CUDA runtime headers that cupti.h includes from the bundle's inc/.
 tracer=$B/kernel_trace.so
 if [ ! -f "$tracer" ]; then
   include=$(dirname "$(ls "$site_packages"/nvidia/*/include/cupti.h 2>/dev/null | head -1)")
   [ -f "$include/cupti.h" ] || { echo "no cupti.h under $site_packages/nvidia: cannot build the tracer"; exit 1; }
-  cc -shared -fPIC -O2 -I"$include" -o /tmp/kernel_trace.so "$(dirname "$0")/kernel_trace.c" \
+  cc -shared -fPIC -O2 -I"$include" -I"$B/inc" -o /tmp/kernel_trace.so "$(dirname "$0")/kernel_trace.c" \
     -L"$(dirname "$include")/lib" -l:libcupti.so.13 || exit 1
   tracer=/tmp/kernel_trace.so
 fi

@@ -4,8 +4,9 @@
 //! the run scripts with the C sources of their injection libraries, compiled there
 //! (`scripts/`), the PyTorch anchors (`python/`) and `manifest.json` naming the
 //! commit, the features and every file. The CUPTI kernel tracer is compiled here when CUPTI's
-//! headers are (`kernel_trace.so`): the GPU machines' CUDA 13 wheels lack the runtime headers
-//! that `cupti.h` includes (`crt/host_defines.h`), so it no longer compiles there.
+//! headers are (`kernel_trace.so`); otherwise the bundle carries CUDA's `crt/` headers (`inc/`),
+//! which `cupti.h` includes and the GPU machines' CUDA 13 wheels lack, and run-kernel-trace.sh
+//! compiles it there.
 //!
 //! On the GPU machine: `source BUNDLE/env.sh` (unpacks, sets the library path), then e.g.
 //! `WEFT_BUNDLE=BUNDLE bash BUNDLE/scripts/run-reference.sh` or `BUNDLE/xtask gpu-check`.
@@ -86,9 +87,7 @@ pub fn run(args: &GpuBundleArgs) -> Result<()> {
             }
         }
     }
-    if let Some(name) = kernel_tracer(&root, out)? {
-        files.push(name);
-    }
+    files.extend(kernel_tracer(&root, out)?);
     files.sort();
     let manifest = manifest(&root, &files)?;
     std::fs::write(
@@ -106,19 +105,24 @@ pub fn run(args: &GpuBundleArgs) -> Result<()> {
 
 /// Compiles `xtask/gpu/kernel_trace.c` into the bundle's `kernel_trace.so` when CUPTI's headers
 /// are found (`CUPTI_HOME`, else `/opt/cupti/nvidia/cu13`, beside CUDA_HOME's runtime headers);
-/// returns its name in the bundle, or `None` (with a note) when they are not.
-fn kernel_tracer(root: &Path, out: &Path) -> Result<Option<String>> {
+/// when they are not, copies CUDA_HOME's `include/crt` into the bundle's `inc/` for
+/// run-kernel-trace.sh to compile it there with. Returns the files it added.
+fn kernel_tracer(root: &Path, out: &Path) -> Result<Vec<String>> {
     let cupti = std::env::var_os("CUPTI_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/opt/cupti/nvidia/cu13"));
-    let cuda = std::env::var_os("CUDA_HOME").map(PathBuf::from);
-    let Some(cuda) = cuda.filter(|_| cupti.join("include/cupti.h").is_file()) else {
+    let Some(cuda) = std::env::var_os("CUDA_HOME").map(PathBuf::from) else {
+        println!("gpu-bundle: no CUDA_HOME: kernel_trace.so is left to run-kernel-trace.sh");
+        return Ok(Vec::new());
+    };
+    if !cupti.join("include/cupti.h").is_file() {
         println!(
-            "gpu-bundle: no CUPTI headers at {} (CUPTI_HOME) or no CUDA_HOME: kernel_trace.so is left to run-kernel-trace.sh",
+            "gpu-bundle: no CUPTI headers at {} (CUPTI_HOME): kernel_trace.so is left to \
+             run-kernel-trace.sh, with CUDA's crt/ headers in inc/",
             cupti.display()
         );
-        return Ok(None);
-    };
+        return runtime_headers(&cuda, out);
+    }
     let status = Command::new("cc")
         .args(["-shared", "-fPIC", "-O2"])
         .arg(format!("-I{}", cupti.join("include").display()))
@@ -133,7 +137,31 @@ fn kernel_tracer(root: &Path, out: &Path) -> Result<Option<String>> {
     if !status.success() {
         bail!("gpu-bundle: compiling xtask/gpu/kernel_trace.c failed ({status})");
     }
-    Ok(Some("kernel_trace.so".to_string()))
+    Ok(vec!["kernel_trace.so".to_string()])
+}
+
+/// CUDA_HOME's `include/crt` headers (which `cupti.h` includes and the GPU machines' CUDA 13
+/// wheels lack) copied into the bundle's `inc/crt`; their names in the bundle.
+fn runtime_headers(cuda: &Path, out: &Path) -> Result<Vec<String>> {
+    let from = cuda.join("include/crt");
+    if !from.join("host_defines.h").is_file() {
+        return Ok(Vec::new());
+    }
+    std::fs::create_dir_all(out.join("inc/crt"))?;
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&from)? {
+        let path = entry?.path();
+        if path.is_file() {
+            let name = path
+                .file_name()
+                .expect("a file")
+                .to_string_lossy()
+                .to_string();
+            std::fs::copy(&path, out.join("inc/crt").join(&name))?;
+            names.push(format!("inc/crt/{name}"));
+        }
+    }
+    Ok(names)
 }
 
 /// Copies a binary into the bundle, stripped when `strip` is available, packed with xz when
