@@ -289,6 +289,13 @@ __device__ void backward_nhwc_cells(const unsigned char* first, const T* dy, T* 
     }
 }
 
+// A backward kernel from the first maxima: `F<T, N>` over (first, dy) into dx.
+#define BACKWARD_NHWC_KERNEL(NAME, F, T, N)                                                    \
+    extern "C" __global__ void NAME(const unsigned char* first, const T* dy, T* dx,            \
+                                    unsigned total, int channels, Geometry g) {                \
+        F<T, N>(first, dy, dx, total, channels, g);                                            \
+    }
+
 #define MAX_POOL_KERNELS(T, SUFFIX)                                                            \
     extern "C" __global__ void max_pool_forward_##SUFFIX(const T* x, T* y, long long total,    \
                                                          Geometry g) {                         \
@@ -310,26 +317,11 @@ __device__ void backward_nhwc_cells(const unsigned char* first, const T* dy, T* 
         const T* x, const T* y, unsigned char* first, unsigned total, int channels, Geometry g) { \
         first_max_nhwc<T>(x, y, first, total, channels, g);                                    \
     }                                                                                          \
-    extern "C" __global__ void max_pool_backward_nhwc_##SUFFIX(                                \
-        const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
-        Geometry g) {                                                                          \
-        backward_nhwc<T, 1>(first, dy, dx, total, channels, g);                                \
-    }                                                                                          \
-    extern "C" __global__ void max_pool_backward_nhwc_vec_##SUFFIX(                            \
-        const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
-        Geometry g) {                                                                          \
-        backward_nhwc<T, Lanes<T>::n>(first, dy, dx, total, channels, g);                      \
-    }                                                                                          \
-    extern "C" __global__ void max_pool_backward_nhwc_cells_##SUFFIX(                          \
-        const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
-        Geometry g) {                                                                          \
-        backward_nhwc_cells<T, 1>(first, dy, dx, total, channels, g);                          \
-    }                                                                                          \
-    extern "C" __global__ void max_pool_backward_nhwc_cells_vec_##SUFFIX(                      \
-        const unsigned char* first, const T* dy, T* dx, unsigned total, int channels,          \
-        Geometry g) {                                                                          \
-        backward_nhwc_cells<T, Lanes<T>::n>(first, dy, dx, total, channels, g);                \
-    }
+    BACKWARD_NHWC_KERNEL(max_pool_backward_nhwc_##SUFFIX, backward_nhwc, T, 1)                 \
+    BACKWARD_NHWC_KERNEL(max_pool_backward_nhwc_vec_##SUFFIX, backward_nhwc, T, Lanes<T>::n)   \
+    BACKWARD_NHWC_KERNEL(max_pool_backward_nhwc_cells_##SUFFIX, backward_nhwc_cells, T, 1)     \
+    BACKWARD_NHWC_KERNEL(max_pool_backward_nhwc_cells_vec_##SUFFIX, backward_nhwc_cells, T,    \
+                         Lanes<T>::n)
 
 MAX_POOL_KERNELS(float, f32)
 MAX_POOL_KERNELS(double, f64)
