@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 16] = [
+const KERNELS: [&str; 17] = [
     "attention",
     "batch_norm",
     "batch_norm_nhwc",
@@ -17,6 +17,7 @@ const KERNELS: [&str; 16] = [
     "layer_norm",
     "relu",
     "max_pool",
+    "max_pool_nhwc",
     "multi_tensor",
     "pixels",
     "space_to_depth",
@@ -30,6 +31,8 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-changed=kernels/block_reduce.cuh");
     println!("cargo::rerun-if-changed=kernels/float_types.cuh");
+    println!("cargo::rerun-if-changed=kernels/max_pool_nhwc_words.cuh");
+    println!("cargo::rerun-if-changed=kernels/max_pool_window.cuh");
     println!("cargo::rerun-if-changed=kernels/row_stream.cuh");
     println!("cargo::rerun-if-changed=kernels/vector.cuh");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

@@ -90,26 +90,30 @@ pub(crate) fn upload_batch(
             .to_dtype(dtype)?,
         BatchImages::Pixels { data, normalize } => {
             let [n, c, h, w] = batch.shape;
-            let pixels = staging.pixels.upload(data, device)?.reshape((n, h, w, c))?;
             let fits = |buffer: &&Tensor| {
                 channels_last
                     && buffer.dims() == batch.shape
                     && buffer.dtype() == dtype
                     && is_channels_last(buffer)
             };
-            match into.filter(fits) {
-                Some(buffer) => {
-                    pixels_to_float_into(&pixels, normalize.as_ref(), buffer)?;
-                    buffer.clone()
-                }
-                None => {
-                    let images = pixels_to_float(&pixels, normalize.as_ref(), dtype)?;
-                    match channels_last {
-                        true => images,
-                        false => images.contiguous()?,
+            let into = into.filter(fits);
+            // The conversion reads the staged bytes in place: its images are new tensors.
+            staging.pixels.upload_then(data, device, |staged| {
+                let pixels = staged.reshape((n, h, w, c))?;
+                anyhow::Ok(match into {
+                    Some(buffer) => {
+                        pixels_to_float_into(&pixels, normalize.as_ref(), buffer)?;
+                        buffer.clone()
                     }
-                }
-            }
+                    None => {
+                        let images = pixels_to_float(&pixels, normalize.as_ref(), dtype)?;
+                        match channels_last {
+                            true => images,
+                            false => images.contiguous()?,
+                        }
+                    }
+                })
+            })?
         }
     };
     let labels = staging.labels.upload(&batch.labels, device)?;

@@ -13,6 +13,7 @@ use weft_tensor::ops::BatchStats::Local;
 use weft_tensor::{ops, Checkpointing};
 
 use super::half::{graph_free_conv_in, STEM};
+use super::pool_special::pooled_four_ways;
 use super::single_ops::{compare_graph_free_batch_norm, relative_error};
 use super::Check;
 
@@ -147,31 +148,17 @@ fn pool_nhwc_window(
         .to_dtype(dtype)?;
     let out = (size + 2 - 3) / stride + 1;
     let dy = Tensor::randn(0f32, 1.0, (4, channels, out, out), &cpu)?.to_dtype(dtype)?;
-    let run = |device: &Device| -> Result<(Tensor, Tensor, bool)> {
-        let put = |t: &Tensor| -> Result<Tensor> {
-            let t = t.to_device(device)?;
-            Ok(match device.is_cuda() {
-                true => ops::to_channels_last(&t)?,
-                false => t,
-            })
-        };
-        let (x, dy) = (put(&x)?, put(&dy)?);
-        let y = ops::max_pool2d_forward(&x, 3, stride, 1)?;
-        let dx = ops::max_pool2d_backward(&x, &y, &dy, 3, stride, 1)?;
-        let (y_saving, saved) = ops::max_pool2d_forward_saving(&x, 3, stride, 1)?;
-        let dx_saved = ops::max_pool2d_backward_saved(&x, &saved, &dy, 3, stride, 1)?;
-        let kept = [&y, &dx, &y_saving, &dx_saved]
-            .iter()
-            .all(|t| ops::is_channels_last(t))
-            && (device.is_cpu() || saved.dtype() == DType::U8);
-        let both = |a: &Tensor, b: &Tensor| Tensor::cat(&[a.flatten_all()?, b.flatten_all()?], 0);
-        let y = both(&y, &y_saving)?.to_device(&cpu)?;
-        let dx = both(&dx, &dx_saved)?.to_device(&cpu)?;
-        Ok((y, dx, kept))
+    let (expected, _) = pooled_four_ways(&cpu, &x, &dy, stride)?;
+    let (got, kept) = pooled_four_ways(gpu, &x, &dy, stride)?;
+    let both = |r: &[Tensor], a: usize| -> Result<Tensor> {
+        Ok(Tensor::cat(
+            &[r[a].flatten_all()?, r[a + 2].flatten_all()?],
+            0,
+        )?)
     };
-    let ((y, dx, _), (gy, gdx, kept)) = (run(&cpu)?, run(gpu)?);
     match kept {
-        true => Ok(relative_error(&y, &gy)?.max(relative_error(&dx, &gdx)?)),
+        true => Ok(relative_error(&both(&expected, 0)?, &both(&got, 0)?)?
+            .max(relative_error(&both(&expected, 1)?, &both(&got, 1)?)?)),
         false => Ok(f64::INFINITY),
     }
 }

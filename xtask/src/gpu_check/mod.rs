@@ -19,6 +19,7 @@ mod gpt;
 mod half;
 mod multi_gpu;
 mod optimizers;
+mod pool_special;
 mod resnet;
 mod running_update;
 mod single_ops;
@@ -323,6 +324,7 @@ pub fn run() -> Result<()> {
     });
     half::run(&gpu, &mut checks)?;
     channels_last::run(&gpu, &mut checks)?;
+    pool_special::run(&gpu, &mut checks)?;
     #[cfg(feature = "cudnn")]
     conv_stats::run(&gpu, &mut checks)?;
     synced_batch_norm::run(&gpu, &mut checks)?;

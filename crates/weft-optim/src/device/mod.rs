@@ -143,10 +143,15 @@ impl DeviceOptimizer {
         self.lr
     }
 
-    /// Sets the base learning rate (finite, `>= 0`), writing the device copy: call it outside
-    /// a CUDA graph capture.
+    /// Sets the base learning rate (finite, `>= 0`), writing the device copy when the value
+    /// changes: call it outside a CUDA graph capture.
     pub fn set_lr(&mut self, lr: f64) -> Result<(), OptimError> {
         validate::non_negative(self.rule.name(), "lr", lr)?;
+        // The device copy always holds `self.lr`: the same value needs no write (two kernels
+        // between steps on a GPU).
+        if lr.to_bits() == self.lr.to_bits() {
+            return Ok(());
+        }
         self.lr = lr;
         if let Some(value) = &self.lr_value {
             let fresh = Tensor::full(lr, 1, value.device()).map_err(tensor_error("lr"))?;

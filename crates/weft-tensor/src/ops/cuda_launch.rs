@@ -86,6 +86,10 @@ pub(crate) const MAX_POOL: Module = Module {
     name: "weft_max_pool",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/max_pool.ptx")),
 };
+pub(crate) const MAX_POOL_NHWC: Module = Module {
+    name: "weft_max_pool_nhwc",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/max_pool_nhwc.ptx")),
+};
 pub(crate) const MULTI_TENSOR: Module = Module {
     name: "weft_multi_tensor",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/multi_tensor.ptx")),
@@ -179,13 +183,18 @@ pub(crate) fn device_of(storage: &CudaStorage) -> CudaDevice {
 
 /// A grid-stride launch over `total` elements.
 pub(crate) fn grid_stride(total: usize) -> LaunchConfig {
+    grid_stride_of(total, THREADS)
+}
+
+/// [`grid_stride`] with blocks of `threads` threads.
+pub(crate) fn grid_stride_of(total: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
-            (total as u64).div_ceil(THREADS as u64).clamp(1, 65_535 * 8) as u32,
+            (total as u64).div_ceil(threads as u64).clamp(1, 65_535 * 8) as u32,
             1,
             1,
         ),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
 }

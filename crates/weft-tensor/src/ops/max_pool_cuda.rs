@@ -10,7 +10,7 @@ use cudarc::driver::{DeviceRepr, PushKernelArg};
 use super::cuda_launch::{device_of, function, grid_stride, launched, output, view, MAX_POOL};
 use super::max_pool_cpu::{PoolPlanes, PoolWindow};
 
-/// `struct Geometry` of kernels/max_pool.cu.
+/// `struct Geometry` of kernels/max_pool_window.cuh.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(super) struct Geometry {

@@ -1,6 +1,6 @@
-//! Max pooling of channels-last CUDA tensors on their NHWC storage (`kernels/max_pool.cu`'s
-//! `_nhwc` kernels), with the rules of [`super::max_pool2d`]: no copies into NCHW planes and
-//! back around the kernels. The forward can keep each window's first maximum as a byte, from
+//! Max pooling of channels-last CUDA tensors on their NHWC storage (`kernels/max_pool_nhwc.cu`),
+//! with the rules of [`super::max_pool2d`]: no copies into NCHW planes and back around the
+//! kernels. The forward can keep each window's first maximum as a byte, from
 //! which the backward gathers the gradients without reading `x` and `y` again. Applies to
 //! channels-last tensors on a GPU whose element counts fit the kernels' 32-bit indices, with
 //! windows up to 15x15; the functions say `None` otherwise. Built with the `cuda` feature only.
