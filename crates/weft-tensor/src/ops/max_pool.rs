@@ -1,8 +1,9 @@
 //! `max_pool2d`: 2-D max pooling with any kernel, stride and padding (padding counts as
 //! `-inf`), differentiable; the gradient of each output goes to the first maximum of its
 //! window in row-major order, as in PyTorch. CPU and CUDA f32/f64 tensors and CUDA bf16/f16
-//! tensors use a custom op (kernels in `max_pool_cpu` and `kernels/max_pool.cu`); 16-bit CPU
-//! tensors are pooled in f32; others use Candle ops (see [`max_pool2d_candle`]).
+//! tensors use a custom op (kernels in `max_pool_cpu`, `kernels/max_pool.cu` and, channels-last,
+//! `kernels/max_pool_nhwc.cu`); 16-bit CPU tensors are pooled in f32; others use Candle ops (see
+//! [`max_pool2d_candle`]).
 
 use super::channels_last::{is_channels_last, to_channels_last};
 use super::max_pool_cpu::{PoolKernel, PoolPlanes, PoolWindow};
