@@ -9,28 +9,20 @@
 
 #include "max_pool_window.cuh"
 
-// Two 16-bit lanes as one value of CUDA's pair type, for the NaN-propagating max and the masks
-// of equal lanes (0xffff a lane) of one instruction each.
+// Two 16-bit lanes as one value of CUDA's pair type (`__nv_bfloat162`, `__half2`), for the
+// NaN-propagating max and the masks of equal lanes (0xffff a lane) of one instruction each.
 template <typename T>
-struct Pairs;
-template <>
-struct Pairs<bf16> {
-    typedef __nv_bfloat162 type;
-};
-template <>
-struct Pairs<f16> {
-    typedef __half2 type;
-};
+using Pair = typename RoundedPair<T>::type;
 
 template <typename T>
-__device__ __forceinline__ typename Pairs<T>::type pair_of(unsigned word) {
-    typename Pairs<T>::type pair;
+__device__ __forceinline__ Pair<T> pair_of(unsigned word) {
+    Pair<T> pair;
     memcpy(&pair, &word, 4);
     return pair;
 }
 
 template <typename T>
-__device__ __forceinline__ unsigned word_of(typename Pairs<T>::type pair) {
+__device__ __forceinline__ unsigned word_of(Pair<T> pair) {
     unsigned word;
     memcpy(&word, &pair, 4);
     return word;
@@ -66,7 +58,7 @@ __device__ void forward_nhwc_pairs(const T* x, T* y, unsigned char* first, unsig
         const T* xp = x + (size_t)image * in_image + ch;
         unsigned v[9][W];
         bool inside[9];
-        typename Pairs<T>::type best[W];
+        Pair<T> best[W];
 #pragma unroll
         for (int q = 0; q < W; ++q) best[q] = pair_of<T>(lowest);
 #pragma unroll
@@ -92,7 +84,7 @@ __device__ void forward_nhwc_pairs(const T* x, T* y, unsigned char* first, unsig
             const unsigned position = (unsigned)((a / 3) * g.kernel + a % 3) * 0x00010001u;
 #pragma unroll
             for (int q = 0; q < W; ++q) {
-                const typename Pairs<T>::type value = pair_of<T>(v[a][q]);
+                const Pair<T> value = pair_of<T>(v[a][q]);
                 const unsigned equal =
                     __heq2_mask(value, best[q]) | (__hneu2_mask(value, value) & nan_best[q]);
                 at[q] = (equal & position) | (~equal & at[q]);
