@@ -43,7 +43,10 @@ impl<T: StagingElement> BatchUpload<T> {
     /// the device's stream order (its work queued later sees the values) and the host does not
     /// wait for the device; on the CPU it holds `values`.
     pub fn upload(&mut self, values: &[T], device: &Device) -> Result<Tensor> {
-        self.upload_then(values, device, |staged| Ok(staged.copy()?))
+        match device {
+            Device::Cpu => Ok(Tensor::from_slice(values, values.len(), device)?),
+            _ => self.upload_then(values, device, |staged| Ok(staged.copy()?)),
+        }
     }
 
     /// `consume`'s result on `values` as a 1-D tensor on `device`. `consume` must queue the work
