@@ -13,7 +13,7 @@ use weft_tensor::ops::BatchStats::Local;
 use weft_tensor::{ops, Checkpointing};
 
 use super::half::{graph_free_conv_in, STEM};
-use super::pool_special::pooled_four_ways;
+use super::pool_special::{pooled_four_ways, POOL_CASES};
 use super::single_ops::{compare_graph_free_batch_norm, relative_error};
 use super::Check;
 
@@ -129,8 +129,8 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
 /// bytes).
 fn pool_nhwc(gpu: &Device, dtype: DType, channels: usize) -> Result<f64> {
     let mut error = 0f64;
-    for (size, stride) in [(15, 2), (16, 2), (16, 1)] {
-        error = error.max(pool_nhwc_window(gpu, dtype, channels, (size, stride))?);
+    for case in POOL_CASES {
+        error = error.max(pool_nhwc_window(gpu, dtype, channels, case)?);
     }
     Ok(error)
 }

@@ -27,17 +27,23 @@ pub(super) fn run(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
     Ok(())
 }
 
+/// The image sizes and strides the channels-last pool rows run (3 x 3 windows, padding 1): at
+/// stride 2 the backward a thread per 2 x 2 cell (edge cells cut at 15), at stride 1 a thread per
+/// pixel.
+pub(super) const POOL_CASES: [(usize, usize); 3] = [(15, 2), (16, 2), (16, 1)];
+
 /// The elements of `y` and `dx` (from the first maxima kept and found again) that differ from
 /// the CPU's, over 3 x 3 windows of stride 2 on 15 x 15 and 16 x 16 images and stride 1 on
 /// 16 x 16 (padding 1); infinite if a result lost its channels-last layout.
 fn mismatches(gpu: &Device, dtype: DType, channels: usize) -> Result<f64> {
     let mut count = 0f64;
-    for (size, stride) in [(15, 2), (16, 2), (16, 1)] {
-        count += mismatches_of(gpu, dtype, channels, (size, stride))?;
+    for case in POOL_CASES {
+        count += mismatches_of(gpu, dtype, channels, case)?;
     }
     Ok(count)
 }
 
+/// [`mismatches`] for one image size and stride.
 fn mismatches_of(
     gpu: &Device,
     dtype: DType,
