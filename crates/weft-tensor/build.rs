@@ -5,17 +5,19 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 17] = [
+const KERNELS: [&str; 19] = [
     "attention",
     "batch_norm",
     "batch_norm_nhwc",
     "batch_norm_sync",
     "bias",
     "cross_entropy",
+    "embedding",
     "gelu",
     "hold",
     "layer_norm",
     "relu",
+    "residual",
     "max_pool",
     "max_pool_nhwc",
     "multi_tensor",

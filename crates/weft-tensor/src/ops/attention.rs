@@ -27,6 +27,13 @@ pub fn has_cuda_attention(dtype: DType, d: usize) -> bool {
     d.is_power_of_two() && (4..=widest).contains(&d)
 }
 
+/// Whether weft's fused kernels take `q`, `k`, `v` of these types and head width (f32/f64 on
+/// the CPU; on CUDA, [`has_cuda_attention`]).
+pub(crate) fn fused_kernels_apply(qkv: &[&Tensor; 3]) -> bool {
+    let d = qkv[0].dims().last().copied().unwrap_or(0);
+    uses_cpu_kernels(qkv) || (uses_cuda_kernels(qkv) && has_cuda_attention(qkv[0].dtype(), d))
+}
+
 /// Causal attention of `q`, `k`, `v` (`[batch, heads, seq, d]`), differentiable.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     let (_, _, _, d) = q.dims4()?;
@@ -41,9 +48,7 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     if is_half(&[q, k, v]) {
         return causal_attention(&widen(q)?, &widen(k)?, &widen(v)?)?.to_dtype(q.dtype());
     }
-    let fused = uses_cpu_kernels(&[q, k, v])
-        || (uses_cuda_kernels(&[q, k, v]) && has_cuda_attention(q.dtype(), d));
-    if !fused {
+    if !fused_kernels_apply(&[q, k, v]) {
         return causal_attention_reference(q, k, v, None);
     }
     let op = AttentionOp {
@@ -102,9 +107,7 @@ pub fn causal_attention_saving(
             .map(|(out, packed)| Ok((out.to_dtype(q.dtype())?, packed)))
             .transpose();
     }
-    let fused = uses_cpu_kernels(&[q, k, v])
-        || (uses_cuda_kernels(&[q, k, v]) && has_cuda_attention(q.dtype(), d));
-    if !fused || k.dims() != q.dims() || v.dims() != q.dims() {
+    if !fused_kernels_apply(&[q, k, v]) || k.dims() != q.dims() || v.dims() != q.dims() {
         return Ok(None);
     }
     let op = AttentionOp {
@@ -163,7 +166,7 @@ fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 }
 
 /// `[T, T]`: 0 where a position may attend (itself and earlier ones), −∞ above the diagonal.
-fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
+pub(crate) fn causal_mask(t: usize, dtype: DType, device: &Device) -> Result<Tensor> {
     let values: Vec<f32> = (0..t * t)
         .map(|i| match i % t > i / t {
             true => f32::NEG_INFINITY,

@@ -2,14 +2,17 @@
 //! the forward of a layer that differentiates itself (its backward sums the rows of the output
 //! gradient, [`super::column_sums`]). One pass with the bias read once per column
 //! (`kernels/bias.cu` on a GPU; Candle's broadcast add indexes every element through the
-//! broadcast strides, several times slower there).
+//! broadcast strides, several times slower there). CUDA bf16/f16 tensors take its 16-bit
+//! kernel (16-bit values in and out, in 16-byte vectors where the rows allow, each sum in f32
+//! and rounded once); on the CPU, 16-bit tensors are widened to f32 and the sum rounded back.
 
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use super::storage::{
-    is_half, run_kernel, uses_cpu_kernels, uses_cuda_kernels, widen, Arg, CpuKernel, Float,
+    is_half, run_kernel, uses_cpu_kernels, uses_cuda_half_kernels, uses_cuda_kernels, widen, Arg,
+    CpuKernel, Float,
 };
 
 /// `x + bias` over the rows of a 2-d `x`, without an autograd graph.
@@ -19,10 +22,11 @@ pub fn add_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
         bail!("add_bias: bias {:?} for rows of {cols}", bias.dims());
     }
     let tensors = [x, bias];
-    if is_half(&tensors) {
+    let half_kernels = uses_cuda_half_kernels(&tensors);
+    if is_half(&tensors) && !half_kernels {
         return add_bias(&widen(x)?, &widen(bias)?)?.to_dtype(x.dtype());
     }
-    match uses_cpu_kernels(&tensors) || uses_cuda_kernels(&tensors) {
+    match half_kernels || uses_cpu_kernels(&tensors) || uses_cuda_kernels(&tensors) {
         true => x
             .contiguous()?
             .apply_op2_no_bwd(&bias.contiguous()?, &AddBias),

@@ -34,9 +34,17 @@ pub(crate) const BIAS: Module = Module {
     name: "weft_bias",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/bias.ptx")),
 };
+pub(crate) const RESIDUAL: Module = Module {
+    name: "weft_residual",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/residual.ptx")),
+};
 pub(crate) const CROSS_ENTROPY: Module = Module {
     name: "weft_cross_entropy",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx")),
+};
+pub(crate) const EMBEDDING: Module = Module {
+    name: "weft_embedding",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx")),
 };
 pub(crate) const GELU: Module = Module {
     name: "weft_gelu",

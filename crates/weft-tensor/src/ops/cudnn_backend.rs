@@ -122,34 +122,48 @@ pub(crate) fn tensor(
     strides: &[i64],
     is_virtual: bool,
 ) -> CudnnResult<Descriptor> {
+    tensor_with(uid, dtype, (dims, strides), is_virtual, false)
+}
+
+/// [`tensor`], or a scalar passed by value at execution (`by_value`: a host pointer in the
+/// variant pack).
+pub(crate) fn tensor_with(
+    uid: i64,
+    dtype: sys::cudnnDataType_t,
+    (dims, strides): (&[i64], &[i64]),
+    is_virtual: bool,
+    by_value: bool,
+) -> CudnnResult<Descriptor> {
     let mut d = Descriptor::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     d.set_data_type(Attr::CUDNN_ATTR_TENSOR_DATA_TYPE, dtype)?;
     d.set_i64s(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, dims)?;
     d.set_i64s(Attr::CUDNN_ATTR_TENSOR_STRIDES, strides)?;
     d.set_i64s(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
     d.set_i64s(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
-    // SAFETY: IS_VIRTUAL is a BOOLEAN (C bool).
+    // SAFETY: IS_VIRTUAL and IS_BY_VALUE are BOOLEANs (C bool).
     unsafe {
         d.set(
             Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL,
             Type::CUDNN_TYPE_BOOLEAN,
             &[is_virtual],
-        )?
-    };
+        )?;
+        if by_value {
+            d.set(
+                Attr::CUDNN_ATTR_TENSOR_IS_BY_VALUE,
+                Type::CUDNN_TYPE_BOOLEAN,
+                &[true],
+            )?;
+        }
+    }
     d.finalize()
 }
 
-/// Execution plans for the operations `ops` on `handle`: from the engine configurations of
-/// cuDNN's heuristics (mode A) in their order, then every engine of the graph in its default
-/// configuration, leaving out configurations that do not finalize and, unless
-/// `runtime_compiled`, engines cuDNN compiles at run time (NVRTC: about half a second a plan).
-/// Also returns how many were left out as compiled at run time (the plans may then be none).
-/// cuDNN's last error when no configuration finalizes.
-pub(crate) fn plans(
+/// The finalized operation graph of `ops` on `handle` and the engine configurations cuDNN's
+/// heuristics (mode A) offer for it, best first.
+fn heuristic_configs(
     handle: sys::cudnnHandle_t,
     ops: &[&Descriptor],
-    runtime_compiled: bool,
-) -> CudnnResult<(Vec<Descriptor>, usize)> {
+) -> CudnnResult<(Descriptor, Vec<Descriptor>)> {
     let mut graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
     graph.set_descriptors(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, ops)?;
     graph.set_handle(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle)?;
@@ -170,7 +184,50 @@ pub(crate) fn plans(
         .map(|_| Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
         .collect::<CudnnResult<Vec<_>>>()?;
     let count = heuristics.get_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS, &configs)?;
-    let mut configs: Vec<Descriptor> = configs.into_iter().take(count).collect();
+    Ok((graph, configs.into_iter().take(count).collect()))
+}
+
+/// The execution plan of `config` on `handle`.
+fn plan_of(handle: sys::cudnnHandle_t, config: &Descriptor) -> CudnnResult<Descriptor> {
+    let mut plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+    plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
+    plan.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
+    plan.finalize()
+}
+
+/// The plan of the first of cuDNN's heuristic choices for `ops` that finalizes (the
+/// frontend's default policy), runtime-compiled engines included, and its workspace in bytes;
+/// cuDNN's last error when none does.
+pub(crate) fn first_plan(
+    handle: sys::cudnnHandle_t,
+    ops: &[&Descriptor],
+) -> CudnnResult<(Descriptor, usize)> {
+    let (_graph, configs) = heuristic_configs(handle, ops)?;
+    let mut last = CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED);
+    for config in &configs {
+        match plan_of(handle, config) {
+            Ok(plan) => {
+                let workspace = plan.get_i64(Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
+                return Ok((plan, workspace.max(0) as usize));
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Execution plans for the operations `ops` on `handle`: from the engine configurations of
+/// cuDNN's heuristics (mode A) in their order, then every engine of the graph in its default
+/// configuration, leaving out configurations that do not finalize and, unless
+/// `runtime_compiled`, engines cuDNN compiles at run time (NVRTC: about half a second a plan).
+/// Also returns how many were left out as compiled at run time (the plans may then be none).
+/// cuDNN's last error when no configuration finalizes.
+pub(crate) fn plans(
+    handle: sys::cudnnHandle_t,
+    ops: &[&Descriptor],
+    runtime_compiled: bool,
+) -> CudnnResult<(Vec<Descriptor>, usize)> {
+    let (graph, mut configs) = heuristic_configs(handle, ops)?;
     configs.extend(every_engine(&graph)?);
     let mut last = CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED);
     let mut plans = Vec::new();
@@ -180,13 +237,7 @@ pub(crate) fn plans(
             compiled_at_run_time += 1;
             continue;
         }
-        let attempt = (|| {
-            let mut plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
-            plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
-            plan.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
-            plan.finalize()
-        })();
-        match attempt {
+        match plan_of(handle, config) {
             Ok(plan) => plans.push(plan),
             Err(e) => last = e,
         }

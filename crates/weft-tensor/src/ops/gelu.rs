@@ -4,16 +4,19 @@
 //! Candle's own `gelu` computes the same forward, but its backward rounds the constants to six
 //! digits (a relative gradient error near 1e-7, visible in f64 checks); this op keeps Candle's
 //! forward kernel and differentiates exactly, in one pass (`kernels/gelu.cu` on a GPU) where
-//! weft's kernels apply.
+//! weft's kernels apply. CUDA bf16/f16 tensors run `kernels/gelu.cu` both ways, 16-bit values
+//! in and out in 16-byte vectors and f32 inside (`tanhf`), each result rounded once; on the
+//! CPU, 16-bit tensors keep Candle's forward and their backward is computed in f32.
 
 use candle_core::backend::BackendStorage;
 use candle_core::op::Gelu;
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
 use super::storage::{
-    is_half, run_kernel, uses_cpu_kernels, uses_cuda_kernels, widen, Arg, CpuKernel, Float,
+    is_half, run_kernel, uses_cpu_kernels, uses_cuda_half_kernels, uses_cuda_kernels, widen, Arg,
+    CpuKernel, Float,
 };
 
 const SQRT_TWO_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -21,7 +24,10 @@ const CUBIC: f64 = 0.044_715;
 
 /// `gelu_tanh(x)`, differentiable.
 pub fn gelu_tanh(x: &Tensor) -> candle_core::Result<Tensor> {
-    x.apply_op1(GeluTanh)
+    match uses_cuda_half_kernels(&[x]) {
+        true => x.contiguous()?.apply_op1(GeluTanh::<true>),
+        false => x.apply_op1(GeluTanh::<false>),
+    }
 }
 
 /// `d gelu_tanh / dx` at `x`:
@@ -36,9 +42,11 @@ pub fn gelu_tanh_derivative(x: &Tensor) -> candle_core::Result<Tensor> {
     outer + (chain * slope)?
 }
 
-struct GeluTanh;
+/// The op, its forward Candle's kernel or (`HALF_KERNEL`, for a contiguous 16-bit CUDA input)
+/// `kernels/gelu.cu`'s.
+struct GeluTanh<const HALF_KERNEL: bool>;
 
-impl CustomOp1 for GeluTanh {
+impl<const HALF_KERNEL: bool> CustomOp1 for GeluTanh<HALF_KERNEL> {
     fn name(&self) -> &'static str {
         "weft-gelu-tanh"
     }
@@ -57,7 +65,11 @@ impl CustomOp1 for GeluTanh {
         storage: &CudaStorage,
         layout: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        Ok((storage.unary_impl::<Gelu>(layout)?, layout.shape().clone()))
+        let y = match HALF_KERNEL {
+            true => super::gelu_cuda::forward((storage, layout))?,
+            false => storage.unary_impl::<Gelu>(layout)?,
+        };
+        Ok((y, layout.shape().clone()))
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
@@ -68,10 +80,19 @@ impl CustomOp1 for GeluTanh {
 /// `dy · gelu'(x)`, the gradient of [`gelu_tanh`] without an autograd graph (one fused pass
 /// where the kernels apply).
 pub fn gelu_tanh_backward(x: &Tensor, dy: &Tensor) -> candle_core::Result<Tensor> {
-    if is_half(&[x, dy]) {
+    if x.shape() != dy.shape() {
+        bail!(
+            "gelu_tanh_backward: x {:?} and dy {:?} differ",
+            x.dims(),
+            dy.dims()
+        );
+    }
+    let tensors = [x, dy];
+    let half_kernels = uses_cuda_half_kernels(&tensors);
+    if is_half(&tensors) && !half_kernels {
         return gelu_tanh_backward(&widen(x)?, &widen(dy)?)?.to_dtype(x.dtype());
     }
-    match uses_cpu_kernels(&[x, dy]) || uses_cuda_kernels(&[x, dy]) {
+    match half_kernels || uses_cpu_kernels(&tensors) || uses_cuda_kernels(&tensors) {
         true => x
             .contiguous()?
             .apply_op2_no_bwd(&dy.contiguous()?, &GeluTanhBackward),

@@ -8,7 +8,12 @@
 //! autograd's zero-filled accumulator.
 //!
 //! CPU (f32/f64, computed in f64) and CUDA f32/f64 tensors run the kernels
-//! (`kernels/layer_norm.cu` on a GPU); other dtypes take [`layer_norm_reference`].
+//! (`kernels/layer_norm.cu` on a GPU). CUDA bf16/f16 tensors run its 16-bit kernels, which
+//! read and write 16-bit values and compute in f32: the forward through the same op (so it
+//! stays differentiable), and a fused backward writing `dx` and each block's f32 column sums of
+//! `dy · x̂` and `dy`, which a second kernel adds in a fixed order into `dw` and `db`
+//! (deterministic). Other 16-bit tensors (on the CPU) are widened to f32 and their results
+//! rounded back once; other dtypes take [`layer_norm_reference`].
 
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
@@ -17,7 +22,8 @@ use rayon::prelude::*;
 
 use super::project::column_sums;
 use super::storage::{
-    is_half, run_kernel, uses_cpu_kernels, uses_cuda_kernels, widen, Arg, CpuKernel, Float,
+    is_half, run_kernel, uses_cpu_kernels, uses_cuda_half_kernels, uses_cuda_kernels, widen, Arg,
+    CpuKernel, Float,
 };
 
 /// LayerNorm of `x` (`[.., C]`) with `weight` and `bias` (`[C]`), differentiable.
@@ -31,11 +37,12 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
         );
     }
     let tensors = [x, weight, bias];
-    if is_half(&tensors) {
+    let half_kernels = uses_cuda_half_kernels(&tensors);
+    if is_half(&tensors) && !half_kernels {
         // Statistics and normalisation in f32, the output rounded once.
         return layer_norm(&widen(x)?, &widen(weight)?, &widen(bias)?, eps)?.to_dtype(x.dtype());
     }
-    if !(uses_cpu_kernels(&tensors) || uses_cuda_kernels(&tensors)) {
+    if !(half_kernels || uses_cpu_kernels(&tensors) || uses_cuda_kernels(&tensors)) {
         return layer_norm_reference(x, weight, bias, eps);
     }
     let rows = x.elem_count() / cols;
@@ -59,7 +66,7 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
 /// The gradients `(dx, dw, db)` of [`layer_norm`] of `x` (`[rows, C]`, contiguous) with
 /// `weight` and `bias` from the output's gradient `dy`, computed by the fused kernels without an
 /// autograd graph (for blocks that differentiate themselves; same conditions as the forward's
-/// kernels).
+/// kernels, and CUDA bf16/f16 rows of at most 6144 columns for the fused 16-bit kernels).
 pub fn layer_norm_backward(
     x: &Tensor,
     weight: &Tensor,
@@ -67,7 +74,19 @@ pub fn layer_norm_backward(
     dy: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    if is_half(&[x, weight, bias, dy]) {
+    let tensors = [x, weight, bias, dy];
+    #[cfg(feature = "cuda")]
+    if uses_cuda_half_kernels(&tensors)
+        && x.dim(D::Minus1)? <= super::layer_norm_cuda::MAX_BACKWARD_COLS
+    {
+        return super::layer_norm_cuda::backward_half(
+            &x.contiguous()?,
+            &weight.contiguous()?,
+            &dy.contiguous()?,
+            eps,
+        );
+    }
+    if is_half(&tensors) {
         let (dx, dw, db) =
             layer_norm_backward(&widen(x)?, &widen(weight)?, &widen(bias)?, &widen(dy)?, eps)?;
         let narrow = |t: Tensor| t.to_dtype(x.dtype());
@@ -249,7 +268,7 @@ impl CustomOp3 for LayerNormOp {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, db) = backward_rows(x, weight, bias, dy, self.eps)?;
+        let (dx, dw, db) = layer_norm_backward(x, weight, bias, dy, self.eps)?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
 }

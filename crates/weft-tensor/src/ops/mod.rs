@@ -10,15 +10,20 @@
 //!   for the running averages.
 //! - [`relu`] and [`add_relu`] (the end of a residual block): ReLU with a one-pass backward.
 //! - [`causal_attention`]: fused causal scaled dot-product attention (FlashAttention's
-//!   recomputing backward), never materialising the scores.
+//!   recomputing backward), never materialising the scores; [`packed_causal_attention`] the
+//!   same over a packed q | k | v projection with grouped-query heads, on 16-bit GPU data
+//!   through cuDNN's fused flash-attention engines (feature `cudnn`).
 //! - [`cross_entropy_rows`]: per-row cross-entropy over the first `classes` columns, fused
 //!   (a language model's padded vocabulary), with a one-pass backward.
 //! - [`layer_norm`]: LayerNorm over the last dimension, fused forward and input gradient.
 //! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative; [`project`]: `x W` over the last
 //!   dimension for `[in, out]` weights.
+//! - [`embed_tokens`]: token plus position embeddings, graph-free, and their backward
+//!   ([`embed_tokens_backward`]: the table's rows summed per id in token order, deterministic).
 //! - [`copy_tensors`]: copies of many tensors, in one CUDA launch per 48 tensors.
 //! - [`add_bias`] and [`column_sums`]: a bias added to every row, and its gradient, graph-free
-//!   (one pass, and one GEMV).
+//!   (one pass, and one GEMV); [`add_bias_residual`] the bias and a block's input added in one
+//!   pass, [`residual_add`] two gradients summed.
 //! - [`unscale_and_check`]: the loss scale undone in place with an inf/NaN check, one pass
 //!   ([`unscale_and_check_by`] reading the scale on the device; [`update_loss_scale`] the
 //!   scaler's rule on its state there).
@@ -84,6 +89,8 @@ pub mod cuda_launch;
 #[cfg(feature = "cudnn")]
 mod cudnn_backend;
 #[cfg(feature = "cudnn")]
+mod cudnn_graph;
+#[cfg(feature = "cudnn")]
 mod cudnn_plan;
 #[cfg(feature = "cudnn")]
 mod cudnn_search;
@@ -91,6 +98,9 @@ mod determinism;
 #[cfg(feature = "cudnn")]
 mod device_timing;
 pub mod dropout;
+mod embedding;
+#[cfg(feature = "cuda")]
+mod embedding_cuda;
 mod gelu;
 #[cfg(feature = "cuda")]
 mod gelu_cuda;
@@ -111,6 +121,7 @@ mod max_pool_nhwc_cuda;
 mod multi_tensor;
 #[cfg(feature = "cuda")]
 mod multi_tensor_cuda;
+mod packed_attention;
 mod pixels;
 #[cfg(feature = "cuda")]
 mod pixels_cuda;
@@ -118,11 +129,18 @@ mod project;
 mod relu;
 #[cfg(feature = "cuda")]
 mod relu_cuda;
+mod residual;
+#[cfg(feature = "cuda")]
+mod residual_cuda;
 mod running_average;
 #[cfg(feature = "cuda")]
 mod running_average_cuda;
 mod running_update;
 mod scratch;
+#[cfg(feature = "cudnn")]
+mod sdpa_cudnn;
+#[cfg(feature = "cudnn")]
+mod sdpa_graph;
 #[cfg(feature = "cudnn")]
 mod space_to_depth_cuda;
 mod storage;
@@ -162,6 +180,7 @@ pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
 };
 pub use determinism::{deterministic, set_deterministic};
+pub use embedding::{embed_tokens, embed_tokens_backward};
 pub use gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_derivative};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_reference};
 pub use loss_scale::{update_loss_scale, ScaleRule, LOSS_SCALE_STATE_LEN};
@@ -170,11 +189,17 @@ pub use max_pool::{
     max_pool2d_forward_saving,
 };
 pub use multi_tensor::{copies_into, copy_tensors};
+pub use packed_attention::{
+    packed_causal_attention, packed_causal_attention_backward, PackedHeads,
+};
 pub use pixels::{normalize_pixels, normalize_pixels_into, PixelNormalization};
 pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
+pub use residual::{add_bias_residual, residual_add};
 pub use running_average::{blend_into, update_running_stats, RunningStats};
 pub use running_update::RunningUpdate;
+#[cfg(feature = "cudnn")]
+pub use sdpa_cudnn::fused_attention_plans;
 pub use storage::{has_kernels, set_cuda_kernels};
 pub use unscale::{unscale_and_check, unscale_and_check_by};
 

@@ -89,6 +89,16 @@ pub(crate) fn uses_cuda_kernels_with_half(tensors: &[&Tensor]) -> bool {
     cuda_kernels_for(tensors, &ANY_FLOAT)
 }
 
+/// True when every tensor is bf16, or every one f16, on a CUDA device, in a `cuda` build with
+/// the kernels on: for the ops whose CUDA kernels read and write 16-bit values themselves
+/// (LayerNorm, the tanh GELU, the bias add) while their CPU side computes in f32.
+pub(crate) fn uses_cuda_half_kernels(tensors: &[&Tensor]) -> bool {
+    let dtype = tensors.first().map(|t| t.dtype());
+    matches!(dtype, Some(DType::BF16 | DType::F16))
+        && tensors.iter().all(|t| Some(t.dtype()) == dtype)
+        && cuda_kernels_for(tensors, &[DType::BF16, DType::F16])
+}
+
 /// True when the tensors take the kernels with 16-bit versions, on the CPU (16-bit arguments
 /// computed in f32 by [`run_kernel`]) or on CUDA.
 pub(crate) fn uses_kernels_with_half(tensors: &[&Tensor]) -> bool {
