@@ -66,13 +66,10 @@ pub struct Embeddings {
     pub(super) entries: Range<EntryId>,
 }
 
-impl Block for Embeddings {
-    fn name(&self) -> &str {
-        "embeddings"
-    }
-
-    fn forward(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
-        let (_, t) = ids.dims2()?;
+impl Embeddings {
+    /// The position embeddings of sequences of `t` tokens (`[t, width]`), or an error naming
+    /// the context when they are longer.
+    pub(super) fn positions(&self, t: usize) -> Result<Tensor> {
         let context = self.wpe.dim(0)?;
         if t > context {
             return Err(TensorError::Block {
@@ -80,8 +77,22 @@ impl Block for Embeddings {
                 message: format!("{t} tokens exceed the context of {context}"),
             });
         }
-        let positions = self.wpe.as_tensor().narrow(0, 0, t)?;
-        let h = self.wte.forward(ids)?.broadcast_add(&positions)?;
+        Ok(self.wpe.as_tensor().narrow(0, 0, t)?)
+    }
+}
+
+impl Block for Embeddings {
+    fn name(&self) -> &str {
+        "embeddings"
+    }
+
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
+    }
+
+    fn forward(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
+        let (_, t) = ids.dims2()?;
+        let h = self.wte.forward(ids)?.broadcast_add(&self.positions(t)?)?;
         dropout(h, self.dropout, mode, self.name(), Site::Embeddings)
     }
 

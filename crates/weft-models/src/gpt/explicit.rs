@@ -4,26 +4,45 @@
 //! once. Under Candle's autograd every intermediate gradient is first added into a zero-filled
 //! accumulator, a pass over each activation that this avoids.
 //!
+//! The attention reads its heads in place from the fused q | k | v projection and writes its
+//! gradient in that layout ([`ops::packed_causal_attention`]: cuDNN's flash attention for
+//! 16-bit data on a GPU), keeping each query row's log-sum-exp, never the weights.
+//!
 //! It applies when a half's projections are affine ([`Affine`]: whole Conv1Ds, or
 //! tensor-parallel slices whose sums over the ranks it issues itself: one all-reduce after each
 //! row-split projection forward, one of each column-split projection's input gradient
-//! backward), nothing is dropped, and the fused kernels cover the tensors (f32/f64 on the CPU,
-//! and on a GPU the attention kernels' head widths); otherwise the tape records Candle's graph.
+//! backward) and nothing is dropped; otherwise the tape records Candle's graph.
 
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
+use weft_tensor::ops::PackedHeads;
 use weft_tensor::{ops, Mode, Result};
 use weft_tensor::{ExplicitBackward, ExplicitGrads, Saved, TensorError};
 
 use super::blocks::{AttentionBlock, MlpBlock};
 use super::parts::{Affine, AffineSplit};
 
-/// `x W + b` over rows (a row-split product summed over the ranks first).
-fn affine(x: &Tensor, layer: Affine<'_>) -> Result<Tensor> {
-    let mut product = x.matmul(&layer.weight.detach())?;
-    if let AffineSplit::Rows(sum) = layer.split {
-        product = sum.sum(&product)?;
+/// `x W` over rows (a row-split product summed over the ranks).
+fn product(x: &Tensor, layer: Affine<'_>) -> Result<Tensor> {
+    let product = x.matmul(&layer.weight.detach())?;
+    match layer.split {
+        AffineSplit::Rows(sum) => sum.sum(&product),
+        _ => Ok(product),
     }
-    Ok(ops::add_bias(&product, &layer.bias.detach())?)
+}
+
+/// `x W + b` over rows.
+fn affine(x: &Tensor, layer: Affine<'_>) -> Result<Tensor> {
+    Ok(ops::add_bias(&product(x, layer)?, &layer.bias.detach())?)
+}
+
+/// `residual + x W + b` over rows: a half's output, its input added with the bias in one pass.
+fn affine_onto(x: &Tensor, layer: Affine<'_>, residual: &Tensor) -> Result<Tensor> {
+    let bias = layer.bias.detach();
+    Ok(ops::add_bias_residual(
+        &product(x, layer)?,
+        &bias,
+        residual,
+    )?)
 }
 
 /// The gradients of `x W + b` from `dy`: `(dx, dW, db)` (`xᵀ` a transposed view: the GEMM reads
@@ -35,26 +54,6 @@ fn affine_backward(x: &Tensor, layer: Affine<'_>, dy: &Tensor) -> Result<(Tensor
     }
     let dw = x.t()?.matmul(dy)?;
     Ok((dx, dw, ops::column_sums(dy)?))
-}
-
-/// `[B·T, 3C]` fused q | k | v to three `[B, heads, T, head_dim]` tensors.
-fn split_heads(qkv: &Tensor, b: usize, t: usize, head_dim: usize) -> Result<Vec<Tensor>> {
-    let width = qkv.dim(1)? / 3;
-    (0..3)
-        .map(|i| {
-            Ok(qkv
-                .narrow(1, i * width, width)?
-                .reshape((b, t, width / head_dim, head_dim))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        })
-        .collect()
-}
-
-/// `[B, heads, T, head_dim]` back to `[B·T, heads·head_dim]`.
-fn merge_heads(y: &Tensor) -> Result<Tensor> {
-    let (b, h, t, d) = y.dims4()?;
-    Ok(y.transpose(1, 2)?.contiguous()?.reshape((b * t, h * d))?)
 }
 
 /// The saved tensors of `block`'s forward, as the array its backward reads.
@@ -76,6 +75,17 @@ impl AttentionBlock {
     fn affines(&self) -> Option<[Affine<'_>; 2]> {
         Some([self.c_attn.affine()?, self.attn_proj.affine()?])
     }
+
+    /// The heads of a fused q | k | v projection `width` wide (this rank's, under tensor
+    /// parallelism).
+    fn packed_heads(&self, width: usize) -> PackedHeads {
+        let heads = width / (3 * self.head_dim);
+        PackedHeads {
+            heads,
+            kv_heads: heads,
+            head_dim: self.head_dim,
+        }
+    }
 }
 
 impl ExplicitBackward for AttentionBlock {
@@ -91,16 +101,11 @@ impl ExplicitBackward for AttentionBlock {
         let (w1, b1) = (self.ln_1.weight().detach(), self.ln_1.bias().detach());
         let ln_1 = ops::layer_norm(&h, &w1, &b1, self.ln_1.eps())?;
         let qkv = affine(&ln_1, c_attn)?;
-        let heads = split_heads(&qkv, b, t, self.head_dim)?;
-        let Some((attended, packed)) =
-            ops::causal_attention_saving(&heads[0], &heads[1], &heads[2])?
-        else {
-            return Ok(None);
-        };
-        let attended = merge_heads(&attended)?;
-        let out = (&h + affine(&attended, attn_proj)?)?;
-        let [q, k, v]: [Tensor; 3] = heads.try_into().expect("three parts");
-        let saved = vec![h, ln_1, q, k, v, packed, attended];
+        let heads = self.packed_heads(qkv.dim(1)?);
+        let (attended, lse) = ops::packed_causal_attention(&qkv.reshape((b, t, ()))?, heads)?;
+        let attended = attended.reshape((b * t, ()))?;
+        let out = affine_onto(&attended, attn_proj, &h)?;
+        let saved = vec![h, ln_1, qkv, attended, lse];
         Ok(Some((out.reshape((b, t, c))?, saved)))
     }
 
@@ -108,25 +113,24 @@ impl ExplicitBackward for AttentionBlock {
         let [c_attn, attn_proj] = self
             .affines()
             .expect("forward_saving kept tensors only for affine projections");
-        let [h, ln_1, q, k, v, packed, attended] = unpack(saved, &self.name)?;
+        let [h, ln_1, qkv, attended, lse] = unpack(saved, &self.name)?;
         let (b, t, c) = dy.dims3()?;
         let d_out = rows(dy)?;
         let (d_attended, d_w_proj, d_b_proj) = affine_backward(&attended, attn_proj, &d_out)?;
-        let (bh, heads, _, hd) = q.dims4()?;
-        let d_attended = d_attended
-            .reshape((bh, t, heads, hd))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let (dq, dk, dv) = ops::causal_attention_backward(&q, &k, &v, &packed, &d_attended)?;
-        let d_qkv = Tensor::cat(
-            &[merge_heads(&dq)?, merge_heads(&dk)?, merge_heads(&dv)?],
-            D::Minus1,
-        )?;
+        let as_sequences = |x: &Tensor| x.reshape((b, t, ()));
+        let d_qkv = ops::packed_causal_attention_backward(
+            &as_sequences(&qkv)?,
+            &as_sequences(&attended)?,
+            &lse,
+            &as_sequences(&d_attended)?,
+            self.packed_heads(qkv.dim(1)?),
+        )?
+        .reshape((b * t, ()))?;
         let (d_ln_1, d_w_qkv, d_b_qkv) = affine_backward(&ln_1, c_attn, &d_qkv)?;
         let (w1, b1) = (self.ln_1.weight().detach(), self.ln_1.bias().detach());
         let (d_h, d_w1, d_b1) = ops::layer_norm_backward(&h, &w1, &b1, &d_ln_1, self.ln_1.eps())?;
         let input = match input_grad {
-            true => Some((d_h + d_out)?.reshape((b, t, c))?),
+            true => Some(ops::residual_add(&d_h, &d_out)?.reshape((b, t, c))?),
             false => None,
         };
         let params = vec![
@@ -162,7 +166,7 @@ impl ExplicitBackward for MlpBlock {
         let ln_2 = ops::layer_norm(&h, &w2, &b2, self.ln_2.eps())?;
         let up = affine(&ln_2, c_fc)?;
         let act = ops::gelu_tanh(&up)?;
-        let out = (&h + affine(&act, mlp_proj)?)?;
+        let out = affine_onto(&act, mlp_proj, &h)?;
         Ok(Some((out.reshape((b, t, c))?, vec![h, ln_2, up, act])))
     }
 
@@ -179,7 +183,7 @@ impl ExplicitBackward for MlpBlock {
         let (w2, b2) = (self.ln_2.weight().detach(), self.ln_2.bias().detach());
         let (d_h, d_w2, d_b2) = ops::layer_norm_backward(&h, &w2, &b2, &d_ln_2, self.ln_2.eps())?;
         let input = match input_grad {
-            true => Some((d_h + d_out)?.reshape((b, t, c))?),
+            true => Some(ops::residual_add(&d_h, &d_out)?.reshape((b, t, c))?),
             false => None,
         };
         let params = vec![

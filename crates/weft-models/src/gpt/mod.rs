@@ -10,6 +10,7 @@ mod attention;
 mod blocks;
 mod config;
 mod explicit;
+mod explicit_embeddings;
 mod explicit_head;
 pub mod hf;
 mod layer;

@@ -81,6 +81,13 @@ pub trait TokenEmbedding: Send + Sync {
     fn head_projection(&self) -> Option<HeadProjection<'_>> {
         None
     }
+
+    /// The whole table (`[rows, width]`) when [`TokenEmbedding::forward`] looks its rows up,
+    /// so that the embeddings block can differentiate itself; `None` otherwise (a shard of the
+    /// vocabulary, whose lookup takes part in a sum over ranks).
+    fn table(&self) -> Option<&Tensor> {
+        None
+    }
 }
 
 /// The head as a product with the token table: `logits = x · tableᵀ`.
@@ -166,6 +173,10 @@ impl TokenEmbedding for Embedding {
             table: self.table.as_tensor(),
             input_grad_sum: None,
         })
+    }
+
+    fn table(&self) -> Option<&Tensor> {
+        Some(self.table.as_tensor())
     }
 }
 

@@ -536,3 +536,70 @@ fn bf16_layers_differentiate_themselves_and_agree_with_f64() {
     let error = (diff / norm).sqrt();
     assert!(error <= 2f64.powi(-5), "bf16 against f64: {error}");
 }
+
+/// The embeddings block differentiates itself when its table is whole and nothing is dropped
+/// (`ops::embed_tokens`, keeping only the ids), with the output of Candle's lookup exactly; the
+/// tape's gradients through it (the table's rows summed per id plus the tied head's part, the
+/// positions' rows, zero past the sequence) equal Candle's autograd over the whole graph within
+/// 1e-12 in f64, repeated ids and ids absent (the padded rows among them) included.
+#[test]
+fn explicit_embeddings_equal_autograd_in_f64() {
+    let model = gpt(&tiny(6), DType::F64, &Device::Cpu).unwrap();
+    // Five tokens of a context of six; eleven ids over the sixteen padded rows.
+    let (ids, targets) = (tokens(2, 5, 11, 5), tokens(2, 5, 11, 6));
+    let block = &model.blocks()[0];
+    let embeddings = block.explicit().expect("the embeddings");
+    let (h, saved) = embeddings
+        .forward_saving(&ids, Mode::TRAIN)
+        .unwrap()
+        .expect("a whole table, no dropout");
+    assert_eq!(saved.len(), 1, "only the ids");
+    let graph = block.forward(&ids, Mode::TRAIN).unwrap();
+    let diff = (&h - &graph).unwrap().abs().unwrap().flatten_all().unwrap();
+    assert_eq!(diff.max(0).unwrap().to_scalar::<f64>().unwrap(), 0.0);
+    let dropping = gpt(&tiny(6).with_dropout(0.1), DType::F64, &Device::Cpu).unwrap();
+    let dropping = dropping.blocks()[0].explicit().expect("the embeddings");
+    assert!(dropping
+        .forward_saving(&ids, Mode::TRAIN)
+        .unwrap()
+        .is_none());
+    assert!(dropping.forward_saving(&ids, Mode::EVAL).unwrap().is_some());
+
+    let reference = loss_of(&model, &ids, &targets, 11).backward().unwrap();
+    let tape = tape::forward(&model, &ids, Mode::TRAIN, &Checkpointing::None).unwrap();
+    let out = NextToken { vocab_size: 11 }
+        .loss(tape.output(), &targets)
+        .unwrap();
+    let mut seen = Vec::new();
+    tape.backward(&out.loss, &model, |ready| {
+        for (id, grad) in ready.grads {
+            let entry = &model.store().entries()[id];
+            let expected = reference.get(entry.tensor()).unwrap();
+            let diff = (grad.unwrap() - expected)
+                .and_then(|d| d.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>())
+                .map_err(weft_tensor::TensorError::from)?;
+            assert!(diff < 1e-12, "{}: {diff}", entry.name);
+            seen.push(entry.name.clone());
+        }
+        Ok::<(), weft_tensor::TensorError>(())
+    })
+    .unwrap();
+    assert!(seen.iter().any(|name| name == "transformer.wte.weight"));
+    assert!(seen.iter().any(|name| name == "transformer.wpe.weight"));
+    assert_eq!(seen.len(), model.store().parameter_ids().len());
+    let wpe = reference
+        .get(
+            model
+                .store()
+                .get("transformer.wpe.weight")
+                .unwrap()
+                .tensor(),
+        )
+        .unwrap()
+        .to_vec2::<f64>()
+        .unwrap();
+    assert!(
+        wpe[5].iter().all(|&g| g == 0.0),
+        "the sixth position is unused"
+    );
+}
