@@ -1,10 +1,12 @@
 """PyTorch anchor for `cargo xtask bench-gpt`: GPT-2's architecture (the same as weft's:
 pre-LayerNorm blocks, tanh GELU, tied head, vocabulary padded to a multiple of 64) trained with
 fused AdamW on random tokens; `F.scaled_dot_product_attention` (flash attention on a GPU).
-Modes: fp32 (no TF32), tf32, bf16 (autocast over fp32 weights); eager or torch.compile.
+Modes: fp32 (no TF32), tf32, bf16 (autocast over fp32 weights); eager or torch.compile; SDPA on
+PyTorch's default backend choice or forced to cuDNN's (`--sdpa cudnn`) or flash (`--sdpa flash`).
 Prints one JSON line: median step time, tokens per second and peak memory."""
 import argparse
 import json
+from contextlib import nullcontext
 import math
 import statistics
 import time
@@ -12,6 +14,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class Block(nn.Module):
@@ -68,6 +71,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="fp32")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--sdpa", choices=["default", "cudnn", "flash"], default="default")
     args = p.parse_args()
 
     dev = torch.device(args.device)
@@ -84,13 +88,20 @@ def main() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
+    def backend():
+        # The backward runs the kernel the forward chose.
+        if args.sdpa == "default":
+            return nullcontext()
+        chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+        return sdpa_kernel(chosen[args.sdpa])
+
     times = []
     for i in range(args.warmup + args.steps):
         if i == args.warmup and dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         sync()
         t0 = time.perf_counter()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        with backend(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
             loss = step_fn(idx, targets)
         loss.backward()
         opt.step()
@@ -104,6 +115,7 @@ def main() -> None:
         "torch": torch.__version__,
         "precision": args.precision,
         "compile": args.compile,
+        "sdpa": args.sdpa,
         "step_s": step,
         "tokens_per_sec": args.batch_size * args.seq_len / step,
         "loss": loss.item(),

@@ -36,22 +36,33 @@ pub struct BenchGptArgs {
     warmup: usize,
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// PyTorch anchors to run in the same call, comma-separated from fp32, tf32, bf16,
-    /// fp32-compile, tf32-compile, bf16-compile; empty for none
+    /// PyTorch anchors to run in the same call, comma-separated: fp32, tf32 or bf16, each
+    /// optionally with `-cudnn` or `-flash` (SDPA forced to that backend; PyTorch's own choice
+    /// otherwise) and then `-compile` (e.g. bf16-cudnn-compile); empty for none
     #[arg(long, default_value = "")]
     anchors: String,
     /// weft's precision policy: fp32 (the default), bf16-mixed or fp16-mixed (bf16/f16
     /// working copy and matmuls; attention, LayerNorm, GELU and loss computed in f32 inside)
     #[arg(long, default_value = "fp32")]
     precision: String,
+    /// Replay the step from a CUDA graph after two eager warm-up steps and the capture
+    /// (`Trainer::with_cuda_graph`; ignored on the CPU)
+    #[arg(long, default_value_t = false)]
+    cuda_graph: bool,
+    /// Time the steps as a training loop runs them, each launched before the one before it is
+    /// read (`Trainer::launch`): the total over the timed steps, not a median of synchronised
+    /// steps
+    #[arg(long, default_value_t = false)]
+    launch_ahead: bool,
 }
 
-/// Dense bf16 tensor-core peak of an H100 SXM in FLOP/s (the reference of MFU figures such as
-/// llm.c's and nanoGPT's).
-const H100_BF16_PEAK: f64 = 989e12;
+/// Dense bf16 tensor-core peak of an H100 SXM or an H200 in FLOP/s (the reference of MFU
+/// figures such as llm.c's and nanoGPT's).
+const BF16_PEAK: f64 = 989e12;
 
-/// Training FLOPs per token: 6 per parameter (forward 2, backward 4) outside the position
-/// table, plus attention's `12 · layers · width · seq_len` (PaLM's estimate, as nanoGPT's).
+/// Training FLOPs per token: `6 · N + 12 · layers · width · seq_len` (PaLM's estimate, as
+/// nanoGPT's and llm.c's), N the parameters outside the position table (the tied head counted
+/// once; LayerNorms and biases, a fraction of a percent, included).
 fn flops_per_token(config: &GptConfig, seq_len: usize) -> f64 {
     let params = config.num_parameters() - config.context * config.n_embd;
     6.0 * params as f64 + 12.0 * (config.n_layer * config.n_embd * seq_len) as f64
@@ -82,6 +93,10 @@ pub fn run(args: &BenchGptArgs) -> Result<()> {
         args.device
     );
     let weft = measure_weft(args, &config, seq_len, &device)?;
+    #[cfg(feature = "cudnn")]
+    for line in weft_tensor::ops::fused_attention_plans() {
+        println!("bench-gpt: attention {line}");
+    }
     let flops = device.is_cuda().then_some(flops);
     report("weft", &weft, flops, None);
     for anchor in args.anchors.split(',').filter(|a| !a.is_empty()) {
@@ -97,9 +112,9 @@ fn report(name: &str, m: &Measured, flops_per_token: Option<f64>, weft: Option<&
         .map(|f| {
             let achieved = m.tokens_per_sec * f;
             format!(
-                ", {:.1} TFLOP/s, MFU {:.1}% of the H100's bf16 peak",
+                ", {:.1} TFLOP/s, MFU {:.1}% of 989 TFLOP/s (H100 SXM/H200 dense bf16)",
                 achieved / 1e12,
-                100.0 * achieved / H100_BF16_PEAK
+                100.0 * achieved / BF16_PEAK
             )
         })
         .unwrap_or_default();
@@ -158,22 +173,62 @@ fn measure_weft(
     let mut trainer = trainer
         .with_strategy(Box::new(single))?
         .with_memory_tracking();
+    if args.cuda_graph {
+        trainer = trainer.with_cuda_graph();
+    }
     let n = args.batch_size * seq_len;
     let ids =
         random_tokens(n, config.vocab_size, 1, device)?.reshape((args.batch_size, seq_len))?;
     let targets =
         random_tokens(n, config.vocab_size, 2, device)?.reshape((args.batch_size, seq_len))?;
+    let check = |i: usize, loss: f64| match loss.is_finite() {
+        true => Ok(()),
+        false => Err(anyhow::anyhow!("weft: step {i} gave loss {loss}")),
+    };
+    // Two eager steps and the capture come before any replay.
+    let warmup = match args.cuda_graph {
+        true => args.warmup.max(3),
+        false => args.warmup,
+    };
     let mut times = Vec::with_capacity(args.steps);
-    for i in 0..args.warmup + args.steps {
+    let synchronized = match args.launch_ahead {
+        true => warmup,
+        false => warmup + args.steps,
+    };
+    let mut replayed = 0;
+    for i in 0..synchronized {
         let start = Instant::now();
         // Reading the loss waits for the step's work on the device.
         let outcome = trainer.step(&ids, &targets, 3e-4)?;
-        if !outcome.loss.is_finite() {
-            bail!("weft: step {i} gave loss {}", outcome.loss);
-        }
-        if i >= args.warmup {
+        check(i, outcome.loss)?;
+        if i >= warmup {
             times.push(start.elapsed().as_secs_f64());
+            replayed += usize::from(outcome.graphed);
         }
+    }
+    if args.launch_ahead {
+        let start = Instant::now();
+        let mut in_flight = None;
+        for i in 0..args.steps {
+            let launched = trainer.launch(&ids, &targets, (1, 3e-4))?;
+            if let Some(earlier) = in_flight.replace(launched) {
+                let outcome = trainer.finish(earlier)?;
+                check(i, outcome.loss)?;
+                replayed += usize::from(outcome.graphed);
+            }
+        }
+        if let Some(last) = in_flight {
+            let outcome = trainer.finish(last)?;
+            check(args.steps, outcome.loss)?;
+            replayed += usize::from(outcome.graphed);
+        }
+        times.push(start.elapsed().as_secs_f64() / args.steps.max(1) as f64);
+    }
+    if args.cuda_graph {
+        println!(
+            "bench-gpt: {replayed} of {} timed steps replayed from a CUDA graph",
+            args.steps
+        );
     }
     times.sort_by(f64::total_cmp);
     let step = times[times.len() / 2];
@@ -190,12 +245,19 @@ fn measure_torch(
     seq_len: usize,
     anchor: &str,
 ) -> Result<Measured> {
-    let (precision, compile) = match anchor.strip_suffix("-compile") {
+    let (rest, compile) = match anchor.strip_suffix("-compile") {
         Some(p) => (p, true),
         None => (anchor, false),
     };
+    let (precision, sdpa) = match rest.rsplit_once('-') {
+        Some((p, backend @ ("cudnn" | "flash"))) => (p, backend),
+        _ => (rest, "default"),
+    };
     if !["fp32", "tf32", "bf16"].contains(&precision) {
-        bail!("--anchors {anchor}: expected fp32, tf32 or bf16, optionally with -compile");
+        bail!(
+            "--anchors {anchor}: expected fp32, tf32 or bf16, optionally with -cudnn or -flash, \
+             then optionally -compile"
+        );
     }
     let mut cmd = Command::new(python::torch_python()?);
     cmd.arg(python::script("gpt_anchor.py"));
@@ -212,7 +274,14 @@ fn measure_torch(
     ] {
         cmd.args([flag, &value.to_string()]);
     }
-    cmd.args(["--device", &args.device, "--precision", precision]);
+    cmd.args([
+        "--device",
+        &args.device,
+        "--precision",
+        precision,
+        "--sdpa",
+        sdpa,
+    ]);
     if compile {
         cmd.arg("--compile");
     }
