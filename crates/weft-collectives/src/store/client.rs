@@ -1,12 +1,24 @@
 //! The store client: connects with retries until its timeout, authenticates with the job
-//! token, and sends one request at a time; every call is bounded by a timeout.
+//! token, and sends one request at a time; every call is bounded by a timeout. Keys and values
+//! above the wire format's limits are refused before they are sent, and a wait longer than the
+//! server grants in one request is asked for again until the caller's timeout.
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::error::{CommError, Result};
-use crate::store::protocol::{read_frame, write_frame, Request, Response};
+use crate::store::protocol::{check_entry, read_frame, write_frame, Request, Response};
+
+/// Whether `error` says that the server closed the connection (it does so, without a word,
+/// with connections past its limits on unauthenticated ones).
+fn closed(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        error.kind(),
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+    )
+}
 
 /// Slack on top of a request's own timeout before the client stops reading.
 const NETWORK_SLACK: Duration = Duration::from_secs(10);
@@ -57,13 +69,20 @@ impl TcpStore {
                         stream: Mutex::new(stream),
                         call_timeout: timeout,
                     };
-                    store.call(
-                        &Request::Hello {
-                            token: token.to_string(),
-                        },
-                        Duration::ZERO,
-                    )?;
-                    return Ok(store);
+                    let hello = Request::Hello {
+                        token: token.to_string(),
+                    };
+                    match store.call(&hello, Duration::ZERO) {
+                        Ok(_) => return Ok(store),
+                        Err(CommError::Io { source, .. }) if closed(&source) => {
+                            // Retried by `connect`, with this as the last error.
+                            return Err(io(std::io::Error::other(
+                                "the store closed the connection before answering; \
+                                 it closes connections past its limits on unauthenticated ones",
+                            )));
+                        }
+                        Err(err) => return Err(err),
+                    }
                 }
                 Err(e) => last = Some(e),
             }
@@ -105,8 +124,16 @@ impl TcpStore {
         }
     }
 
-    /// Sets `key` to `value`.
+    /// Refuses `key` (and `value`) above the wire format's limits, naming the limit.
+    fn check(op: &'static str, key: &str, value: &[u8]) -> Result<()> {
+        check_entry(key, value).map_err(|reason| CommError::InvalidArgument { op, reason })
+    }
+
+    /// Sets `key` to `value`. Each key is set once: setting it again to other bytes is refused
+    /// naming the key (again to the same bytes does nothing); a key made by [`TcpStore::add`]
+    /// cannot be set.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        Self::check("store set", key, value)?;
         let request = Request::Set {
             key: key.into(),
             value: value.to_vec(),
@@ -117,43 +144,67 @@ impl TcpStore {
         }
     }
 
+    /// Sends the request `make(timeout_ms)` until it is answered with something other than
+    /// a timeout or `timeout` has passed: the server cuts long waits short
+    /// ([`crate::store::StoreLimits::max_wait`]).
+    fn call_waiting(
+        &self,
+        op: &'static str,
+        timeout: Duration,
+        make: impl Fn(u64) -> Request,
+    ) -> Result<Response> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Whole milliseconds, rounded up, so that the server waits out the deadline.
+            let timeout_ms = u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+            match self.call(&make(timeout_ms), left)? {
+                Response::Timeout { missing } if Instant::now() >= deadline => {
+                    return Err(CommError::StoreTimeout {
+                        op,
+                        missing,
+                        waited: timeout,
+                    })
+                }
+                Response::Timeout { .. } => {}
+                other => return Ok(other),
+            }
+        }
+    }
+
     /// Waits up to `timeout` for `key` to be set and returns its value.
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let request = Request::Get {
+        Self::check("store get", key, &[])?;
+        let request = |timeout_ms| Request::Get {
             key: key.into(),
-            timeout_ms: timeout.as_millis() as u64,
+            timeout_ms,
         };
-        match self.call(&request, timeout)? {
+        match self.call_waiting("get", timeout, request)? {
             Response::Value(value) => Ok(value),
-            Response::Timeout { missing } => Err(CommError::StoreTimeout {
-                op: "get",
-                missing,
-                waited: timeout,
-            }),
             other => Err(self.unexpected(other)),
         }
     }
 
     /// Waits up to `timeout` until every key in `keys` is set.
     pub fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
-        let keys = keys.iter().map(|k| k.to_string()).collect();
-        let request = Request::Wait {
-            keys,
-            timeout_ms: timeout.as_millis() as u64,
+        for key in keys {
+            Self::check("store wait", key, &[])?;
+        }
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let request = |timeout_ms| Request::Wait {
+            keys: keys.clone(),
+            timeout_ms,
         };
-        match self.call(&request, timeout)? {
+        match self.call_waiting("wait", timeout, request)? {
             Response::Ok => Ok(()),
-            Response::Timeout { missing } => Err(CommError::StoreTimeout {
-                op: "wait",
-                missing,
-                waited: timeout,
-            }),
             other => Err(self.unexpected(other)),
         }
     }
 
-    /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
+    /// Adds `delta` to the counter at `key` (0 when unset) and returns the new value; a key
+    /// made by [`TcpStore::set`] is not a counter.
     pub fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        Self::check("store add", key, &[])?;
         match self.call(
             &Request::Add {
                 key: key.into(),

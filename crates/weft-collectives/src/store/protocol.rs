@@ -1,11 +1,53 @@
 //! Wire format of the rendezvous store. Each message is a frame: a big-endian `u32`
 //! length, then a tag byte and fields (byte strings as `u32` length + bytes, integers as
-//! big-endian 8 bytes). A connection starts with `Hello` carrying the job token.
+//! big-endian 8 bytes). A connection starts with `Hello` carrying the job token. Keys, values
+//! and frames have fixed limits, checked by the client before it sends and by the server.
 
 use std::io::{self, Read, Write};
 
-/// Largest frame either side accepts.
-pub(crate) const MAX_FRAME: usize = 16 << 20;
+/// Longest key a request may name (rendezvous keys such as `rank/17/info` or
+/// `barrier/nccl/init/arrived` are tens of bytes).
+pub const MAX_KEY: usize = 1 << 10;
+/// Largest value a `Set` may carry (rendezvous values are an NCCL unique id, 128 bytes; a
+/// shared-memory segment name; a rank's world size, job id and host name; a pid).
+pub const MAX_VALUE: usize = 1 << 20;
+/// Largest frame either side accepts: a `Set` of a value at its limit with room for its key, or
+/// a `Wait` on the keys of tens of thousands of ranks.
+pub(crate) const MAX_FRAME: usize = MAX_VALUE + (64 << 10);
+/// Largest first frame (the `Hello` with the token) a connection may send.
+pub(crate) const HELLO_FRAME: usize = 4096;
+
+/// A key as it appears in an error: at most 64 characters of it.
+pub(crate) fn shown(key: &str) -> String {
+    match key.char_indices().nth(64) {
+        None => format!("{key:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes)", &key[..end], key.len()),
+    }
+}
+
+/// Refuses a key longer than [`MAX_KEY`].
+pub(crate) fn check_key(key: &str) -> Result<(), String> {
+    if key.len() > MAX_KEY {
+        return Err(format!(
+            "key {} exceeds the {MAX_KEY}-byte limit on keys",
+            shown(key)
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a key longer than [`MAX_KEY`] or a value longer than [`MAX_VALUE`].
+pub(crate) fn check_entry(key: &str, value: &[u8]) -> Result<(), String> {
+    check_key(key)?;
+    if value.len() > MAX_VALUE {
+        return Err(format!(
+            "value of {} bytes for key {} exceeds the {MAX_VALUE}-byte limit on values",
+            value.len(),
+            shown(key)
+        ));
+    }
+    Ok(())
+}
 
 /// A client request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,7 +242,7 @@ pub(crate) fn read_frame(reader: &mut impl Read) -> io::Result<Vec<u8>> {
 }
 
 /// Decodes and checks a frame length prefix.
-pub(crate) fn frame_len(prefix: [u8; 4]) -> io::Result<usize> {
+fn frame_len(prefix: [u8; 4]) -> io::Result<usize> {
     let len = u32::from_be_bytes(prefix) as usize;
     if len > MAX_FRAME {
         return Err(io::Error::new(
