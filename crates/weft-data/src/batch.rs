@@ -1,12 +1,17 @@
 //! `Batch`: a stack of transformed samples — normalised f32 in NCHW order, or the pixels'
 //! bytes in NHWC order for the device to convert — with their labels, and `BatchSource`,
-//! which builds batch `k` of an epoch from a dataset, a pipeline and the epoch's index list.
+//! which builds batch `k` of an epoch from a dataset, a pipeline and the epoch's index list
+//! (bad samples failing the batch or replaced, as the [`BadSamplePolicy`] says).
 
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::{augmentation_rng, pixels_to_float, DataError, Dataset, Normalize, Pipeline};
+use crate::bad_samples::load_sample;
+use crate::{
+    augmentation_rng, pixels_to_float, BadSamplePolicy, DataError, Dataset, Normalize, Pipeline,
+    SkippedSample,
+};
 
 /// A batch's images, as the host finished them.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,8 +35,10 @@ pub struct Batch {
     pub labels: Vec<u32>,
     /// `[N, C, H, W]` (the logical shape, whichever the order of `images`).
     pub shape: [usize; 4],
-    /// The dataset index of each sample.
+    /// The dataset index of each sample (a replaced bad sample's replacement).
     pub indices: Vec<usize>,
+    /// The bad samples replaced in this batch under [`BadSamplePolicy::Skip`], in order.
+    pub skipped: Vec<SkippedSample>,
 }
 
 impl Batch {
@@ -72,6 +79,7 @@ pub(crate) struct BatchSource {
     pub epoch: u64,
     /// Hand over the pixels' bytes ([`BatchImages::Pixels`]) instead of normalised floats.
     pub pixels: bool,
+    pub bad_samples: BadSamplePolicy,
 }
 
 impl BatchSource {
@@ -85,17 +93,21 @@ impl BatchSource {
     }
 
     /// Builds batch `batch` from `indices[batch * batch_size ..][.. batch_size]`;
-    /// each sample's augmentation uses `augmentation_rng(seed, epoch, index)`.
+    /// each sample's augmentation uses `augmentation_rng(seed, epoch, index)` (a replaced
+    /// sample's replacement the bad sample's).
     pub fn build(&self, batch: usize) -> Result<Batch, DataError> {
         let start = batch * self.batch_size;
         let end = (start + self.batch_size).min(self.indices.len());
-        let indices = self.indices[start..end].to_vec();
+        let mut indices = Vec::with_capacity(end - start);
+        let mut skipped = Vec::new();
         let (mut floats, mut pixels) = (Vec::new(), Vec::new());
-        let mut labels = Vec::with_capacity(indices.len());
+        let mut labels = Vec::with_capacity(end - start);
         let mut sample_shape = None;
-        for &index in &indices {
-            let sample = self.dataset.get(index)?;
-            let mut rng = augmentation_rng(self.seed, self.epoch, index);
+        for &slot in &self.indices[start..end] {
+            let (sample, replaced) = load_sample(&*self.dataset, slot, self.bad_samples)?;
+            let mut rng = augmentation_rng(self.seed, self.epoch, slot);
+            let index = replaced.as_ref().map_or(slot, |r| r.replacement);
+            skipped.extend(replaced);
             let shape = match self.pixels {
                 true => {
                     let image = self.pipeline.apply_pixels(sample.image, &mut rng)?;
@@ -118,6 +130,7 @@ impl BatchSource {
                 });
             }
             labels.push(sample.label);
+            indices.push(index);
         }
         let [channels, height, width] = sample_shape.unwrap_or([0; 3]);
         let images = match self.pixels {
@@ -132,6 +145,7 @@ impl BatchSource {
             labels,
             shape: [indices.len(), channels, height, width],
             indices,
+            skipped,
         })
     }
 }

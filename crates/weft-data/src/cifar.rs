@@ -1,10 +1,12 @@
 //! `Cifar10`: the CIFAR-10 binary format (`data_batch_1.bin` … `data_batch_5.bin`,
 //! `test_batch.bin`). Each record is 1 label byte followed by 3072 bytes:
-//! the 32x32 red plane, then green, then blue, rows top to bottom.
+//! the 32x32 red plane, then green, then blue, rows top to bottom. Files are
+//! memory-mapped: a record's pages are read when a sample needs them.
 
 use std::path::{Path, PathBuf};
 
 use crate::dataset::check_index;
+use crate::mapped::SharedBytes;
 use crate::{DataError, Dataset, RgbImage, Sample};
 
 /// Side of a CIFAR-10 image.
@@ -46,45 +48,54 @@ impl Split {
     }
 }
 
-/// CIFAR-10 held in memory (the raw records of all files of the split, concatenated).
+/// CIFAR-10: the records of the split's files, mapped (or, from [`Cifar10::from_bytes`], in
+/// memory), each file checked whole when opened.
 #[derive(Debug, Clone)]
 pub struct Cifar10 {
-    records: Vec<u8>,
+    /// Each file's records, in the split's order.
+    files: Vec<SharedBytes>,
+    /// The index of each file's first record, then the total number of records.
+    starts: Vec<usize>,
 }
 
 impl Cifar10 {
-    /// Reads and validates every file of `split` under `root`.
+    /// Maps and validates every file of `split` under `root`.
     pub fn open(root: impl AsRef<Path>, split: Split) -> Result<Self, DataError> {
-        let mut records = Vec::new();
+        let mut files = Vec::new();
         for name in split.file_names() {
             let path = root.as_ref().join(name);
-            records.append(&mut read_records(&path)?);
+            let bytes = SharedBytes::map(&path)?;
+            check_records(&path, &bytes)?;
+            files.push(bytes);
         }
-        Ok(Self { records })
+        Ok(Self::from_files(files))
     }
-}
 
-impl Cifar10 {
     /// CIFAR-10 from the bytes of one file (named `origin` in errors), checked as [`Self::open`]
     /// checks files.
     pub fn from_bytes(origin: &Path, bytes: Vec<u8>) -> Result<Self, DataError> {
-        Ok(Self {
-            records: check_records(origin, bytes)?,
-        })
+        check_records(origin, &bytes)?;
+        Ok(Self::from_files(vec![SharedBytes::from(bytes)]))
+    }
+
+    fn from_files(files: Vec<SharedBytes>) -> Self {
+        let mut starts = vec![0];
+        for file in &files {
+            starts.push(starts[starts.len() - 1] + file.len() / CIFAR10_RECORD_BYTES);
+        }
+        Self { files, starts }
+    }
+
+    /// Record `index` (below `len()`): its label byte and three planes.
+    fn record(&self, index: usize) -> &[u8] {
+        let file = self.starts.partition_point(|&start| start <= index) - 1;
+        let offset = (index - self.starts[file]) * CIFAR10_RECORD_BYTES;
+        &self.files[file][offset..][..CIFAR10_RECORD_BYTES]
     }
 }
 
-/// Reads one CIFAR-10 file, checking its size and every label.
-fn read_records(path: &Path) -> Result<Vec<u8>, DataError> {
-    let bytes = std::fs::read(path).map_err(|source| DataError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    check_records(path, bytes)
-}
-
-/// `bytes` if they are whole records with labels 0..=9.
-fn check_records(path: &Path, bytes: Vec<u8>) -> Result<Vec<u8>, DataError> {
+/// `Ok` if `bytes` are whole records with labels 0..=9.
+fn check_records(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
     let invalid = |reason: String| DataError::InvalidFile {
         path: PathBuf::from(path),
         reason,
@@ -104,17 +115,17 @@ fn check_records(path: &Path, bytes: Vec<u8>) -> Result<Vec<u8>, DataError> {
             )));
         }
     }
-    Ok(bytes)
+    Ok(())
 }
 
 impl Dataset for Cifar10 {
     fn len(&self) -> usize {
-        self.records.len() / CIFAR10_RECORD_BYTES
+        self.starts[self.starts.len() - 1]
     }
 
     fn get(&self, index: usize) -> Result<Sample, DataError> {
         check_index(index, self.len())?;
-        let record = &self.records[index * CIFAR10_RECORD_BYTES..][..CIFAR10_RECORD_BYTES];
+        let record = self.record(index);
         let (red, rest) = record[1..].split_at(PLANE_BYTES);
         let (green, blue) = rest.split_at(PLANE_BYTES);
         let data = red
@@ -173,6 +184,33 @@ mod tests {
             data.get(2),
             Err(DataError::IndexOutOfRange { index: 2, len: 2 })
         ));
+    }
+
+    /// The five training files, mapped, read what the files' bytes read in memory (the
+    /// reading before mapping), record by record across the files' boundaries.
+    #[test]
+    fn mapped_files_read_as_their_bytes_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut all = Vec::new();
+        for (file, records) in [1, 3, 1, 2, 1].into_iter().enumerate() {
+            let bytes: Vec<u8> = (0..records)
+                .flat_map(|r| record(((file + r) % 10) as u8, 37 * file + r))
+                .collect();
+            std::fs::write(
+                dir.path().join(format!("data_batch_{}.bin", file + 1)),
+                &bytes,
+            )
+            .unwrap();
+            all.extend(bytes);
+        }
+        let mapped = Cifar10::open(dir.path(), Split::Train).unwrap();
+        let in_memory = Cifar10::from_bytes(Path::new("all"), all).unwrap();
+        assert_eq!((mapped.len(), in_memory.len()), (8, 8));
+        for index in 0..8 {
+            assert_eq!(mapped.get(index).unwrap(), in_memory.get(index).unwrap());
+        }
+        assert_eq!(mapped.get(4).unwrap().label, 2);
+        assert!(mapped.get(8).is_err());
     }
 
     #[test]

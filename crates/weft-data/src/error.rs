@@ -24,6 +24,41 @@ pub enum DataError {
         #[source]
         source: image::ImageError,
     },
+    /// An image's header gives dimensions over the [`crate::ImageLimits`]: refused before its
+    /// pixels are decoded.
+    #[error("{path}: image {width}x{height} refused before decoding: {reason}")]
+    ImageTooLarge {
+        path: PathBuf,
+        width: u32,
+        height: u32,
+        reason: String,
+    },
+    /// A validation folder's classes are not the training folder's (labels follow the sorted
+    /// class list, so any difference would shift every later label).
+    #[error(
+        "{val}: validation classes differ from the training classes of {train}: missing {}, extra {}",
+        name_list(.missing),
+        name_list(.extra)
+    )]
+    ClassMismatch {
+        train: PathBuf,
+        val: PathBuf,
+        /// Training classes without a validation folder.
+        missing: Vec<String>,
+        /// Validation folders that are no training class.
+        extra: Vec<String>,
+    },
+    /// Under [`crate::BadSamplePolicy::Skip`], a bad sample for which no sample of the
+    /// dataset could stand in: every one of them is bad.
+    #[error(
+        "sample {index} is bad and none of the dataset's {len} samples can replace it: {source}"
+    )]
+    NoGoodSample {
+        index: usize,
+        len: usize,
+        #[source]
+        source: Box<DataError>,
+    },
     /// A dataset was asked for an index it does not have.
     #[error("index {index} is out of range for a dataset of {len} samples")]
     IndexOutOfRange { index: usize, len: usize },
@@ -60,4 +95,23 @@ pub enum DataError {
     /// Converting a batch into Candle tensors failed.
     #[error("converting batch to tensors: {0}")]
     Tensor(#[from] candle_core::Error),
+}
+
+impl DataError {
+    /// Whether the error is about one sample's contents (an undecodable image, one over the
+    /// image limits) rather than the disk, the dataset's layout or the configuration: what
+    /// [`crate::BadSamplePolicy::Skip`] replaces instead of ending the run.
+    pub fn is_bad_sample(&self) -> bool {
+        matches!(self, Self::Decode { .. } | Self::ImageTooLarge { .. })
+    }
+}
+
+/// Up to ten names in brackets, then how many more (keeps a long difference on one line).
+fn name_list(names: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let shown: Vec<&str> = names.iter().take(SHOWN).map(String::as_str).collect();
+    match names.len().saturating_sub(SHOWN) {
+        0 => format!("[{}]", shown.join(", ")),
+        more => format!("[{}, and {more} more]", shown.join(", ")),
+    }
 }

@@ -1,12 +1,14 @@
 //! `ImageFolder`: images stored as `root/<class_name>/<file>.{jpg,jpeg,png}`
 //! (the ImageNet / torchvision layout). Class directories sorted by name give
 //! label indices; files within a class are sorted by name. Images are decoded
-//! lazily in `get` and converted to RGB8.
+//! lazily in `get`, after their header's dimensions are checked against the
+//! folder's [`ImageLimits`], and converted to RGB8.
 
 use std::path::{Path, PathBuf};
 
 use crate::dataset::check_index;
-use crate::{DataError, Dataset, RgbImage, Sample};
+use crate::image_limits::decode_rgb;
+use crate::{DataError, Dataset, ImageLimits, Sample};
 
 /// File extensions (compared case-insensitively) that count as images.
 pub const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
@@ -18,11 +20,13 @@ pub struct ImageFolder {
     classes: Vec<String>,
     /// (path, label) for every image, classes in label order, files sorted.
     entries: Vec<(PathBuf, u32)>,
+    limits: ImageLimits,
 }
 
 impl ImageFolder {
     /// Scans `root`: each subdirectory is a class; each class must hold at
     /// least one image file directly inside it (subdirectories are not searched).
+    /// Images are bounded by the default [`ImageLimits`] ([`Self::with_limits`] changes them).
     pub fn open(root: impl AsRef<Path>) -> Result<Self, DataError> {
         let root = root.as_ref().to_path_buf();
         let mut classes = Vec::new();
@@ -64,7 +68,19 @@ impl ImageFolder {
             root,
             classes,
             entries,
+            limits: ImageLimits::default(),
         })
+    }
+
+    /// The same folder, its images bounded by `limits`.
+    pub fn with_limits(mut self, limits: ImageLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The bounds on the images `get` decodes.
+    pub fn limits(&self) -> &ImageLimits {
+        &self.limits
     }
 
     pub fn root(&self) -> &Path {
@@ -105,26 +121,6 @@ fn has_image_extension(path: &Path) -> bool {
     })
 }
 
-/// Decodes the image at `path` (format sniffed from its contents) into RGB8.
-fn decode_rgb(path: &Path) -> Result<RgbImage, DataError> {
-    let decode_error = |source| DataError::Decode {
-        path: path.to_path_buf(),
-        source,
-    };
-    let reader = image::ImageReader::open(path).map_err(|source| DataError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let reader = reader
-        .with_guessed_format()
-        .map_err(|source| DataError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    let decoded = reader.decode().map_err(decode_error)?;
-    Ok(RgbImage::from_image_buffer(decoded.into_rgb8()))
-}
-
 impl Dataset for ImageFolder {
     fn len(&self) -> usize {
         self.entries.len()
@@ -134,7 +130,7 @@ impl Dataset for ImageFolder {
         check_index(index, self.len())?;
         let (path, label) = &self.entries[index];
         Ok(Sample {
-            image: decode_rgb(path)?,
+            image: decode_rgb(path, &self.limits)?,
             label: *label,
         })
     }
@@ -147,12 +143,7 @@ impl Dataset for ImageFolder {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn write_png(path: &Path, width: u32, height: u32, rgb: [u8; 3]) {
-        image::RgbImage::from_pixel(width, height, image::Rgb(rgb))
-            .save(path)
-            .unwrap();
-    }
+    use crate::test_images::write_png;
 
     /// root/cat/{a.png 3x2, b.png 4x4}, root/ant/{z.png 2x5, y.PNG 1x1}, plus a non-image file.
     fn two_class_tree() -> tempfile::TempDir {
@@ -207,6 +198,31 @@ mod tests {
             err.to_string().contains(&corrupt.display().to_string()),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_oversized_image_is_refused_in_one_line_naming_it() {
+        let dir = two_class_tree();
+        let tall = dir.path().join("cat/tall.png");
+        write_png(&tall, 1, 100_000, [0, 0, 0]);
+        let data = ImageFolder::open(dir.path()).unwrap();
+        assert_eq!(data.limits(), &ImageLimits::default());
+        let index = (0..data.len())
+            .find(|&i| data.path(i).unwrap() == tall)
+            .unwrap();
+        let err = data.get(index).unwrap_err().to_string();
+        let expected = format!(
+            "{}: image 1x100000 refused before decoding: its longer side 100000 exceeds 16384 \
+             (ImageLimits::max_side)",
+            tall.display()
+        );
+        assert_eq!(err, expected);
+        let data = data.with_limits(ImageLimits {
+            max_side: 100_000,
+            max_aspect_ratio: 100_000,
+            ..ImageLimits::default()
+        });
+        assert_eq!(data.get(index).unwrap().image.height(), 100_000);
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! `DataLoader`: iterates one epoch of batches, in order, optionally built by
 //! background worker threads that prefetch ahead of the consumer. Sample `i`
 //! is augmented with `augmentation_rng(seed, epoch, i)`, so batches are
-//! identical for any number of workers.
+//! identical for any number of workers. Bad samples end the run or are replaced
+//! and counted ([`crate::BadSamplePolicy`]).
 
 use std::sync::Arc;
 
 use crate::batch::BatchSource;
 use crate::workers::Workers;
-use crate::{Batch, DataError, Dataset, Pipeline};
+use crate::{BadSamplePolicy, Batch, DataError, Dataset, Pipeline};
 
 /// How a `DataLoader` batches and prefetches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +28,9 @@ pub struct LoaderConfig {
     /// Hand over each batch's pixels as bytes ([`crate::BatchImages::Pixels`]), converted to
     /// float and normalised where the batch goes (a GPU), instead of normalised floats.
     pub pixels: bool,
+    /// A bad sample (undecodable, over the image limits) fails its batch (the default) or is
+    /// replaced and counted ([`DataLoader::skipped_samples`]).
+    pub bad_samples: BadSamplePolicy,
 }
 
 impl Default for LoaderConfig {
@@ -39,6 +43,7 @@ impl Default for LoaderConfig {
             seed: 0,
             epoch: 0,
             pixels: false,
+            bad_samples: BadSamplePolicy::Fail,
         }
     }
 }
@@ -51,6 +56,8 @@ pub struct DataLoader {
     source: Arc<BatchSource>,
     next_batch: usize,
     workers: Option<Workers>,
+    /// Bad samples replaced in the batches handed out so far.
+    skipped: usize,
 }
 
 impl DataLoader {
@@ -89,6 +96,7 @@ impl DataLoader {
             seed: config.seed,
             epoch: config.epoch,
             pixels: config.pixels,
+            bad_samples: config.bad_samples,
         });
         let workers = match config.num_workers {
             0 => None,
@@ -102,12 +110,20 @@ impl DataLoader {
             source,
             next_batch: 0,
             workers,
+            skipped: 0,
         })
     }
 
     /// Total number of batches in the epoch.
     pub fn num_batches(&self) -> usize {
         self.source.num_batches()
+    }
+
+    /// Bad samples replaced (under [`BadSamplePolicy::Skip`]) in the batches this loader has
+    /// handed out: after the last one, the epoch's count on this rank. It counts delivered
+    /// batches only, so it does not depend on how far the workers have read ahead.
+    pub fn skipped_samples(&self) -> usize {
+        self.skipped
     }
 }
 
@@ -120,10 +136,14 @@ impl Iterator for DataLoader {
             return None;
         }
         self.next_batch += 1;
-        Some(match &mut self.workers {
+        let result = match &mut self.workers {
             Some(workers) => workers.take(batch),
             None => self.source.build(batch),
-        })
+        };
+        if let Ok(batch) = &result {
+            self.skipped += batch.skipped.len();
+        }
+        Some(result)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

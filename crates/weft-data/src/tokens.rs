@@ -2,29 +2,43 @@
 //! (the inputs and, shifted by one, their next-token targets), sampled like any dataset by
 //! window index (`DistributedSampler` over [`TokenWindows::len`]).
 //!
-//! Two sources: [`MarkovTokens`], a learnable synthetic stream generated from a seed (no
-//! download), and [`read_text_bytes`], any file read as bytes (a 256-token vocabulary).
+//! The tokens are a [`TokenStream`], stored at the narrowest width the vocabulary needs (a
+//! text file's bytes mapped, one byte per token); [`read_text_bytes`] is the older reading,
+//! four bytes per token on the heap, kept for its callers.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 use crate::error::DataError;
+use crate::TokenStream;
 
 /// A token stream read as consecutive, non-overlapping windows of `seq_len + 1` tokens
 /// (the last token of a window is the first of the next).
 #[derive(Debug, Clone)]
 pub struct TokenWindows {
-    tokens: Arc<Vec<u32>>,
+    tokens: TokenStream,
     seq_len: usize,
 }
 
 impl TokenWindows {
-    /// Windows of `seq_len` inputs over `tokens`, every token below `vocab_size`.
+    /// Windows of `seq_len` inputs over `tokens`, every token below `vocab_size`, stored at
+    /// the vocabulary's width ([`crate::TokenWidth::for_vocab`]).
     pub fn new(tokens: Vec<u32>, seq_len: usize, vocab_size: usize) -> Result<Self, DataError> {
+        Self::from_stream(
+            TokenStream::from_tokens(tokens, vocab_size)?,
+            seq_len,
+            vocab_size,
+        )
+    }
+
+    /// Windows of `seq_len` inputs over `tokens` (their storage shared, not copied), every
+    /// token below `vocab_size`.
+    pub fn from_stream(
+        tokens: TokenStream,
+        seq_len: usize,
+        vocab_size: usize,
+    ) -> Result<Self, DataError> {
         if seq_len == 0 {
             return Err(invalid("seq_len", "must be at least 1".into()));
         }
@@ -38,20 +52,8 @@ impl TokenWindows {
                 ),
             ));
         }
-        if let Some((at, token)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= vocab_size)
-        {
-            return Err(invalid(
-                "tokens",
-                format!("token {token} at position {at} is outside the vocabulary of {vocab_size}"),
-            ));
-        }
-        Ok(Self {
-            tokens: Arc::new(tokens),
-            seq_len,
-        })
+        tokens.check_vocabulary(vocab_size)?;
+        Ok(Self { tokens, seq_len })
     }
 
     /// Number of windows.
@@ -67,18 +69,23 @@ impl TokenWindows {
         self.seq_len
     }
 
-    /// Window `index`'s inputs and targets.
-    pub fn window(&self, index: usize) -> (&[u32], &[u32]) {
-        let start = index * self.seq_len;
-        (
-            &self.tokens[start..start + self.seq_len],
-            &self.tokens[start + 1..start + self.seq_len + 1],
-        )
+    /// The token stream the windows read.
+    pub fn tokens(&self) -> &TokenStream {
+        &self.tokens
+    }
+
+    /// Window `index`'s inputs and targets (`index < len()`), widened to u32.
+    pub fn window(&self, index: usize) -> (Vec<u32>, Vec<u32>) {
+        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        self.extend_window(index, &mut inputs, &mut targets);
+        (inputs, targets)
     }
 
     /// The windows `indices` as `[B, seq_len]` u32 inputs and targets on `device`.
     pub fn batch(&self, indices: &[usize], device: &Device) -> Result<(Tensor, Tensor), DataError> {
-        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        let capacity = indices.len() * self.seq_len;
+        let (mut inputs, mut targets) =
+            (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
         for &index in indices {
             if index >= self.len() {
                 return Err(DataError::IndexOutOfRange {
@@ -86,9 +93,7 @@ impl TokenWindows {
                     len: self.len(),
                 });
             }
-            let (x, y) = self.window(index);
-            inputs.extend_from_slice(x);
-            targets.extend_from_slice(y);
+            self.extend_window(index, &mut inputs, &mut targets);
         }
         let shape = (indices.len(), self.seq_len);
         Ok((
@@ -96,100 +101,37 @@ impl TokenWindows {
             Tensor::from_vec(targets, shape, device)?,
         ))
     }
+
+    fn extend_window(&self, index: usize, inputs: &mut Vec<u32>, targets: &mut Vec<u32>) {
+        let start = index * self.seq_len;
+        self.tokens.extend_into(start..start + self.seq_len, inputs);
+        self.tokens
+            .extend_into(start + 1..start + self.seq_len + 1, targets);
+    }
 }
 
 fn invalid(field: &'static str, reason: String) -> DataError {
     DataError::InvalidConfig { field, reason }
 }
 
-/// A first-order Markov chain over `vocab_size` tokens, drawn from a seed: each token has four
-/// successors (distinct, chosen at random) with probabilities 0.55, 0.25, 0.15 and 0.05. A
-/// model that learns the chain reaches [`MarkovTokens::entropy_rate`] nats per token, against
-/// `ln(vocab_size)` for a uniform guess.
-#[derive(Debug, Clone)]
-pub struct MarkovTokens {
-    successors: Vec<[u32; 4]>,
-}
-
-const SUCCESSOR_PROBABILITIES: [f64; 4] = [0.55, 0.25, 0.15, 0.05];
-
-impl MarkovTokens {
-    /// The chain of `seed` over `vocab_size` tokens (at least 4).
-    pub fn new(vocab_size: usize, seed: u64) -> Result<Self, DataError> {
-        if vocab_size < 4 {
-            return Err(invalid(
-                "vocab_size",
-                format!("{vocab_size}: the chain needs at least 4 tokens"),
-            ));
-        }
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let successors = (0..vocab_size)
-            .map(|_| {
-                let mut next = [0u32; 4];
-                for i in 0..4 {
-                    next[i] = loop {
-                        let candidate = rng.gen_range(0..vocab_size as u32);
-                        if !next[..i].contains(&candidate) {
-                            break candidate;
-                        }
-                    };
-                }
-                next
-            })
-            .collect();
-        Ok(Self { successors })
-    }
-
-    /// `count` tokens of the chain, from a start and path drawn from `stream_seed` (different
-    /// seeds: independent streams of the same chain, e.g. training and validation).
-    pub fn generate(&self, count: usize, stream_seed: u64) -> Vec<u32> {
-        let mut rng = ChaCha8Rng::seed_from_u64(stream_seed);
-        let mut token = rng.gen_range(0..self.successors.len() as u32);
-        (0..count)
-            .map(|_| {
-                let current = token;
-                let u: f64 = rng.gen();
-                let mut cumulative = 0.0;
-                let choice = SUCCESSOR_PROBABILITIES
-                    .iter()
-                    .position(|p| {
-                        cumulative += p;
-                        u < cumulative
-                    })
-                    .unwrap_or(3);
-                token = self.successors[token as usize][choice];
-                current
-            })
-            .collect()
-    }
-
-    /// The best achievable mean next-token loss, in nats: the entropy of the successor choice.
-    pub fn entropy_rate(&self) -> f64 {
-        -SUCCESSOR_PROBABILITIES
-            .iter()
-            .map(|p| p * p.ln())
-            .sum::<f64>()
-    }
-}
-
-/// The bytes of the file at `path` as tokens (vocabulary 256).
+/// The bytes of the file at `path` as tokens (vocabulary 256), one u32 each: kept for its
+/// callers; [`TokenStream::map_text_bytes`] maps the file instead, one byte per token, and
+/// its parts share the mapping.
 pub fn read_text_bytes(path: &Path) -> Result<Vec<u32>, DataError> {
-    let bytes = std::fs::read(path).map_err(|source| DataError::Io {
-        path: path.into(),
-        source,
-    })?;
-    Ok(bytes.into_iter().map(u32::from).collect())
+    Ok(TokenStream::map_text_bytes(path)?.to_vec())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TokenWidth;
 
     #[test]
     fn windows_pair_inputs_with_next_tokens() {
         let windows = TokenWindows::new((0..10).collect(), 3, 10).unwrap();
         assert_eq!(windows.len(), 3);
-        assert_eq!(windows.window(1), (&[3, 4, 5][..], &[4, 5, 6][..]));
+        assert_eq!(windows.tokens().width(), TokenWidth::U8);
+        assert_eq!(windows.window(1), (vec![3, 4, 5], vec![4, 5, 6]));
         let (x, y) = windows.batch(&[2, 0], &Device::Cpu).unwrap();
         assert_eq!(x.to_vec2::<u32>().unwrap(), [[6, 7, 8], [0, 1, 2]]);
         assert_eq!(y.to_vec2::<u32>().unwrap(), [[7, 8, 9], [1, 2, 3]]);
@@ -209,22 +151,35 @@ mod tests {
         assert!(err.contains("2 tokens"), "{err}");
     }
 
-    /// The stream follows the chain: every transition is one of the token's four successors,
-    /// and the most likely one is taken about 55 % of the time (20,000 draws: ±2 %).
+    /// A text file split as the GPT trainer splits it (its last tenth validating) makes the
+    /// same batches from the mapped stream's parts as from the u32 copies read before.
     #[test]
-    fn the_markov_stream_follows_its_chain() {
-        let chain = MarkovTokens::new(64, 3).unwrap();
-        let stream = chain.generate(20_000, 9);
-        let mut first = 0;
-        for pair in stream.windows(2) {
-            let next = chain.successors[pair[0] as usize];
-            assert!(next.contains(&pair[1]));
-            first += usize::from(next[0] == pair[1]);
+    fn mapped_text_windows_equal_the_windows_of_the_bytes_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("corpus.txt");
+        let text: String = (0..300)
+            .map(|i| char::from(b' ' + (i * 7 % 90) as u8))
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        let read = read_text_bytes(&path).unwrap();
+        let old_cut = read.len() - read.len() / 10;
+        let stream = TokenStream::map_text_bytes(&path).unwrap();
+        let (train, val) = stream.split_at(old_cut);
+        let (old_train, old_val) = read.split_at(old_cut);
+        let pairs = [(train, old_train.to_vec()), (val, old_val.to_vec())];
+        for (part, old) in pairs {
+            let mapped = TokenWindows::from_stream(part, 4, 256).unwrap();
+            let copied = TokenWindows::new(old, 4, 256).unwrap();
+            assert_eq!(mapped.len(), copied.len());
+            let all: Vec<usize> = (0..mapped.len()).rev().collect();
+            let (mx, my) = mapped.batch(&all, &Device::Cpu).unwrap();
+            let (cx, cy) = copied.batch(&all, &Device::Cpu).unwrap();
+            assert_eq!(mx.to_vec2::<u32>().unwrap(), cx.to_vec2::<u32>().unwrap());
+            assert_eq!(my.to_vec2::<u32>().unwrap(), cy.to_vec2::<u32>().unwrap());
         }
-        let share = first as f64 / 19_999.0;
-        assert!((share - 0.55).abs() < 0.02, "{share}");
-        assert_eq!(stream, chain.generate(20_000, 9));
-        assert_ne!(stream, chain.generate(20_000, 10));
-        assert!((chain.entropy_rate() - 1.109_738_552).abs() < 1e-8);
+        let err = TokenWindows::from_stream(stream, 4, 100)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("outside the vocabulary of 100"), "{err}");
     }
 }
