@@ -16,7 +16,7 @@ mod python;
 mod report;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "weft project commands")]
@@ -80,7 +80,14 @@ fn keep_freed_memory() {
 
 fn main() {
     keep_freed_memory();
-    let cli = Cli::parse();
+    let argv = weft_train::config_file::expand(&Cli::command(), std::env::args_os().collect());
+    let cli = match argv {
+        Ok(argv) => Cli::parse_from(argv),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::exit(2);
+        }
+    };
     let result: Result<()> = match cli.command {
         Command::TrainResnet(args) => train_resnet(args),
         Command::TrainGpt(args) => train_gpt(args),
@@ -127,10 +134,11 @@ fn main() {
 fn train_resnet(args: weft_train::TrainArgs) -> Result<()> {
     args.validate()?;
     let name = args
+        .log
         .name
         .is_none()
         .then(|| weft_train::resnet::default_run_name(&args));
-    launch_or_run(&args.device, args.ranks(), name, || {
+    launch_or_run(&args.training.device, args.ranks(), name, || {
         weft_train::resnet::run(&args).map(|_| ())
     })
 }
@@ -139,10 +147,11 @@ fn train_resnet(args: weft_train::TrainArgs) -> Result<()> {
 fn train_gpt(args: weft_train::GptArgs) -> Result<()> {
     args.validate()?;
     let name = args
+        .log
         .name
         .is_none()
         .then(|| weft_train::gpt::default_run_name(&args));
-    launch_or_run(&args.device, args.ranks(), name, || {
+    launch_or_run(&args.training.device, args.ranks(), name, || {
         weft_train::gpt::run(&args).map(|_| ())
     })
 }

@@ -53,26 +53,26 @@ pub struct DataSets {
 
 /// Opens the data sets named by `--data`.
 pub fn open(args: &TrainArgs) -> Result<DataSets> {
-    let augment = args.augment == Augment::Default;
-    let size = args.image_size;
+    let augment = args.data.augment == Augment::Default;
+    let size = args.data.image_size;
     let (train, val, train_pipeline, val_pipeline): (
         Arc<dyn Dataset>,
         Arc<dyn Dataset>,
         Pipeline,
         Pipeline,
-    ) = match DataSpec::parse(&args.data)? {
+    ) = match DataSpec::parse(&args.data.data)? {
         DataSpec::Synthetic => {
             let config = SyntheticConfig {
-                num_samples: args.synthetic_train,
+                num_samples: args.data.synthetic_train,
                 // A larger --num-classes widens the model's head; the data keeps its 10 shapes.
-                num_classes: args.num_classes.unwrap_or(10).min(SHAPE_NAMES.len()),
+                num_classes: args.model.num_classes.unwrap_or(10).min(SHAPE_NAMES.len()),
                 image_size: size,
-                seed: args.seed,
+                seed: args.training.seed,
                 ..SyntheticConfig::default()
             };
             let val_config = SyntheticConfig {
-                num_samples: args.synthetic_val,
-                seed: args.seed ^ VALIDATION_SEED_SALT,
+                num_samples: args.data.synthetic_val,
+                seed: args.training.seed ^ VALIDATION_SEED_SALT,
                 ..config.clone()
             };
             let train_pipeline = if augment {
@@ -110,15 +110,14 @@ pub fn open(args: &TrainArgs) -> Result<DataSets> {
             } else {
                 Pipeline::imagenet_eval(size)
             };
-            (
-                Arc::new(ImageFolder::open(root.join("train"))?),
-                Arc::new(ImageFolder::open(root.join("val"))?),
-                train_pipeline,
-                eval,
-            )
+            // Validation's classes must be training's: a missing one would shift every later
+            // label.
+            let train = ImageFolder::open(root.join("train"))?;
+            let val = train.open_validation(root.join("val"))?;
+            (Arc::new(train), Arc::new(val), train_pipeline, eval)
         }
     };
-    let num_classes = args.num_classes.unwrap_or(train.num_classes());
+    let num_classes = args.model.num_classes.unwrap_or(train.num_classes());
     if num_classes < train.num_classes() {
         bail!(
             "--num-classes {num_classes}: the data set has {} classes",

@@ -15,8 +15,7 @@ use serde::Serialize;
 use weft_data::DistributedSampler;
 use weft_parallel::pipeline::PipelineTrainer;
 use weft_parallel::zero::ShardLayout;
-use weft_parallel::{DdpConfig, Trainer};
-use weft_precision::PrecisionPolicy;
+use weft_parallel::{BufferBroadcast, Trainer};
 use weft_tensor::{Checkpointing, Timeline};
 
 use crate::distributed::RankContext;
@@ -82,7 +81,7 @@ pub struct GptRunSummary {
 
 /// Trains as the flags say (on every rank of the job) and returns the final metrics.
 pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
-    let device = crate::device::parse_device_for_rank(&args.device)?.open()?;
+    let device = crate::device::parse_device_for_rank(&args.training.device)?.open()?;
     let ctx = RankContext::from_env(&device)?;
     run_in(args, &ctx, &device)
 }
@@ -91,16 +90,16 @@ pub fn run(args: &GptArgs) -> Result<GptRunSummary> {
 pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptRunSummary> {
     args.validate()?;
     logging::init(args.log.log_level, ctx.rank);
-    weft_tensor::ops::set_deterministic(args.deterministic);
+    weft_tensor::ops::set_deterministic(args.training.deterministic);
     let started = Instant::now();
     let device = device.clone();
-    let mesh = GptMesh::with_pipeline(ctx.comm.as_ref(), args.tp, args.pp)?;
+    let mesh = GptMesh::with_pipeline(ctx.comm.as_ref(), args.parallel.tp, args.parallel.pp)?;
     let config = args.model_config()?;
     let seq_len = args.seq_len()?;
     let data = open_data(args, &config, seq_len)?;
-    let policy = PrecisionPolicy::from_name(&args.precision)?;
+    let policy = args.precision.policy()?;
     let split_layers = mesh.tp.clone().map(TensorParallelLayers::new);
-    let micro_rows = args.batch_size / mesh.dp_size / args.micro_batches;
+    let micro_rows = args.training.batch_size / mesh.dp_size / args.training.micro_batches;
     let stages = stage_blocks(args, &config, &device, &data.train, micro_rows, ctx)?;
     let blocks = stages[mesh.stage].clone();
     let (model, zero3_shard) = build_model(
@@ -112,7 +111,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         &split_layers,
         blocks,
     )?;
-    let local_batch = args.batch_size / mesh.dp_size;
+    let local_batch = args.training.batch_size / mesh.dp_size;
     // Every epoch gives each replica the same number of batches (the sampler pads to
     // ceil(len / replicas) windows each; the last partial batch is dropped).
     let sampler = DistributedSampler::new(data.train.len(), mesh.dp_size, mesh.dp_rank)?;
@@ -120,19 +119,13 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     if steps_per_epoch == 0 {
         bail!(
             "--batch-size {}: more sequences than the {} training windows of {seq_len} tokens",
-            args.batch_size,
+            args.training.batch_size,
             data.train.len()
         );
     }
-    let total_steps = args
-        .steps
-        .unwrap_or(usize::MAX)
-        .min(args.epochs.max(1) * steps_per_epoch);
+    let total_steps = args.training.total_steps(steps_per_epoch);
     let epochs = total_steps.div_ceil(steps_per_epoch);
-    if let Some(warmup) = args.warmup_steps.filter(|&w| w >= total_steps) {
-        bail!("--warmup-steps {warmup} must be fewer than the run's {total_steps} steps");
-    }
-    let flags = args.optimizer_flags(total_steps);
+    let flags = args.optimizer_settings(total_steps)?;
     let schedule = build_schedule(&flags, total_steps)?;
     let timeline = Arc::new(Timeline::new(ctx.rank));
     timeline.time_on_device(&device);
@@ -140,21 +133,21 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         model,
         objective(&mesh, &config),
         build_optimizer(&flags, &device, policy.updated_dtype())?,
-        match args.checkpoint_activations {
+        match args.training.checkpoint_activations {
             true => Checkpointing::All,
             false => Checkpointing::None,
         },
     )?
     .with_timeline(timeline.clone())
-    .with_dropout_seed(args.seed);
-    trainer = with_step_settings(trainer, args.clip_grad_norm, &policy)?;
+    .with_dropout_seed(args.training.seed);
+    trainer = with_step_settings(trainer, args.optim.clip_grad_norm, &policy)?;
     // The plan is a temporary: the shard it carries lives in the strategy alone.
     let trainer = parallelize::gpt(
         trainer,
         mesh.data_parallel(),
         &GptParallelism {
-            zero: args.zero,
-            ddp: DdpConfig::default(),
+            zero: args.parallel.zero,
+            ddp: args.parallel.ddp(BufferBroadcast::EveryForward),
             timeline: Some(timeline.clone()),
             tensor: mesh
                 .tp
@@ -169,12 +162,12 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         Some(stages) => GptStepper::Stage(PipelineTrainer::new(
             trainer,
             stages.clone(),
-            args.schedule.kind(),
-            args.micro_batches,
+            args.parallel.schedule.kind(),
+            args.training.micro_batches,
         )?),
         None => GptStepper::Whole(trainer),
     };
-    let zero_shards = (args.zero > 0 && mesh.dp_size > 1)
+    let zero_shards = (args.parallel.zero > 0 && mesh.dp_size > 1)
         .then(|| ShardLayout::new(stepper.trainer_mut().grads().layout().len(), mesh.dp_size));
     let layout = checkpoint_layout(&mesh, &split_layers, zero_shards);
     let stage = Stage {
@@ -188,7 +181,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
         }
         None => {
             let open = || default_run_name(args);
-            let run = RunFolder::open(&args.out, args.name.as_deref(), open, args, ctx)?;
+            let run = RunFolder::open(&args.log.out, args.log.name.as_deref(), open, args, ctx)?;
             resume::Resumed::fresh(run)
         }
     };
@@ -198,37 +191,38 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     if ctx.is_main() {
         tracing::info!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val sequences of {seq_len} tokens, global batch {}, {} steps over {} epochs -> {}",
-            args.model,
+            args.model.model,
             stepper.model().store().num_parameters(),
             ctx.world_size,
-            args.device,
+            args.training.device,
             data.train.len(),
             data.val.len(),
-            args.batch_size,
+            args.training.batch_size,
             total_steps,
             epochs,
             run.path.display()
         );
-        if args.pp > 1 {
+        if args.parallel.pp > 1 {
             tracing::info!(
                 "pipeline: {} stages of blocks {stages:?} (0 = embeddings, {} = head), {:?} over {} micro-batches; dp {} x tp {}",
-                args.pp,
+                args.parallel.pp,
                 config.num_blocks() - 1,
-                args.schedule,
-                args.micro_batches,
+                args.parallel.schedule,
+                args.training.micro_batches,
                 mesh.dp_size,
-                args.tp
+                args.parallel.tp
             );
         }
     }
     let mut progress =
-        Progress::new(total_steps as u64, args.quiet, ctx.is_main()).with_unit("tok/s");
-    let tokens_per_step = (args.batch_size * seq_len) as f64;
+        Progress::new(total_steps as u64, args.log.quiet, ctx.is_main()).with_unit("tok/s");
+    let tokens_per_step = (args.training.batch_size * seq_len) as f64;
     let (mut step, mut first_loss, mut last) = (start, f64::NAN, (f64::NAN, f64::NAN));
-    let mut guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
+    let mut guard =
+        DivergenceGuard::new(policy.needs_loss_scaling(), args.training.max_skipped_steps);
     for epoch in start / steps_per_epoch..epochs {
         let epoch_start = Instant::now();
-        let mut sampler = sampler.clone().with_seed(args.seed);
+        let mut sampler = sampler.clone().with_seed(args.training.seed);
         sampler.set_epoch(epoch as u64);
         let indices = sampler.indices();
         // This rank's loss sum and token count over the epoch; a run resumed inside it goes
@@ -254,7 +248,8 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                 false => None,
             };
             let lr = schedule.lr_at(step);
-            let (outcome, pipeline) = stepper.step(batch.as_ref(), args.micro_batches, lr)?;
+            let (outcome, pipeline) =
+                stepper.step(batch.as_ref(), args.training.micro_batches, lr)?;
             let seconds = period.elapsed().as_secs_f64();
             period = Instant::now();
             let global = ctx.step_loss_sum(&outcome, None)?;
@@ -269,15 +264,19 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                     loss,
                     lr,
                     tokens_per_sec: tokens_per_step / seconds,
-                    grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
+                    grad_norm: args
+                        .optim
+                        .clip_grad_norm
+                        .map(|_| outcome.metric("grad_norm")),
                     loss_scale: outcome.loss_scale,
                     pipeline,
                 })?;
             }
             guard.check(step, loss, outcome.skipped, outcome.loss_scale)?;
             memory_log.push(step, stepper.trainer_mut().take_memory_samples())?;
-            if step == 0 && !args.quiet {
-                let settings = memory_report::gpt_plan_settings(args, policy, mesh.dp_size);
+            if step == 0 && !args.log.quiet {
+                let flags = (&args.training, &args.optim, &args.parallel);
+                let settings = memory_report::plan_settings(flags, policy, mesh.dp_size, true);
                 let trainer = stepper.trainer_mut();
                 for line in memory_report::model_state_table(trainer, &settings)?.lines() {
                     tracing::info!("{line}");
@@ -346,10 +345,10 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
 
 /// `model-data-<unix seconds>`.
 pub fn default_run_name(args: &GptArgs) -> String {
-    let data = args.data.split(':').next().unwrap_or("data");
+    let data = args.data.data.split(':').next().unwrap_or("data");
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    format!("{}-{}-{}", args.model, data, stamp)
+    format!("{}-{}-{}", args.model.model, data, stamp)
 }

@@ -1,9 +1,9 @@
 //! The `--data` flag of the GPT trainer: the synthetic Markov task (training and validation
-//! streams of one chain, drawn from the seed) or a text file read as bytes (its last tenth
-//! validates), both as token windows.
+//! streams of one chain, drawn from the seed) or a text file's bytes, memory-mapped (its last
+//! tenth validates), both as token windows.
 
 use anyhow::Result;
-use weft_data::{read_text_bytes, MarkovTokens, TokenWindows};
+use weft_data::{MarkovTokens, TokenStream, TokenWindows};
 use weft_models::GptConfig;
 
 use crate::gpt_args::GptArgs;
@@ -19,27 +19,31 @@ pub struct TokenData {
 /// The data `--data` names, cut into windows of `seq_len` tokens for `config`'s vocabulary.
 pub fn open_data(args: &GptArgs, config: &GptConfig, seq_len: usize) -> Result<TokenData> {
     let vocab = config.vocab_size;
-    match args.data.strip_prefix("text:") {
+    match args.data.data.strip_prefix("text:") {
         Some(path) => {
-            let tokens = read_text_bytes(std::path::Path::new(path))?;
+            // Memory-mapped, a byte a token: the two parts share the mapping.
+            let tokens = TokenStream::map_text_bytes(std::path::Path::new(path))?;
             let cut = tokens.len() - tokens.len() / 10;
             let (train, val) = tokens.split_at(cut);
             Ok(TokenData {
-                train: TokenWindows::new(train.to_vec(), seq_len, vocab)?,
-                val: TokenWindows::new(val.to_vec(), seq_len, vocab)?,
+                train: TokenWindows::from_stream(train, seq_len, vocab)?,
+                val: TokenWindows::from_stream(val, seq_len, vocab)?,
                 loss_floor: None,
             })
         }
         None => {
-            let chain = MarkovTokens::new(vocab, args.seed)?;
+            let chain = MarkovTokens::new(vocab, args.training.seed)?;
             Ok(TokenData {
                 train: TokenWindows::new(
-                    chain.generate(args.synthetic_tokens, args.seed.wrapping_add(1)),
+                    chain.generate(
+                        args.data.synthetic_tokens,
+                        args.training.seed.wrapping_add(1),
+                    ),
                     seq_len,
                     vocab,
                 )?,
                 val: TokenWindows::new(
-                    chain.generate(args.val_tokens, args.seed.wrapping_add(2)),
+                    chain.generate(args.data.val_tokens, args.training.seed.wrapping_add(2)),
                     seq_len,
                     vocab,
                 )?,

@@ -40,16 +40,16 @@ pub(crate) fn build_model(
     let build = || gpt::gpt_stage(config, policy.param, device, layers, blocks.clone());
     // Under ZeRO-3 over several replicas each rank builds only its shard of the parameters
     // (counted in a first pass); loading --init-from needs the whole model.
-    let (model, zero3_shard) = match args.zero == 3 && mesh.dp_size > 1 && args.init_from.is_none()
-    {
-        true => {
-            let (_, len) = ShardedInit::count(build)?;
-            let window = ShardLayout::new(len, mesh.dp_size).range(mesh.dp_rank);
-            ShardedInit::capture(window, build)?
-        }
-        false => (build()?, None),
-    };
-    if let Some(path) = &args.init_from {
+    let (model, zero3_shard) =
+        match args.parallel.zero == 3 && mesh.dp_size > 1 && args.model.init_from.is_none() {
+            true => {
+                let (_, len) = ShardedInit::count(build)?;
+                let window = ShardLayout::new(len, mesh.dp_size).range(mesh.dp_rank);
+                ShardedInit::capture(window, build)?
+            }
+            false => (build()?, None),
+        };
+    if let Some(path) = &args.model.init_from {
         match (&split_layers, &mesh.tp) {
             (Some(layers), Some(group)) => {
                 let splits = layers.splits();
@@ -122,8 +122,8 @@ pub(crate) fn validate(
             true => Some(val.batch(chunk, &device)?),
             false => None,
         };
-        let micro = match chunk.len().is_multiple_of(args.micro_batches) {
-            true => args.micro_batches,
+        let micro = match chunk.len().is_multiple_of(args.training.micro_batches) {
+            true => args.training.micro_batches,
             false => 1,
         };
         let eval = stepper.evaluate(batch.as_ref(), micro)?;

@@ -33,7 +33,10 @@ pub fn stage_blocks(
     rows: usize,
     ctx: &RankContext,
 ) -> Result<Vec<Range<usize>>> {
-    if args.pp == 1 || args.pp_split.is_some() || args.pp_balance == PipelineBalance::Params {
+    if args.parallel.pp == 1
+        || args.parallel.pp_split.is_some()
+        || args.parallel.pp_balance == PipelineBalance::Params
+    {
         return args.stage_blocks(None);
     }
     let one_layer = GptConfig {

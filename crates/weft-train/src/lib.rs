@@ -6,10 +6,12 @@
 //! [`parallelize`]. [`memory_plan`] predicts a run's memory per rank (`cargo xtask memory-plan`).
 
 pub mod args;
+pub mod config_file;
 pub mod data;
 pub mod device;
 pub mod distributed;
 pub mod divergence;
+pub mod flags;
 pub mod gpt;
 pub mod gpt_args;
 pub mod gpt_checkpoint;

@@ -43,13 +43,24 @@ impl LogLevel {
     }
 }
 
-/// `--log-level`, shared by the trainers.
+/// Where a run is written and what it says: the "Logging" section every trainer takes.
 #[derive(Args, Debug, Clone, Serialize)]
+#[command(next_help_heading = "Logging")]
+#[serde(rename_all = "kebab-case")]
 pub struct LogFlags {
     /// The most verbose log level shown: error, warn, info (setup, epochs, a step line every
     /// 5 % of the run when output is not a terminal) or debug (every step)
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
+    /// Root of the run folders; the run is written to OUT/NAME
+    #[arg(long, default_value = "runs")]
+    pub out: std::path::PathBuf,
+    /// Name of the run folder (default: model-data-timestamp)
+    #[arg(long)]
+    pub name: Option<String>,
+    /// No progress bar (logs one line per epoch only)
+    #[arg(long, default_value_t = false)]
+    pub quiet: bool,
 }
 
 /// The rank of this process (or of this thread, for thread ranks), for the line prefix.

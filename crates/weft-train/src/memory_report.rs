@@ -10,59 +10,39 @@ use anyhow::{Context, Result};
 use weft_parallel::{MemorySample, Trainer};
 use weft_precision::PrecisionPolicy;
 
-use crate::args::{OptimizerKind, TrainArgs};
-use crate::gpt_args::GptArgs;
+use crate::flags::{OptimizerFlags, OptimizerKind, ParallelFlags, TaskDefaults, TrainingFlags};
 use crate::memory_plan::{self, Device, PlanSettings, PlannedOptimizer};
 
-/// The plan's settings for this run of `world` ranks.
-pub fn plan_settings(args: &TrainArgs, policy: PrecisionPolicy, world: usize) -> PlanSettings {
+/// The plan's settings for a run's flags, `world` being the ranks the model states are
+/// divided over (the data-parallel replicas: a rank's own parameters are a tensor-parallel
+/// slice or a pipeline stage already); `checkpointing` says whether the plan counts
+/// `--checkpoint-activations` (it measures a CNN's activations, which it does not plan under
+/// recomputation).
+pub fn plan_settings<D: TaskDefaults>(
+    (training, optim, parallel): (&TrainingFlags<D>, &OptimizerFlags<D>, &ParallelFlags),
+    policy: PrecisionPolicy,
+    world: usize,
+    checkpointing: bool,
+) -> PlanSettings {
     PlanSettings {
-        device: match args.device.starts_with("cuda") {
+        device: match training.device.starts_with("cuda") {
             true => Device::Cuda,
             false => Device::Cpu,
         },
         world,
-        zero: args.zero,
-        offload_optimizer: args.offload_optimizer,
+        zero: parallel.zero,
+        offload_optimizer: parallel.offload_optimizer,
         tp: 1,
         pp: 1,
         precision: policy,
-        optimizer: match args.optimizer {
+        optimizer: match optim.optimizer {
             OptimizerKind::Sgd => PlannedOptimizer::Sgd {
-                momentum: args.momentum != 0.0,
+                momentum: optim.momentum != 0.0,
             },
             OptimizerKind::Adamw => PlannedOptimizer::AdamW,
         },
-        batch_size: (args.batch_size / world.max(1)).max(1),
-        checkpoint_activations: false,
-        grad_dtype: None,
-        state_dtype: None,
-    }
-}
-
-/// The plan's settings for a GPT run with `dp` data-parallel replicas. The model states are
-/// planned from this rank's own parameters (a tensor-parallel slice, a pipeline stage), so the
-/// plan divides by the replicas alone.
-pub fn gpt_plan_settings(args: &GptArgs, policy: PrecisionPolicy, dp: usize) -> PlanSettings {
-    PlanSettings {
-        device: match args.device.starts_with("cuda") {
-            true => Device::Cuda,
-            false => Device::Cpu,
-        },
-        world: dp,
-        zero: args.zero,
-        offload_optimizer: false,
-        tp: 1,
-        pp: 1,
-        precision: policy,
-        optimizer: match args.optimizer {
-            OptimizerKind::Sgd => PlannedOptimizer::Sgd {
-                momentum: args.momentum != 0.0,
-            },
-            OptimizerKind::Adamw => PlannedOptimizer::AdamW,
-        },
-        batch_size: (args.batch_size / dp.max(1)).max(1),
-        checkpoint_activations: args.checkpoint_activations,
+        batch_size: (training.batch_size / world.max(1)).max(1),
+        checkpoint_activations: checkpointing && training.checkpoint_activations,
         grad_dtype: None,
         state_dtype: None,
     }

@@ -10,44 +10,20 @@ use weft_optim::{
 use weft_parallel::Trainer;
 use weft_precision::{DynamicLossScaler, PrecisionPolicy, ScalerConfig};
 
-use crate::args::OptimizerKind;
+use crate::flags::{LrScheduleName, OptimizerKind};
 
-/// The optimizer and schedule flags of a trainer (`--optimizer`, `--lr`, …).
+/// A run's optimizer and schedule, resolved from its flags
+/// ([`crate::flags::OptimizerFlags::settings`]).
 #[derive(Debug, Clone)]
-pub struct OptimizerFlags<'a> {
+pub struct OptimizerSettings {
     pub optimizer: OptimizerKind,
     pub lr: f64,
     pub momentum: f64,
     pub weight_decay: f64,
     pub offload_optimizer: bool,
     pub delayed_update_from: Option<u64>,
-    pub lr_schedule: &'a str,
+    pub lr_schedule: LrScheduleName,
     pub warmup_steps: usize,
-}
-
-impl OptimizerFlags<'_> {
-    /// Checks the values; the error is one line naming the flag.
-    pub fn validate(&self) -> Result<()> {
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            bail!("--lr {} must be a positive number", self.lr);
-        }
-        if !(0.0..1.0).contains(&self.momentum) {
-            bail!("--momentum {} must be in [0, 1)", self.momentum);
-        }
-        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            bail!("--weight-decay {} must be >= 0", self.weight_decay);
-        }
-        if self.delayed_update_from.is_some() && !self.offload_optimizer {
-            bail!("--delayed-update-from overlaps an offloaded step: it needs --offload-optimizer");
-        }
-        if !["constant", "step", "cosine"].contains(&self.lr_schedule) {
-            bail!(
-                "--lr-schedule {}: expected constant, step or cosine",
-                self.lr_schedule
-            );
-        }
-        Ok(())
-    }
 }
 
 /// Gradient clipping to `clip_grad_norm` (if given) and, for a policy that needs it, dynamic
@@ -71,7 +47,7 @@ pub fn with_step_settings(
 /// multi-tensor CUDA kernels (the same rule, in place) on a GPU; with `--offload-optimizer` the
 /// CPU rule in fp32 for a model on a GPU.
 pub fn build_optimizer(
-    args: &OptimizerFlags,
+    args: &OptimizerSettings,
     device: &Device,
     dtype: DType,
 ) -> Result<ModelOptimizer> {
@@ -104,7 +80,7 @@ pub fn build_optimizer(
     )?)
 }
 /// The schedule named by `--lr-schedule` over `total_steps`, with `--warmup-steps` of linear warm-up.
-pub fn build_schedule(args: &OptimizerFlags, total_steps: usize) -> Result<Box<dyn LrSchedule>> {
+pub fn build_schedule(args: &OptimizerSettings, total_steps: usize) -> Result<Box<dyn LrSchedule>> {
     let params = ScheduleParams {
         base_lr: args.lr,
         total_steps,
@@ -113,5 +89,5 @@ pub fn build_schedule(args: &OptimizerFlags, total_steps: usize) -> Result<Box<d
         step_size: (total_steps / 3).max(1),
         ..ScheduleParams::default()
     };
-    Ok(schedule_from_name(args.lr_schedule, &params)?)
+    Ok(schedule_from_name(args.lr_schedule.name(), &params)?)
 }

@@ -13,8 +13,7 @@ use serde::Serialize;
 use weft_data::DistributedSampler;
 use weft_models::loss::Classification;
 use weft_models::ResNetConfig;
-use weft_parallel::{BufferBroadcast, DdpConfig, LaunchedStep, Trainer};
-use weft_precision::PrecisionPolicy;
+use weft_parallel::{BufferBroadcast, LaunchedStep, Trainer};
 use weft_tensor::{Checkpointing, Timeline};
 
 use crate::args::TrainArgs;
@@ -52,7 +51,7 @@ pub struct RunSummary {
 /// Trains as the flags say (on every rank of the job) and returns the final metrics.
 pub fn run(args: &TrainArgs) -> Result<RunSummary> {
     args.validate()?;
-    let device = crate::device::parse_device_for_rank(&args.device)?.open()?;
+    let device = crate::device::parse_device_for_rank(&args.training.device)?.open()?;
     let ctx = RankContext::from_env(&device)?;
     run_in(args, &ctx, &device)
 }
@@ -61,48 +60,47 @@ pub fn run(args: &TrainArgs) -> Result<RunSummary> {
 pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<RunSummary> {
     args.validate()?;
     logging::init(args.log.log_level, ctx.rank);
-    weft_tensor::ops::set_deterministic(args.deterministic);
-    weft_tensor::ops::set_conv_stats(args.conv_stats.into());
+    weft_tensor::ops::set_deterministic(args.training.deterministic);
+    weft_tensor::ops::set_conv_stats(args.model.conv_stats.into());
     let started = Instant::now();
     let device = device.clone();
-    if !args.batch_size.is_multiple_of(ctx.world_size) {
+    if !args.training.batch_size.is_multiple_of(ctx.world_size) {
         bail!(
             "--batch-size {} is not divisible by the {} ranks",
-            args.batch_size,
+            args.training.batch_size,
             ctx.world_size
         );
     }
     let data = data::open(args)?;
-    let mut config = ResNetConfig::from_name(&args.model, data.num_classes)?.with_seed(args.seed);
-    if args.cifar_stem {
+    let mut config =
+        ResNetConfig::from_name(&args.model.model, data.num_classes)?.with_seed(args.training.seed);
+    if args.model.cifar_stem {
         config = config.with_cifar_stem();
     }
-    config = config.with_channels_last(args.channels_last.resolve(&device));
+    config = config.with_channels_last(args.model.channels_last.resolve(&device));
     // Validated by `args.validate`: a preset the trainer supports on this device.
-    let policy = PrecisionPolicy::from_name(&args.precision)?;
+    let policy = args.precision.policy()?;
     let (model, zero3_shard) = build_model(&config, policy.param, &device, args, ctx)?;
-    let local_batch = args.batch_size / ctx.world_size;
+    let local_batch = args.training.batch_size / ctx.world_size;
     // Every epoch gives each rank the same number of batches, as PyTorch's DistributedSampler
     // (padded to ceil(len / ranks) samples each) and a loader dropping the last partial batch
     // do: the epoch's steps, on every rank.
     let sampler = DistributedSampler::new(data.train.len(), ctx.world_size, ctx.rank)?
-        .with_shuffle(args.shuffle)
-        .with_seed(args.seed);
+        .with_shuffle(args.data.shuffle)
+        .with_seed(args.training.seed);
     let steps_per_epoch = sampler.num_samples() / local_batch;
     if steps_per_epoch == 0 {
         bail!(
             "--batch-size {}: larger than the training set ({} samples)",
-            args.batch_size,
+            args.training.batch_size,
             data.train.len()
         );
     }
-    let total_steps = args
-        .steps
-        .unwrap_or(usize::MAX)
-        .min(args.epochs.max(1) * steps_per_epoch);
+    let total_steps = args.training.total_steps(steps_per_epoch);
     let epochs = total_steps.div_ceil(steps_per_epoch);
-    let schedule = build_schedule(&args.optimizer_flags(), total_steps)?;
-    let checkpointing = if args.checkpoint_activations {
+    let settings = args.optimizer_settings(total_steps)?;
+    let schedule = build_schedule(&settings, total_steps)?;
+    let checkpointing = if args.training.checkpoint_activations {
         Checkpointing::All
     } else {
         Checkpointing::None
@@ -112,12 +110,12 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     let mut trainer = Trainer::new(
         model,
         Box::new(Classification),
-        build_optimizer(&args.optimizer_flags(), &device, policy.updated_dtype())?,
+        build_optimizer(&settings, &device, policy.updated_dtype())?,
         checkpointing,
     )?
     .with_timeline(timeline.clone());
-    trainer = with_step_settings(trainer, args.clip_grad_norm, &policy)?;
-    if let Some(from) = args.delayed_update_from {
+    trainer = with_step_settings(trainer, args.optim.clip_grad_norm, &policy)?;
+    if let Some(from) = args.parallel.delayed_update_from {
         trainer = trainer.with_delayed_update(from)?;
     }
     // The plan is a temporary: the shard it carries lives in the strategy alone.
@@ -125,30 +123,19 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         trainer,
         ctx.comm.as_ref(),
         &ResNetParallelism {
-            sync_bn: args.sync_bn,
-            zero: args.zero,
-            ddp: DdpConfig {
-                bucket_cap_mb: args.bucket_cap_mb,
-                last_bucket_cap_mb: args.last_bucket_cap_mb,
-                step_during_last_bucket: args.step_during_last_bucket,
-                // ResNet's training forward writes its buffers without reading them (its
-                // BatchNorms normalise with the batch's statistics): rank 0's, broadcast
-                // before they are read, are what every read sees.
-                broadcast_buffers: match args.broadcast_buffers {
-                    true => BufferBroadcast::BeforeReads,
-                    false => BufferBroadcast::Off,
-                },
-                find_unused_parameters: args.find_unused_parameters,
-                grad_compression: args.grad_compression.to_ddp(),
-                ..DdpConfig::default()
-            },
-            cuda_graph: args.cuda_graph && args.micro_batches == 1,
+            sync_bn: args.parallel.sync_bn,
+            zero: args.parallel.zero,
+            // ResNet's training forward writes its buffers without reading them (its
+            // BatchNorms normalise with the batch's statistics): rank 0's, broadcast before they
+            // are read, are what every read sees.
+            ddp: args.parallel.ddp(BufferBroadcast::BeforeReads),
+            cuda_graph: args.parallel.cuda_graph && args.training.micro_batches == 1,
             timeline: Some(timeline.clone()),
             zero3_shard,
         },
     )?
     .with_memory_tracking();
-    if let Some(path) = &args.init_from {
+    if let Some(path) = &args.model.init_from {
         // Every rank loads the file; under ZeRO-3 each keeps its shard of it.
         trainer.with_full_parameters(|model| {
             Ok(weft_tensor::state_dict::load_safetensors(
@@ -166,7 +153,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         }
         _ => {
             let open = || default_run_name(args);
-            let run = RunFolder::open(&args.out, args.name.as_deref(), open, args, ctx)?;
+            let run = RunFolder::open(&args.log.out, args.log.name.as_deref(), open, args, ctx)?;
             resume::Resumed::fresh(run)
         }
     };
@@ -176,13 +163,13 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     if ctx.is_main() {
         tracing::info!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val samples, global batch {}, {} loader threads per rank ({} cores here), {} steps over {} epochs -> {}",
-            args.model,
+            args.model.model,
             trainer.model().store().num_parameters(),
             ctx.world_size,
-            args.device,
+            args.training.device,
             data.train.len(),
             data.val.len(),
-            args.batch_size,
+            args.training.batch_size,
             crate::resnet_parts::loader_workers(args),
             std::thread::available_parallelism().map_or(1, |n| n.get()),
             total_steps,
@@ -190,9 +177,9 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             run.path.display()
         );
     }
-    let mut progress = Progress::new(total_steps as u64, args.quiet, ctx.is_main());
+    let mut progress = Progress::new(total_steps as u64, args.log.quiet, ctx.is_main());
     let mut step = start;
-    let guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.max_skipped_steps);
+    let guard = DivergenceGuard::new(policy.needs_loss_scaling(), args.training.max_skipped_steps);
     let mut reports = DeferredReports::new(guard);
     let mut last = (0.0, 0.0, 0.0);
     let mut staging = BatchStaging::default();
@@ -251,7 +238,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                 lr: schedule.lr_at(step),
                 spans_before: timeline.len(),
             };
-            let micro = (args.micro_batches, this.lr);
+            let micro = (args.training.micro_batches, this.lr);
             // While the device runs this step: the next batch, the last step's report, and the
             // spans before this step into the trace (writing them took ~150 µs of the host's
             // turn between steps).
@@ -277,7 +264,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                 if let Some((earlier, launch)) = in_flight.take() {
                     finished.push((trainer.finish(earlier)?, launch, Instant::now()));
                 }
-                let read_now = !args.launch_ahead
+                let read_now = !args.parallel.launch_ahead
                     || !launched.is_queued()
                     || next.is_none()
                     || step == total_steps
@@ -315,9 +302,12 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                     epoch,
                     loss: global[0] / global[1],
                     lr: launch.lr,
-                    images_per_sec: args.batch_size as f64 / seconds,
+                    images_per_sec: args.training.batch_size as f64 / seconds,
                     comm_hidden: hidden,
-                    grad_norm: args.clip_grad_norm.map(|_| outcome.metric("grad_norm")),
+                    grad_norm: args
+                        .optim
+                        .clip_grad_norm
+                        .map(|_| outcome.metric("grad_norm")),
                     loss_scale: outcome.loss_scale,
                 };
                 let report = StepReport {
@@ -328,8 +318,10 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
                 skipped += usize::from(outcome.skipped);
                 accumulate(&mut totals, &outcome);
                 memory_log.push(launch.step, trainer.take_memory_samples())?;
-                if launch.step == 0 && !args.quiet {
-                    let settings = memory_report::plan_settings(args, policy, ctx.world_size);
+                if launch.step == 0 && !args.log.quiet {
+                    let flags = (&args.training, &args.optim, &args.parallel);
+                    let settings =
+                        memory_report::plan_settings(flags, policy, ctx.world_size, false);
                     for line in memory_report::model_state_table(&trainer, &settings)?.lines() {
                         tracing::info!("{line}");
                     }
@@ -348,6 +340,14 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         }
         reports.make(run.writer.as_mut(), &mut progress)?;
         ctx.sum(&mut totals)?;
+        let skipped_samples = match args.data.skip_bad_samples {
+            true => {
+                let mut bad = [loader.skipped_samples() as f64];
+                ctx.sum(&mut bad)?;
+                Some(bad[0] as usize)
+            }
+            false => None,
+        };
         let (val_loss, val_acc) = validate(
             &mut trainer,
             &data,
@@ -364,14 +364,19 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             val_acc,
             seconds: epoch_start.elapsed().as_secs_f64(),
             skipped_steps: policy.needs_loss_scaling().then_some(skipped),
+            skipped_samples,
         };
         progress.println(&format!(
-            "epoch {epoch}: train loss {:.4} acc {:.2}% | val loss {:.4} acc {:.2}% | {:.1} s",
+            "epoch {epoch}: train loss {:.4} acc {:.2}% | val loss {:.4} acc {:.2}% | {:.1} s{}",
             metrics.train_loss,
             100.0 * metrics.train_acc,
             metrics.val_loss,
             100.0 * metrics.val_acc,
-            metrics.seconds
+            metrics.seconds,
+            skipped_samples
+                .filter(|&n| n > 0)
+                .map(|n| format!(" | {n} bad samples replaced"))
+                .unwrap_or_default()
         ));
         if let Some(run) = run.writer.as_mut() {
             run.log(&metrics)?;
@@ -422,10 +427,10 @@ struct Launch {
 
 /// `model-data-<unix seconds>`.
 pub fn default_run_name(args: &TrainArgs) -> String {
-    let data = args.data.split(':').next().unwrap_or("data");
+    let data = args.data.data.split(':').next().unwrap_or("data");
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    format!("{}-{}-{}", args.model, data, stamp)
+    format!("{}-{}-{}", args.model.model, data, stamp)
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use weft_data::{
-    pixels_to_float, pixels_to_float_into, Batch, BatchImages, DataLoader, Dataset, LoaderConfig,
-    Pipeline,
+    pixels_to_float, pixels_to_float_into, BadSamplePolicy, Batch, BatchImages, DataLoader,
+    Dataset, LoaderConfig, Pipeline,
 };
 use weft_models::{resnet, ResNetConfig};
 use weft_parallel::zero::ShardLayout;
@@ -44,8 +44,8 @@ pub(crate) fn comm_hidden(spans: &[timeline::Span]) -> Option<f64> {
 /// `--workers`, or its default: on GPUs the host's cores shared among the ranks on it
 /// (`LOCAL_WORLD_SIZE`, as launchers set it), one left to each rank, 1 to 8; 1 on the CPU.
 pub(crate) fn loader_workers(args: &TrainArgs) -> usize {
-    args.workers.unwrap_or_else(|| {
-        if !args.device.starts_with("cuda") {
+    args.data.workers.unwrap_or_else(|| {
+        if !args.training.device.starts_with("cuda") {
             return 1;
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -135,9 +135,13 @@ pub(crate) fn loader(
         num_workers: loader_workers(args),
         // A GPU converts and normalises the pixels itself: a quarter of the bytes to build,
         // copy and upload per batch.
-        pixels: args.device.starts_with("cuda"),
-        seed: args.seed,
+        pixels: args.training.device.starts_with("cuda"),
+        seed: args.training.seed,
         epoch: epoch as u64,
+        bad_samples: match args.data.skip_bad_samples {
+            true => BadSamplePolicy::Skip,
+            false => BadSamplePolicy::Fail,
+        },
         ..LoaderConfig::default()
     };
     Ok(DataLoader::new(
@@ -160,7 +164,7 @@ pub(crate) fn checkpoint_layout(
         return Ok(None);
     }
     let len = trainer.grads().layout().len();
-    let zero = match (&ctx.comm, args.zero > 0) {
+    let zero = match (&ctx.comm, args.parallel.zero > 0) {
         (Some(world), true) => Some((world.clone(), ShardLayout::new(len, ctx.world_size))),
         _ => None,
     };
@@ -186,7 +190,7 @@ pub(crate) fn build_model(
     ctx: &RankContext,
 ) -> Result<(BlockModel, Option<Tensor>)> {
     let build = || resnet(config, dtype, device);
-    if args.zero < 3 || ctx.world_size < 2 {
+    if args.parallel.zero < 3 || ctx.world_size < 2 {
         return Ok((build()?, None));
     }
     let (_, len) = ShardedInit::count(build)?;

@@ -21,8 +21,10 @@ use crate::run_dir::write_atomically;
 const PROGRESS: &str = "progress.json";
 const FOLDER: &str = "checkpoints";
 
-/// The checkpoint flags every trainer takes.
+/// The checkpoint flags every trainer takes: the "Checkpointing" section.
 #[derive(Debug, Clone, Default, Args, Serialize)]
+#[command(next_help_heading = "Checkpointing")]
+#[serde(rename_all = "kebab-case")]
 pub struct CheckpointFlags {
     /// Write a checkpoint to RUN/checkpoints/step-N every N optimizer steps (the model and its
     /// buffers, the optimizer state and master weights by shard, the steps done, the loss

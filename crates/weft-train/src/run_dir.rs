@@ -53,6 +53,10 @@ pub struct EpochMetrics {
     /// Steps the loss scaler skipped in this epoch (with a loss scaler only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped_steps: Option<usize>,
+    /// Training samples replaced for being undecodable or oversized, over all ranks (with
+    /// `--skip-bad-samples` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped_samples: Option<usize>,
 }
 
 impl RunDir {

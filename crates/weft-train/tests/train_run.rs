@@ -16,7 +16,7 @@ struct Cli {
     args: TrainArgs,
 }
 
-fn args(extra: &[&str]) -> TrainArgs {
+fn parse(extra: &[&str]) -> Result<TrainArgs, clap::Error> {
     let base = [
         "train",
         "--model",
@@ -33,7 +33,11 @@ fn args(extra: &[&str]) -> TrainArgs {
         "0",
         "--quiet",
     ];
-    Cli::parse_from(base.iter().chain(extra)).args
+    Ok(Cli::try_parse_from(base.iter().chain(extra))?.args)
+}
+
+fn args(extra: &[&str]) -> TrainArgs {
+    parse(extra).unwrap()
 }
 
 #[test]
@@ -226,7 +230,12 @@ fn bad_flags_fail_before_any_work_naming_the_flag() {
         ),
     ];
     for (extra, expected) in cases {
-        let err = args(extra).validate().unwrap_err().to_string();
+        // A value clap's parser refuses (an enumeration's) fails in parsing, the rest in
+        // validation; either way the line names the flag.
+        let err = match parse(extra) {
+            Ok(args) => args.validate().unwrap_err().to_string(),
+            Err(e) => e.to_string().lines().next().unwrap().to_string(),
+        };
         assert!(
             err.contains(expected),
             "{extra:?}: `{err}` lacks `{expected}`"
@@ -241,11 +250,14 @@ fn bad_flags_fail_before_any_work_naming_the_flag() {
 fn channels_last_defaults_to_the_devices_choice() {
     use weft_train::args::ChannelsLast;
     let cpu = Device::Cpu;
-    assert_eq!(args(&[]).channels_last, ChannelsLast::Auto);
+    assert_eq!(args(&[]).model.channels_last, ChannelsLast::Auto);
     assert!(!ChannelsLast::Auto.resolve(&cpu));
-    assert_eq!(args(&["--channels-last"]).channels_last, ChannelsLast::True);
+    assert_eq!(
+        args(&["--channels-last"]).model.channels_last,
+        ChannelsLast::True
+    );
     assert!(ChannelsLast::True.resolve(&cpu));
-    let off = args(&["--channels-last", "false"]).channels_last;
+    let off = args(&["--channels-last", "false"]).model.channels_last;
     assert_eq!(off, ChannelsLast::False);
     assert!(!off.resolve(&cpu));
     let bad = ["train", "--channels-last", "maybe"];

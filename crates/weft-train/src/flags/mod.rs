@@ -1,0 +1,85 @@
+//! The trainers' flags, in sections shared by every trainer (each a clap argument group, a
+//! section of `--help` and a table of a `--config` file): [`TrainingFlags`], [`OptimizerFlags`],
+//! [`PrecisionFlags`], [`ParallelFlags`], the checkpoint and logging flags, and each task's
+//! model and data sections. A section whose defaults differ between trainers takes them from
+//! the trainer's [`TaskDefaults`]; no flag is defined twice. Enumerations are clap `ValueEnum`s,
+//! and every section serializes under its flags' long names (a run's `config.json`).
+
+mod gpt;
+mod optimizer;
+mod parallel;
+mod precision;
+mod resnet;
+mod training;
+
+pub use gpt::{GptDefaults, GptFlags, TokenDataFlags};
+pub use optimizer::{LrScheduleName, OptimizerFlags, OptimizerKind};
+pub use parallel::{Compression, ParallelFlags, PipelineBalance, PipelineSchedule};
+pub use precision::{Precision, PrecisionFlags};
+pub use resnet::{
+    Augment, ChannelsLast, ConvStatsFlag, ImageDataFlags, ResnetDefaults, ResnetFlags,
+};
+pub use training::TrainingFlags;
+
+/// Every section of one trainer's flags: its task's model and data sections and the shared
+/// ones (`--help` lists them in this order).
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[serde(bound = "")]
+pub struct RunArgs<T: TaskDefaults> {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub model: T::Model,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub data: T::Data,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub training: TrainingFlags<T>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub optim: OptimizerFlags<T>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub precision: PrecisionFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub parallel: ParallelFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub checkpoints: crate::run_checkpoints::CheckpointFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub log: crate::logging::LogFlags,
+}
+
+/// A section of flags a task brings (clap's group, serialised under the flags' names).
+pub trait Section:
+    clap::Args + clap::FromArgMatches + Clone + std::fmt::Debug + serde::Serialize + Send + Sync
+{
+}
+
+impl<S> Section for S where
+    S: clap::Args + clap::FromArgMatches + Clone + std::fmt::Debug + serde::Serialize + Send + Sync
+{
+}
+
+/// A trainer's task: its own sections, and its defaults for the shared sections' flags whose
+/// defaults differ between tasks.
+pub trait TaskDefaults: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// The "Model" section.
+    type Model: Section;
+    /// The "Data" section.
+    type Data: Section;
+    /// `--batch-size`: the global batch.
+    const BATCH_SIZE: usize;
+    /// `--epochs`.
+    const EPOCHS: usize;
+    /// `--optimizer`, as its value name.
+    const OPTIMIZER: &'static str;
+    /// `--lr`.
+    const LR: f64;
+    /// `--weight-decay`.
+    const WEIGHT_DECAY: f64;
+    /// `--warmup-steps` when not given, for a run of `total_steps`.
+    fn warmup_steps(total_steps: usize) -> usize;
+}

@@ -1,0 +1,93 @@
+//! The "Training" section: the batch, how long, the seed and the device.
+
+use std::marker::PhantomData;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use serde::Serialize;
+
+use super::TaskDefaults;
+
+/// How a run trains: batch, length, accumulation, recomputation, seed and device.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Training")]
+#[serde(rename_all = "kebab-case")]
+pub struct TrainingFlags<D: TaskDefaults> {
+    /// Read flags from FILE: TOML, or JSON (a run folder's config.json, which reproduces the
+    /// run), keys the long flag names (`batch-size = 64`) at the top level or in a table named
+    /// after the flag's section of this help (`[optimizer]`); flags given here win
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<std::path::PathBuf>,
+    /// Global batch size (images, or sequences) [default: 64 for train-resnet, 32 for
+    /// train-gpt]
+    #[arg(long, default_value_t = D::BATCH_SIZE)]
+    pub batch_size: usize,
+    /// Passes over the training set [default: 2 for train-resnet, 1 for train-gpt]
+    #[arg(long, default_value_t = D::EPOCHS)]
+    pub epochs: usize,
+    /// Stop after this many optimizer steps in total (overrides epochs when smaller)
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Split each rank's batch into M micro-batches whose gradients accumulate before one
+    /// optimizer step (only the last one communicates; with --pp, the micro-batches in flight
+    /// through the pipeline)
+    #[arg(long, default_value_t = 1)]
+    pub micro_batches: usize,
+    /// Recompute each block's forward during backward instead of storing its activations (the
+    /// same dropout masks: they derive from the seed, not from a generator's state)
+    #[arg(long, default_value_t = false)]
+    pub checkpoint_activations: bool,
+    /// Under fp16-mixed, end the run when more than this many steps in a row are skipped for
+    /// inf/NaN gradients (each halves the loss scale); without loss scaling a non-finite loss
+    /// ends the run at once
+    #[arg(long, default_value_t = 20)]
+    pub max_skipped_steps: usize,
+    /// Seed of the initialisation, the data order and augmentation, dropout and synthetic data
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// cpu | cuda | cuda:N
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// On a GPU, repeat exactly: cuDNN picks among the algorithms it marks deterministic
+    /// (convolutions; the fused attention's deterministic backward), as PyTorch's
+    /// use_deterministic_algorithms; may be slower. CPU runs repeat exactly without it
+    #[arg(long, default_value_t = false)]
+    pub deterministic: bool,
+    #[arg(skip)]
+    #[serde(skip)]
+    pub defaults: PhantomData<D>,
+}
+
+impl<D: TaskDefaults> TrainingFlags<D> {
+    /// Checks the values; the error is one line naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(path) = &self.config {
+            bail!(
+                "--config {}: read before the flags are parsed (weft_train::config_file::expand); this command line was not",
+                path.display()
+            );
+        }
+        if self.batch_size == 0 {
+            bail!("--batch-size must be at least 1");
+        }
+        if self.epochs == 0 && self.steps.is_none() {
+            bail!("--epochs must be at least 1");
+        }
+        if self.steps == Some(0) {
+            bail!("--steps must be at least 1");
+        }
+        if self.micro_batches == 0 {
+            bail!("--micro-batches must be at least 1");
+        }
+        crate::device::parse_device(&self.device)?;
+        Ok(())
+    }
+
+    /// The run's optimizer steps: `--steps`, or the epochs' steps when fewer.
+    pub fn total_steps(&self, steps_per_epoch: usize) -> usize {
+        self.steps
+            .unwrap_or(usize::MAX)
+            .min(self.epochs.max(1) * steps_per_epoch)
+    }
+}
