@@ -1,6 +1,13 @@
 """PyTorch anchor for the multi-GPU GPT rows of BENCHMARKS.md: GPT-2's architecture (that of
-`gpt_anchor.py`) trained on random tokens with AdamW, fp32 with TF32 off (weft's GPT trains in
-fp32 on GPUs), one process per GPU. Modes:
+`gpt_anchor.py`) trained on random tokens with AdamW, one process per GPU, in one of two
+precisions (--precision):
+  fp32  fp32 with TF32 off, AdamW foreach (the older rows)
+  bf16  fp32 parameters, gradients and optimizer states with the forward under
+        `autocast(bfloat16)` (as `gpt_anchor.py --precision bf16`), TF32 on, fused AdamW; fsdp2
+        without autocast: `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)` on
+        every block and on the root, as torchtitan's `apply_fsdp_to_decoder` configures it
+`F.scaled_dot_product_attention` on PyTorch's own backend choice or forced to cuDNN's or flash
+(--sdpa). Modes:
   single  one process, the whole batch
   ddp     DistributedDataParallel, the batch split over the ranks
   zero1   the same with `ZeroRedundancyOptimizer` over AdamW (the optimizer states sharded:
@@ -15,9 +22,11 @@ fp32 on GPUs), one process per GPU. Modes:
           over --micro-batches
 TP and PP use a GPT whose q, k, v are three Linears and whose head is untied (the way
 torchtitan parallelises its models): the same FLOPs. Prints one JSON line: median step time over
-the timed steps (synchronised), tokens/s of the whole job, and each rank's peak memory."""
+the timed steps (synchronised), tokens/s of the whole job, each rank's peak memory, the
+precision, the SDPA backend and the AdamW implementation."""
 import argparse
 import copy
+from contextlib import nullcontext
 import json
 import os
 import statistics
@@ -29,6 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_anchor import GPT  # noqa: E402
@@ -59,10 +69,14 @@ class SplitQkvBlock(nn.Module):
 
 class UntiedGPT(nn.Module):
     """GPT-2 with an untied head; a pipeline stage is a copy with the parts of other stages set
-    to None (blocks kept in a ModuleDict so that their names survive the cut)."""
+    to None (blocks kept in a ModuleDict so that their names survive the cut). `amp` (a device
+    type) runs the forward under `autocast(bfloat16)` on it; the residual stream stays fp32 (an
+    fp32 embedding plus bf16 branches) and the logits are returned in fp32, so that a pipeline
+    stage's output has one dtype whether or not autocast applies (shape inference)."""
 
     def __init__(self, vocab: int, context: int, c: int, layers: int, heads: int):
         super().__init__()
+        self.amp = None
         padded = (vocab + 63) // 64 * 64
         self.wte = nn.Embedding(padded, c)
         self.wpe = nn.Embedding(context, c)
@@ -71,43 +85,80 @@ class UntiedGPT(nn.Module):
         self.lm_head = nn.Linear(c, padded, bias=False)
 
     def forward(self, x):
-        if self.wte is not None:
-            x = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))
-        for block in self.h.values():
-            x = block(x)
-        if self.lm_head is not None:
-            x = self.lm_head(self.ln_f(x))
-        return x
+        with torch.autocast(self.amp or "cpu", dtype=torch.bfloat16, enabled=self.amp is not None):
+            if self.wte is not None:
+                x = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))
+            for block in self.h.values():
+                x = block(x)
+            if self.lm_head is not None:
+                x = self.lm_head(self.ln_f(x))
+        return x.float()
 
 
 def next_token_loss(logits, targets):
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def adamw_kwargs(args) -> dict:
+    """AdamW's settings: fused in bf16 (as `gpt_anchor.py`), foreach in fp32 (the older rows)."""
+    impl = {"fused": True} if args.precision == "bf16" else {"foreach": True}
+    return {"lr": 3e-4, "weight_decay": 0.1, **impl}
+
+
+def sdpa_backend(args):
+    """The SDPA backend forced for the forward (the backward runs the kernel the forward chose)."""
+    if args.sdpa == "default":
+        return nullcontext()
+    return sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[args.sdpa])
+
+
+def shard_fsdp2(args, model) -> None:
+    """FSDP2 (ZeRO-3) on every block and on the root. In bf16 as torchtitan's
+    `apply_fsdp_to_decoder` (torchtitan/distributed/fsdp.py) sets it for a dense model without
+    pipeline parallelism: one `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32,
+    cast_forward_inputs=False)` for every unit and no autocast; every block, the last one
+    included, resharded after forward; the tied token table, the final LayerNorm and the head
+    (here the root's own parameters: wte, wpe, ln_f) kept unsharded after forward; the root
+    with the same policy; FSDP2's implicit prefetching (torchtitan sets explicit forward and
+    backward prefetching only with expert parallelism)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    if args.precision == "fp32":
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)
+        return
+    mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                     cast_forward_inputs=False)
+    for block in model.h:
+        fully_shard(block, mp_policy=mp_policy, reshard_after_forward=True)
+    fully_shard(model, mp_policy=mp_policy, reshard_after_forward=False)
+
+
 def build_step(args, rank: int, world: int, dev):
     """The model and a function running one optimizer step on this rank's batch."""
     shape = (args.vocab, args.context, args.width, args.layers, args.heads)
     torch.manual_seed(0)
+    # FSDP2's mixed-precision policy casts the parameters itself: no autocast there.
+    amp = args.precision == "bf16" and args.mode != "fsdp2"
     if args.mode in ("single", "ddp", "zero1", "fsdp2"):
         model = GPT(*shape).to(dev).train()
         if args.mode in ("ddp", "zero1"):
             model = nn.parallel.DistributedDataParallel(model, device_ids=[rank] if dev.type == "cuda" else None)
         elif args.mode == "fsdp2":
-            from torch.distributed.fsdp import fully_shard
-            for block in model.h:
-                fully_shard(block)
-            fully_shard(model)
+            shard_fsdp2(args, model)
         rows = args.batch_size // (1 if args.mode == "single" else world)
         if args.mode == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
+            # The keyword arguments go to each rank's AdamW over its shard.
             opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
-                                          lr=3e-4, weight_decay=0.1, foreach=True)
+                                          **adamw_kwargs(args))
         else:
-            opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=True)
+            opt = torch.optim.AdamW(model.parameters(), **adamw_kwargs(args))
         idx, tgt = tokens(args, rows, dev)
 
         def step():
-            loss = model(idx, tgt)
+            with sdpa_backend(args), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+                loss = model(idx, tgt)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -115,6 +166,7 @@ def build_step(args, rank: int, world: int, dev):
         return model, step
 
     model = UntiedGPT(*shape).to(dev).train()
+    model.amp = dev.type if amp else None
     if args.mode == "tp":
         return build_tp(args, model, world, dev)
     return build_pp(args, model, rank, world, dev)
@@ -141,15 +193,18 @@ def build_tp(args, model, world: int, dev):
         for name in ("attn_proj", "mlp_proj"):
             plan[f"h.{i}.{name}"] = RowwiseParallel()
     parallelize_module(model, mesh, plan)
-    # foreach kernels refuse a list mixing split (DTensor) and replicated (plain) parameters
+    # foreach and fused kernels refuse a list mixing split (DTensor) and replicated (plain)
+    # parameters
     split = [p for p in model.parameters() if isinstance(p, DTensor)]
     plain = [p for p in model.parameters() if not isinstance(p, DTensor)]
-    opts = [torch.optim.AdamW(group, lr=3e-4, weight_decay=0.1, foreach=True) for group in (split, plain)]
+    opts = [torch.optim.AdamW(group, **adamw_kwargs(args)) for group in (split, plain)]
     idx, tgt = tokens(args, args.batch_size, dev)
 
     def step():
         with loss_parallel():
-            loss = F.cross_entropy(model(idx).flatten(0, 1), tgt.flatten())
+            with sdpa_backend(args):
+                logits = model(idx)  # fp32, sharded over the vocabulary
+            loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
             loss.backward()
         for opt in opts:
             opt.step()
@@ -173,18 +228,19 @@ def build_pp(args, model, rank: int, world: int, dev):
     pipe = PipelineStage(stage, rank, world, dev)
     kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[args.schedule]
     schedule = kind(pipe, n_microbatches=args.micro_batches, loss_fn=next_token_loss)
-    opt = torch.optim.AdamW(stage.parameters(), lr=3e-4, weight_decay=0.1, foreach=True)
+    opt = torch.optim.AdamW(stage.parameters(), **adamw_kwargs(args))
     idx, tgt = tokens(args, args.batch_size, dev)
     last = rank == world - 1
 
     def step():
         losses = []
-        if rank == 0:
-            schedule.step(idx)
-        elif last:
-            schedule.step(target=tgt, losses=losses)
-        else:
-            schedule.step()
+        with sdpa_backend(args):
+            if rank == 0:
+                schedule.step(idx)
+            elif last:
+                schedule.step(target=tgt, losses=losses)
+            else:
+                schedule.step()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return torch.stack(losses).mean() if last else None
@@ -199,8 +255,8 @@ def worker(rank: int, world: int, args, queue) -> None:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.precision == "bf16"
+    torch.backends.cudnn.allow_tf32 = args.precision == "bf16"
     _, step = build_step(args, rank, world, dev)
 
     def sync():
@@ -235,6 +291,9 @@ def worker(rank: int, world: int, args, queue) -> None:
     if rank == 0:
         step_s = statistics.median(times)
         queue.put({"framework": f"pytorch-{args.mode}", "torch": torch.__version__, "world_size": world,
+                   "precision": args.precision, "sdpa": args.sdpa,
+                   "adamw": "fused" if args.precision == "bf16" else "foreach",
+                   "batch_size": args.batch_size, "seq_len": args.seq_len,
                    "schedule": args.schedule if args.mode == "pp" else None,
                    "micro_batches": args.micro_batches if args.mode == "pp" else None,
                    "step_s": step_s, "tokens_per_sec": args.batch_size * args.seq_len / step_s,
@@ -248,6 +307,8 @@ def main() -> None:
     for name in ["vocab", "context", "width", "layers", "heads", "batch-size", "seq-len"]:
         p.add_argument(f"--{name}", type=int, required=True)
     p.add_argument("--mode", choices=["single", "ddp", "zero1", "fsdp2", "tp", "pp"], required=True)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--sdpa", choices=["default", "cudnn", "flash"], default="default")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
     p.add_argument("--micro-batches", type=int, default=4)
