@@ -7,7 +7,9 @@
 //! is a one-line error naming the file and the key.
 //!
 //! The file is read before clap parses anything: [`expand`] turns its entries into the flags they
-//! stand for, so a value means exactly what the same flag means on the command line.
+//! stand for, so a value means exactly what the same flag means on the command line. With
+//! `--resume PATH`, the resumed run's `config.json` gives the flags that neither the command
+//! line nor the file gives ([`crate::resume_config`]).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -24,28 +26,48 @@ pub const FLAG: &str = "config";
 /// none). `argv` without `--config` comes back as it is.
 pub fn expand(command: &Command, argv: Vec<OsString>) -> Result<Vec<OsString>> {
     let (at, target) = subcommand(command, &argv);
-    let Some((flag_at, path)) = config_path(&argv[at..]).map(|(i, p)| (at + i, p)) else {
-        return Ok(argv);
-    };
     let mut rest = argv.clone();
-    let removed = if rest[flag_at].to_string_lossy().contains('=') {
-        1
-    } else {
-        2
-    };
-    rest.drain(flag_at..flag_at + removed);
-    let given: Vec<String> = rest[at..]
+    let file = flag_value(&rest[at..], FLAG).map(|(i, p)| (at + i, p));
+    if let Some((flag_at, _)) = &file {
+        let removed = match rest[*flag_at].to_string_lossy().contains('=') {
+            true => 1,
+            false => 2,
+        };
+        rest.drain(*flag_at..*flag_at + removed);
+    }
+    let mut given: Vec<String> = rest[at..]
         .iter()
         .filter_map(|a| a.to_str())
         .filter_map(|a| a.strip_prefix("--"))
         .map(|a| a.split('=').next().unwrap_or(a).to_string())
         .collect();
     let mut flags = Vec::new();
-    for (key, value) in entries(&path, target)? {
-        if given.contains(&key) {
-            continue;
+    if let Some((_, path)) = &file {
+        for (key, value) in entries(path, target)? {
+            if !given.contains(&key) {
+                flags.extend(as_flags(target, path, &key, &value)?);
+                given.push(key);
+            }
         }
-        flags.extend(as_flags(target, &path, &key, &value)?);
+    }
+    // A resumed run takes its checkpoint's values for the flags given neither on the command
+    // line nor in the file (flags it no longer has are passed over).
+    if let Some((_, resume)) = flag_value(&rest[at..], "resume") {
+        let (path, config) = crate::resume_config::config_of(&resume)?;
+        let serde_json::Value::Object(saved) = config else {
+            bail!(
+                "--resume {}: {} is not a table of flags",
+                resume.display(),
+                path.display()
+            );
+        };
+        for (key, value) in saved {
+            let key = flag_name(&key);
+            let known = target.get_arguments().any(|a| a.get_long() == Some(&key));
+            if known && key != FLAG && !given.contains(&key) {
+                flags.extend(as_flags(target, &path, &key, &value)?);
+            }
+        }
     }
     rest.splice(at..at, flags);
     Ok(rest)
@@ -66,9 +88,9 @@ fn subcommand<'a>(command: &'a Command, argv: &[OsString]) -> (usize, &'a Comman
     (1.min(argv.len()), command)
 }
 
-/// The position of `--config` in `args` and the path it names.
-fn config_path(args: &[OsString]) -> Option<(usize, PathBuf)> {
-    let long = format!("--{FLAG}");
+/// The position of `--NAME` in `args` and the path it names.
+fn flag_value(args: &[OsString], name: &str) -> Option<(usize, PathBuf)> {
+    let long = format!("--{name}");
     args.iter().enumerate().find_map(|(i, a)| {
         let a = a.to_str()?;
         if a == long {

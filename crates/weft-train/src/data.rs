@@ -9,7 +9,7 @@ use weft_data::{
     VALIDATION_SEED_SALT,
 };
 
-use crate::args::{Augment, TrainArgs};
+use crate::flags::{Augment, ImageDataFlags};
 
 /// A parsed `--data` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,27 +52,27 @@ pub struct DataSets {
 }
 
 /// Opens the data sets named by `--data`.
-pub fn open(args: &TrainArgs) -> Result<DataSets> {
-    let augment = args.data.augment == Augment::Default;
-    let size = args.data.image_size;
+pub fn open(data: &ImageDataFlags, num_classes: Option<usize>, seed: u64) -> Result<DataSets> {
+    let augment = data.augment == Augment::Default;
+    let size = data.image_size;
     let (train, val, train_pipeline, val_pipeline): (
         Arc<dyn Dataset>,
         Arc<dyn Dataset>,
         Pipeline,
         Pipeline,
-    ) = match DataSpec::parse(&args.data.data)? {
+    ) = match DataSpec::parse(&data.data)? {
         DataSpec::Synthetic => {
             let config = SyntheticConfig {
-                num_samples: args.data.synthetic_train,
+                num_samples: data.synthetic_train,
                 // A larger --num-classes widens the model's head; the data keeps its 10 shapes.
-                num_classes: args.model.num_classes.unwrap_or(10).min(SHAPE_NAMES.len()),
+                num_classes: num_classes.unwrap_or(10).min(SHAPE_NAMES.len()),
                 image_size: size,
-                seed: args.training.seed,
+                seed,
                 ..SyntheticConfig::default()
             };
             let val_config = SyntheticConfig {
-                num_samples: args.data.synthetic_val,
-                seed: args.training.seed ^ VALIDATION_SEED_SALT,
+                num_samples: data.synthetic_val,
+                seed: seed ^ VALIDATION_SEED_SALT,
                 ..config.clone()
             };
             let train_pipeline = if augment {
@@ -117,7 +117,7 @@ pub fn open(args: &TrainArgs) -> Result<DataSets> {
             (Arc::new(train), Arc::new(val), train_pipeline, eval)
         }
     };
-    let num_classes = args.model.num_classes.unwrap_or(train.num_classes());
+    let num_classes = num_classes.unwrap_or(train.num_classes());
     if num_classes < train.num_classes() {
         bail!(
             "--num-classes {num_classes}: the data set has {} classes",

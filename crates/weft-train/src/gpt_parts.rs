@@ -14,10 +14,10 @@ use weft_tensor::sharded_init::ShardedInit;
 use weft_tensor::{BlockModel, Objective};
 
 use crate::distributed::RankContext;
-use crate::gpt::GptRunSummary;
+use crate::fit::{FitSummary, Stepper};
 use crate::gpt_args::GptArgs;
 use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
-use crate::gpt_pipeline::{gather_stages, GptStepper};
+use crate::gpt_pipeline::gather_stages;
 use crate::resume;
 use crate::run_dir::RunFolder;
 
@@ -107,10 +107,9 @@ pub(crate) fn checkpoint_layout<'m>(
 /// mean as it is). A pipeline evaluates in the step's micro-batches where they divide the
 /// batch, whole otherwise.
 pub(crate) fn validate(
-    stepper: &mut GptStepper,
+    stepper: &mut Stepper,
     val: &TokenWindows,
-    batch: usize,
-    args: &GptArgs,
+    (batch, micro_batches): (usize, usize),
     ctx: &RankContext,
     mesh: &GptMesh,
 ) -> Result<f64> {
@@ -122,8 +121,8 @@ pub(crate) fn validate(
             true => Some(val.batch(chunk, &device)?),
             false => None,
         };
-        let micro = match chunk.len().is_multiple_of(args.training.micro_batches) {
-            true => args.training.micro_batches,
+        let micro = match chunk.len().is_multiple_of(micro_batches) {
+            true => micro_batches,
             false => 1,
         };
         let eval = stepper.evaluate(batch.as_ref(), micro)?;
@@ -138,11 +137,11 @@ pub(crate) fn validate(
 /// the ZeRO-3 shards, the tensor-parallel slices and the pipeline's stages (a collective over
 /// the job), with `summary` (a run that went on from step `start`).
 pub(crate) fn export(
-    stepper: &mut GptStepper,
+    stepper: &mut Stepper,
     (mesh, split_layers): (&GptMesh, &Option<TensorParallelLayers>),
     config: &GptConfig,
     run: &RunFolder,
-    (summary, start): (&GptRunSummary, usize),
+    (summary, start): (&FitSummary, usize),
 ) -> Result<()> {
     // Under ZeRO-3 every rank takes part in gathering the whole model first.
     stepper.gather_parameters()?;

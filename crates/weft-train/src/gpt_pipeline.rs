@@ -1,20 +1,18 @@
-//! The GPT trainer's step with or without a pipeline: the blocks of each stage, one
-//! [`GptStepper`] for the training loop either way, the pipeline's per-step measurements
-//! gathered for the log, and the stages' parameters gathered into the whole model for export.
+//! The GPT trainer's pipeline: the blocks of each stage (balanced by parameters or by measured
+//! time), and the stages' parameters gathered into the whole model for export.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use candle_core::{DType, Device, Shape, Tensor};
-use serde::Serialize;
-use weft_collectives::{Buffer, Communicator};
+use weft_collectives::Communicator;
 use weft_data::TokenWindows;
 use weft_models::gpt::{self, GptConfig};
 use weft_models::loss::NextToken;
-use weft_parallel::pipeline::{measured_block_times, PipelineTrainer};
-use weft_parallel::{EvalOutcome, StepOutcome, TensorCollectives, Trainer};
-use weft_tensor::{BlockModel, EntryKind, Objective, ParamStore};
+use weft_parallel::pipeline::measured_block_times;
+use weft_parallel::TensorCollectives;
+use weft_tensor::{EntryKind, Objective, ParamStore};
 
 use crate::distributed::RankContext;
 use crate::gpt_args::{GptArgs, PipelineBalance};
@@ -60,109 +58,6 @@ pub fn stage_blocks(
     let world = ctx.world_size as f64;
     let weights: Vec<u64> = weights.iter().map(|w| (w / world).round() as u64).collect();
     args.stage_blocks(Some(&weights))
-}
-
-/// A training step of the whole model (with micro-batches accumulated) or of one stage.
-pub enum GptStepper {
-    Whole(Trainer),
-    Stage(PipelineTrainer),
-}
-
-/// What a pipeline step measured on every stage (gathered to every rank).
-#[derive(Debug, Clone, Serialize)]
-pub struct PipelineReport {
-    /// Per stage, the part of the schedule's wall time it computed nothing.
-    pub bubble: Vec<f64>,
-    /// `(P − 1) / (M + P − 1)`.
-    pub bubble_theory: f64,
-    /// Per stage, the most micro-batches whose activations it held at once.
-    pub peak_micro_batches: Vec<usize>,
-    /// Per stage, the most bytes of activations it held at once for its backwards.
-    pub peak_activation_bytes: Vec<usize>,
-}
-
-impl GptStepper {
-    pub fn model(&self) -> &BlockModel {
-        match self {
-            GptStepper::Whole(t) => t.model(),
-            GptStepper::Stage(p) => p.trainer().model(),
-        }
-    }
-
-    /// This rank's trainer (its stage's, with a pipeline).
-    pub fn trainer_mut(&mut self) -> &mut Trainer {
-        match self {
-            GptStepper::Whole(t) => t,
-            GptStepper::Stage(p) => p.trainer_mut(),
-        }
-    }
-
-    /// Makes every parameter whole on this rank (ZeRO-3 gathers them: a collective), to save
-    /// the model; a pipeline stage's are whole already (ZeRO-3 is refused with one).
-    pub fn gather_parameters(&mut self) -> weft_parallel::Result<()> {
-        match self {
-            GptStepper::Whole(t) => t.gather_parameters(),
-            GptStepper::Stage(_) => Ok(()),
-        }
-    }
-
-    /// Whether this rank reads batches: every rank without a pipeline, the first stage (the
-    /// inputs) and the last (the targets) with one.
-    pub fn reads_batches(&self) -> bool {
-        match self {
-            GptStepper::Whole(_) => true,
-            GptStepper::Stage(p) => p.is_first() || p.is_last(),
-        }
-    }
-
-    /// One step on `batch` (`None` on a middle stage) in `micro_batches`, with rate `lr`; with
-    /// a pipeline, every stage's measurements too.
-    pub fn step(
-        &mut self,
-        batch: Option<&(Tensor, Tensor)>,
-        micro_batches: usize,
-        lr: f64,
-    ) -> Result<(StepOutcome, Option<PipelineReport>)> {
-        match (self, batch) {
-            (GptStepper::Whole(t), Some((x, y))) => {
-                Ok((t.step_micro_batches(x, y, micro_batches, lr)?, None))
-            }
-            (GptStepper::Whole(_), None) => bail!("a whole model's step needs its batch"),
-            (GptStepper::Stage(p), batch) => {
-                let out = p.step(batch.map(|b| &b.0), batch.map(|b| &b.1), lr)?;
-                let local = vec![
-                    out.bubble,
-                    out.peak_in_flight as f64,
-                    out.peak_activation_bytes as f64,
-                ];
-                let all: Vec<f64> = p.pipeline().all_gather(Buffer::from(local)).wait_vec()?;
-                let column = |k: usize| all.iter().skip(k).step_by(3).copied();
-                let report = PipelineReport {
-                    bubble: column(0).collect(),
-                    bubble_theory: out.theoretical_bubble,
-                    peak_micro_batches: column(1).map(|p| p as usize).collect(),
-                    peak_activation_bytes: column(2).map(|b| b as usize).collect(),
-                };
-                Ok((out.step, Some(report)))
-            }
-        }
-    }
-
-    /// The loss sums of `batch` in evaluation mode (`None` on a middle stage), through the
-    /// pipeline in `micro_batches` when there is one.
-    pub fn evaluate(
-        &mut self,
-        batch: Option<&(Tensor, Tensor)>,
-        micro_batches: usize,
-    ) -> Result<EvalOutcome> {
-        match (self, batch) {
-            (GptStepper::Whole(t), Some((x, y))) => Ok(t.evaluate(x, y)?),
-            (GptStepper::Whole(_), None) => bail!("a whole model's evaluation needs its batch"),
-            (GptStepper::Stage(p), batch) => {
-                Ok(p.evaluate_in(batch.map(|b| &b.0), batch.map(|b| &b.1), micro_batches)?)
-            }
-        }
-    }
 }
 
 /// The whole model's parameters on stage 0, from every stage's `store` (each stage's whole,

@@ -86,6 +86,9 @@ pub struct GptParallelism {
     pub pipeline: Option<Arc<dyn Communicator>>,
     /// Under ZeRO-3, this rank's shard of a model built by a sharded initialisation.
     pub zero3_shard: Option<Tensor>,
+    /// Replay the step from a CUDA graph where the strategy allows it (not under a pipeline,
+    /// whose schedule runs its own steps).
+    pub cuda_graph: bool,
 }
 
 /// Data parallelism (DDP or ZeRO-1/2/3) over the replicas `dp` (one replica without it), inside
@@ -96,6 +99,13 @@ pub fn gpt(
     dp: Option<&Arc<dyn Communicator>>,
     plan: &GptParallelism,
 ) -> Result<Trainer> {
+    let replays = plan.cuda_graph && plan.pipeline.is_none();
+    if let (Some(comm), true, 0) = (dp, replays, plan.zero) {
+        // As for a ResNet: the replicas' eager work on the compute stream, as DDP's will be.
+        if let Some(device) = comm.device_collectives() {
+            device.set_eager_on_compute(true);
+        }
+    }
     let zero = (plan.zero, plan.zero3_shard.clone());
     let mut strategy = data_parallel(&trainer, dp, zero, &plan.ddp, plan.timeline.as_ref())?;
     if let Some((group, splits)) = &plan.tensor {
@@ -118,7 +128,11 @@ pub fn gpt(
             .map(|slot| slot.range());
         strategy = Box::new(PipelineStage::new(strategy, stages.clone(), tied)?);
     }
-    Ok(trainer.with_strategy(strategy)?)
+    let trainer = trainer.with_strategy(strategy)?;
+    Ok(match replays {
+        true => trainer.with_cuda_graph(),
+        false => trainer,
+    })
 }
 
 /// The data-parallel strategy of ZeRO stage `zero` over `comm`, or one process's.

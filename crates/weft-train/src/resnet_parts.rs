@@ -1,6 +1,5 @@
-//! The ResNet trainer's pieces around its loop: the model built whole or as this rank's
-//! ZeRO-3 shard, an epoch's data loader, the layout of its checkpoints, the per-step metric
-//! sums and the share of communication hidden under backward, and validation.
+//! The ResNet trainer's pieces: the model built whole or as this rank's ZeRO-3 shard, an
+//! epoch's data loader and the batches' upload, the layout of its checkpoints, and validation.
 
 use std::sync::Arc;
 
@@ -12,34 +11,16 @@ use weft_data::{
 };
 use weft_models::{resnet, ResNetConfig};
 use weft_parallel::zero::ShardLayout;
-use weft_parallel::{StepOutcome, Trainer};
+use weft_parallel::Trainer;
 use weft_tensor::flat::BatchUpload;
 use weft_tensor::ops::is_channels_last;
 use weft_tensor::sharded_init::ShardedInit;
-use weft_tensor::{timeline, BlockModel};
+use weft_tensor::BlockModel;
 
 use crate::args::TrainArgs;
 use crate::data::DataSets;
 use crate::distributed::RankContext;
 use crate::resume;
-
-/// Adds a step's loss sum, correct predictions and samples (this rank's) to the epoch's totals.
-pub(crate) fn accumulate(totals: &mut [f64; 3], outcome: &StepOutcome) {
-    totals[0] += outcome.loss * outcome.samples as f64;
-    totals[1] += outcome.metric("correct");
-    totals[2] += outcome.samples as f64;
-}
-
-/// Share of this step's all-reduce time spent while backward was still running; `None` when
-/// the host saw no all-reduce end (operations ordered on the device, or a replayed graph).
-pub(crate) fn comm_hidden(spans: &[timeline::Span]) -> Option<f64> {
-    let (comm, compute): (Vec<_>, Vec<_>) = spans
-        .iter()
-        .filter(|s| s.category == "allreduce" || s.category == "backward")
-        .cloned()
-        .partition(|s| s.category == "allreduce");
-    (!comm.is_empty()).then(|| timeline::hidden_fraction(&comm, &compute))
-}
 
 /// `--workers`, or its default: on GPUs the host's cores shared among the ranks on it
 /// (`LOCAL_WORLD_SIZE`, as launchers set it), one left to each rank, 1 to 8; 1 on the CPU.
@@ -60,7 +41,7 @@ pub(crate) fn loader_workers(args: &TrainArgs) -> usize {
 
 /// Reused staging a batch goes up through: pinned memory and a copy stream on a GPU.
 #[derive(Default)]
-pub(crate) struct BatchStaging {
+pub struct BatchStaging {
     floats: BatchUpload<f32>,
     pixels: BatchUpload<u8>,
     /// The labels too: a copy from pageable memory may wait for the device's stream, which

@@ -293,9 +293,9 @@ fn load(
     Ok(())
 }
 
-/// `--resume PATH`: loads the checkpoint PATH names into `trainer` and reopens its run folder
+/// `--resume PATH`: loads the checkpoint PATH names into `trainer`, then reopens its run folder
 /// (checkpoints past it discarded, `metrics.jsonl` cut back to the steps and whole epochs
-/// before it; every epoch holds `batches_per_epoch` steps).
+/// before it; every epoch holds `batches_per_epoch` steps) — only once the load succeeded.
 pub fn resume_run(
     path: &Path,
     trainer: &mut Trainer,
@@ -307,6 +307,15 @@ pub fn resume_run(
     let progress = run_checkpoints::read_progress(&dir)?;
     let written_stages = Stage::written(&dir)?;
     let start = progress.step;
+    // The checkpoint is loaded (every manifest, header and shape checked) before anything of
+    // the run folder is removed or cut: a resume that fails leaves the run as it was.
+    load(
+        trainer,
+        (layout, stage),
+        (&dir, written_stages),
+        &progress,
+        ctx,
+    )?;
     if ctx.is_main() {
         run_checkpoints::discard_after(&run_path, start)?;
     }
@@ -319,13 +328,6 @@ pub fn resume_run(
         }
     };
     let run = RunFolder::reopen(&run_path, earlier, ctx)?;
-    load(
-        trainer,
-        (layout, stage),
-        (&dir, written_stages),
-        &progress,
-        ctx,
-    )?;
     Ok(Resumed {
         run,
         start,

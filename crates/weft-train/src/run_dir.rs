@@ -11,52 +11,12 @@ use serde::Serialize;
 use weft_tensor::{private_files, ParamStore};
 
 use crate::distributed::RankContext;
+use crate::fit::metrics::Line;
 
 /// An open run folder.
 pub struct RunDir {
     path: PathBuf,
     metrics: BufWriter<File>,
-}
-
-/// One line of `metrics.jsonl` for an optimizer step.
-#[derive(Debug, Serialize)]
-pub struct StepMetrics {
-    pub step: usize,
-    pub epoch: usize,
-    /// Mean loss of the step's batch, before the update.
-    pub loss: f64,
-    pub lr: f64,
-    /// The global batch over the loop's period: from the end of the previous step to the end of
-    /// this one (the host's work between steps included), so that the rates add up to the
-    /// wall time.
-    pub images_per_sec: f64,
-    /// Share of the step's gradient all-reduce time hidden under backward (data parallel only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub comm_hidden: Option<f64>,
-    /// Global gradient norm before clipping (with `--clip-grad-norm` only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grad_norm: Option<f64>,
-    /// The loss scale after the step (with a loss scaler: `--precision fp16-mixed`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub loss_scale: Option<f64>,
-}
-
-/// One line of `metrics.jsonl` for an epoch; accuracies are fractions.
-#[derive(Debug, Serialize)]
-pub struct EpochMetrics {
-    pub epoch: usize,
-    pub train_loss: f64,
-    pub train_acc: f64,
-    pub val_loss: f64,
-    pub val_acc: f64,
-    pub seconds: f64,
-    /// Steps the loss scaler skipped in this epoch (with a loss scaler only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub skipped_steps: Option<usize>,
-    /// Training samples replaced for being undecodable or oversized, over all ranks (with
-    /// `--skip-bad-samples` only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub skipped_samples: Option<usize>,
 }
 
 impl RunDir {
@@ -98,9 +58,25 @@ impl RunDir {
         let text = fs::read_to_string(&metrics_path)
             .with_context(|| format!("{}: cannot read", metrics_path.display()))?;
         let mut kept = String::new();
-        for line in text.lines() {
-            let value: serde_json::Value = serde_json::from_str(line)
-                .with_context(|| format!("{}: a line is not JSON", metrics_path.display()))?;
+        let lines: Vec<&str> = text.lines().collect();
+        for (number, line) in lines.iter().enumerate() {
+            let value: serde_json::Value = match serde_json::from_str(line) {
+                Ok(value) => value,
+                // A last line cut short (a crash, a full disk) is dropped; any other that is not
+                // JSON means the file is not a run's.
+                Err(_) if number + 1 == lines.len() && !text.ends_with('\n') => {
+                    tracing::warn!(
+                        "{}: its last line is cut short and is dropped",
+                        metrics_path.display()
+                    );
+                    continue;
+                }
+                Err(e) => anyhow::bail!(
+                    "{} line {}: not JSON ({e})",
+                    metrics_path.display(),
+                    number + 1
+                ),
+            };
             if keep(&value) {
                 kept.push_str(line);
                 kept.push('\n');
@@ -122,9 +98,9 @@ impl RunDir {
     }
 
     /// Appends one JSON line to `metrics.jsonl` and flushes it.
-    pub fn log(&mut self, record: &impl Serialize) -> Result<()> {
-        serde_json::to_writer(&mut self.metrics, record)?;
-        self.metrics.write_all(b"\n")?;
+    /// Appends `line` to `metrics.jsonl`, stamped with its type and the time, and flushes it.
+    pub fn log_line(&mut self, line: &Line) -> Result<()> {
+        writeln!(self.metrics, "{}", line.to_json()?)?;
         self.metrics.flush()?;
         Ok(())
     }
@@ -229,28 +205,22 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let mut run =
             RunDir::create(root.path(), "r", &serde_json::json!({"model": "resnet20"})).unwrap();
-        run.log(&StepMetrics {
-            step: 0,
-            epoch: 0,
-            loss: 2.3,
-            lr: 0.1,
-            images_per_sec: 10.0,
-            comm_hidden: None,
-            grad_norm: None,
-            loss_scale: None,
-        })
-        .unwrap();
-        run.log(&StepMetrics {
-            step: 1,
-            epoch: 0,
-            loss: 2.2,
-            lr: 0.1,
-            images_per_sec: 11.0,
-            comm_hidden: Some(0.5),
-            grad_norm: Some(1.5),
-            loss_scale: None,
-        })
-        .unwrap();
+        let step = |step: usize, loss: f64, comm_hidden: Option<f64>, grad_norm: Option<f64>| {
+            Line::Step(crate::fit::metrics::StepLine {
+                step,
+                epoch: 0,
+                loss,
+                lr: 0.1,
+                images_per_sec: Some(10.0),
+                tokens_per_sec: None,
+                comm_hidden,
+                grad_norm,
+                loss_scale: None,
+                pipeline: None,
+            })
+        };
+        run.log_line(&step(0, 2.3, None, None)).unwrap();
+        run.log_line(&step(1, 2.2, Some(0.5), Some(1.5))).unwrap();
         let text = fs::read_to_string(run.path().join("metrics.jsonl")).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()
@@ -258,6 +228,8 @@ mod tests {
             .collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["step"], 1);
+        assert_eq!(lines[1]["type"], "step");
+        assert!(lines[1]["time"].as_f64().unwrap() > 1.7e9);
         assert_eq!(lines[0]["loss"], 2.3);
         assert!(lines[0].get("comm_hidden").is_none());
         assert_eq!(lines[1]["comm_hidden"], 0.5);

@@ -7,12 +7,13 @@
 use anyhow::Result;
 
 use crate::divergence::DivergenceGuard;
+use crate::fit::metrics::{Line, StepLine};
 use crate::progress::Progress;
-use crate::run_dir::{RunDir, StepMetrics};
+use crate::run_dir::RunDir;
 
 /// What the report of one finished step says.
 pub(crate) struct StepReport {
-    pub line: StepMetrics,
+    pub line: StepLine,
     /// Whether the loss scaler skipped the step's update.
     pub skipped: bool,
 }
@@ -46,12 +47,13 @@ impl DeferredReports {
         let Some(StepReport { line, skipped }) = self.held.take() else {
             return Ok(());
         };
+        let (step, epoch, loss, scale) = (line.step, line.epoch, line.loss, line.loss_scale);
+        let (rate, hidden) = (line.throughput().unwrap_or(0.0), line.comm_hidden);
         if let Some(writer) = writer {
-            writer.log(&line)?;
+            writer.log_line(&Line::Step(line))?;
         }
-        self.guard
-            .check(line.step, line.loss, skipped, line.loss_scale)?;
-        progress.step(line.epoch, line.loss, line.images_per_sec, line.comm_hidden);
+        self.guard.check(step, loss, skipped, scale)?;
+        progress.step(epoch, loss, rate, hidden);
         Ok(())
     }
 }
@@ -62,15 +64,17 @@ mod tests {
 
     fn report(step: usize, loss: f64) -> StepReport {
         StepReport {
-            line: StepMetrics {
+            line: StepLine {
                 step,
                 epoch: 0,
                 loss,
                 lr: 0.1,
-                images_per_sec: 1.0,
+                images_per_sec: Some(1.0),
+                tokens_per_sec: None,
                 comm_hidden: None,
                 grad_norm: None,
                 loss_scale: None,
+                pipeline: None,
             },
             skipped: false,
         }

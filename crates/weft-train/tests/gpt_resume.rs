@@ -257,3 +257,46 @@ fn a_checkpoint_resumes_in_any_split() {
         }
     }
 }
+
+/// A resumed command that changes what the run trains (an optimizer hyper-parameter, the
+/// model's dropout, the seed) is refused in one line naming the flag, and nothing of the run
+/// is touched: its checkpoints and metric lines stay. Changing the steps and the ranks is a
+/// resume as any other.
+#[test]
+fn a_resume_that_changes_what_is_trained_is_refused_and_touches_nothing() {
+    let out = tempfile::tempdir().unwrap();
+    let more = ["--name", "c", "--steps", "4", "--save-every", "2"];
+    run(&flags(out.path(), &more), 1);
+    let run_dir = out.path().join("c");
+    let checkpoint = run_dir.join("checkpoints/step-00000002");
+    let at = checkpoint.to_str().unwrap();
+    let before = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    for (changed, expected) in [
+        (
+            &["--lr", "0.01"][..],
+            "--lr 0.01 differs from the checkpoint's run (0.003)",
+        ),
+        (&["--dropout", "0.2"][..], "--dropout 0.2 differs"),
+        (&["--seed", "7"][..], "--seed 7 differs"),
+    ] {
+        let args = flags(out.path(), &[&["--resume", at][..], changed].concat());
+        let err = weft_train::gpt::run(&args).unwrap_err().to_string();
+        assert!(
+            err.contains(expected) && !err.contains('\n'),
+            "{changed:?}: {err}"
+        );
+        assert!(
+            run_dir.join("checkpoints/step-00000004").is_dir(),
+            "{changed:?}"
+        );
+        let after = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+        assert_eq!(after, before, "{changed:?}");
+    }
+    // Longer, and on two ranks: resumed from step 2, steps 2..5 logged.
+    let args = flags(
+        out.path(),
+        &["--resume", at, "--steps", "6", "--nproc", "2"],
+    );
+    run(&args, 2);
+    assert_eq!(losses(&run_dir).len(), 6);
+}

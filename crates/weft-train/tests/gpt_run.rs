@@ -160,9 +160,63 @@ fn bad_flags_are_one_line_errors_naming_the_flag() {
             &["--pp", "2", "--pp-split", "6"][..],
             "--pp-split [6] has 1 stages",
         ),
+        (&["--sync-bn"][..], "--sync-bn: a GPT has no batch norm"),
+        (
+            &["--offload-optimizer"][..],
+            "--offload-optimizer is not supported by train-gpt",
+        ),
     ] {
         let err = args(flags).validate().unwrap_err().to_string();
         assert!(err.contains(expected), "{flags:?}: {err}");
         assert!(!err.contains('\n'), "{err}");
     }
+}
+
+/// A run folder's `config.json` given back as `--config` (another `--name`) trains the same
+/// run: the same losses, bit for bit on the CPU. Every metric line carries its type and time.
+#[test]
+fn a_runs_config_json_reproduces_its_losses() {
+    use clap::{CommandFactory, Subcommand};
+    #[derive(Parser)]
+    struct Top {
+        #[command(subcommand)]
+        command: Command,
+    }
+    #[derive(Subcommand)]
+    enum Command {
+        TrainGpt(GptArgs),
+    }
+    let out = tempfile::tempdir().unwrap();
+    let out_dir = out.path().to_str().unwrap();
+    let first = args(&[
+        "--steps", "3", "--lr", "0.01", "--out", out_dir, "--name", "a",
+    ]);
+    weft_train::gpt::run(&first).unwrap();
+    let config = out.path().join("a/config.json");
+    let argv = [
+        "xtask",
+        "train-gpt",
+        "--config",
+        config.to_str().unwrap(),
+        "--name",
+        "b",
+    ];
+    let argv = argv.iter().map(std::ffi::OsString::from).collect();
+    let argv = weft_train::config_file::expand(&Top::command(), argv).unwrap();
+    let Command::TrainGpt(again) = Top::parse_from(argv).command;
+    assert_eq!(again.optim.lr, 0.01);
+    weft_train::gpt::run(&again).unwrap();
+    let losses = |name: &str| -> Vec<f64> {
+        let lines = lines(&out.path().join(name));
+        for line in &lines {
+            assert!(line["type"] == "step" || line["type"] == "epoch", "{line}");
+            assert!(line["time"].as_f64().unwrap() > 1.7e9, "{line}");
+        }
+        lines
+            .iter()
+            .filter_map(|l| l.get("loss")?.as_f64())
+            .collect()
+    };
+    assert_eq!(losses("b"), losses("a"));
+    assert_eq!(losses("a").len(), 3);
 }

@@ -86,7 +86,7 @@ fn tiny_run_writes_metrics_config_and_a_loadable_checkpoint() {
 /// Mean cross-entropy, in training mode, of `model` on training samples `range` (no
 /// augmentation, as `--augment none` prepares them).
 fn loss_on_samples(model: &weft_tensor::BlockModel, a: &TrainArgs, range: Range<usize>) -> f64 {
-    let data = weft_train::data::open(a).unwrap();
+    let data = weft_train::data::open(&a.data, a.model.num_classes, a.training.seed).unwrap();
     let mut images = Vec::new();
     let mut labels = Vec::new();
     for index in range.clone() {
@@ -213,7 +213,7 @@ fn init_from_loads_the_weights() {
 
 #[test]
 fn bad_flags_fail_before_any_work_naming_the_flag() {
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--model", "resnet7"], "--model resnet7"),
         (&["--batch-size", "0"], "--batch-size"),
         (&["--data", "cifar10:/no/such/folder"], "/no/such/folder"),
@@ -227,6 +227,10 @@ fn bad_flags_fail_before_any_work_naming_the_flag() {
         (
             &["--delayed-update-from", "40"],
             "needs --offload-optimizer",
+        ),
+        (
+            &["--nproc", "2", "--tp", "2"],
+            "a ResNet has no tensor-parallel or pipeline split",
         ),
     ];
     for (extra, expected) in cases {

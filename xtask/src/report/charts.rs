@@ -139,7 +139,7 @@ impl Chart for ThroughputChart<'_> {
         let points: Vec<(f64, f64)> = data
             .steps
             .iter()
-            .filter_map(|s| Some((s.step as f64, s.throughput?)))
+            .filter_map(|s| Some((s.step as f64, s.throughput()?)))
             .collect();
         let (_, hi) = bounds(points.iter().map(|p| p.1));
         let last = data.steps.last().map_or(1.0, |s| s.step as f64 + 1.0);

@@ -177,7 +177,7 @@ mod tests {
         std::fs::write(&metrics, text).unwrap();
         let err = format!("{:#}", run(&args(None)).unwrap_err());
         assert!(
-            err.contains("metrics.jsonl line") && err.contains("field step"),
+            err.contains("metrics.jsonl line 9") && err.contains("\"seven\""),
             "{err}"
         );
         let err = run(&ReportArgs {

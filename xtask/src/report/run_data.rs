@@ -9,26 +9,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use weft_tensor::timeline::chrome::read_events;
 
-/// One step line of `metrics.jsonl`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepLine {
-    pub step: usize,
-    pub epoch: usize,
-    pub loss: f64,
-    /// Images or tokens per second.
-    pub throughput: Option<f64>,
-    pub comm_hidden: Option<f64>,
-}
-
-/// One epoch line of `metrics.jsonl`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EpochLine {
-    pub epoch: usize,
-    pub train_loss: f64,
-    pub val_loss: f64,
-    pub train_acc: Option<f64>,
-    pub val_acc: Option<f64>,
-}
+use weft_train::fit::metrics::Line;
+pub use weft_train::fit::metrics::{EpochLine, StepLine};
 
 /// One span of a rank's timeline.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,29 +72,23 @@ impl RunData {
             ..Default::default()
         };
         let metrics = folder.join("metrics.jsonl");
-        for (line, value) in json_lines(&metrics)? {
-            let at = || format!("{} line {line}", metrics.display());
-            if value.get("step").is_some() {
-                if value.get("tokens_per_sec").is_some() {
-                    data.throughput_unit = "tok/s";
+        let text = std::fs::read_to_string(&metrics)
+            .with_context(|| format!("{}: cannot read", metrics.display()))?;
+        for (number, text) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let line = Line::parse(text)
+                .with_context(|| format!("{} line {}", metrics.display(), number + 1))?;
+            match line {
+                Line::Step(step) => {
+                    if step.tokens_per_sec.is_some() {
+                        data.throughput_unit = "tok/s";
+                    }
+                    data.steps.push(step);
                 }
-                data.steps.push(StepLine {
-                    step: usize_field(&value, "step").with_context(at)?,
-                    epoch: usize_field(&value, "epoch").with_context(at)?,
-                    loss: f64_field(&value, "loss").with_context(at)?,
-                    throughput: ["images_per_sec", "tokens_per_sec"]
-                        .iter()
-                        .find_map(|k| value.get(*k)?.as_f64()),
-                    comm_hidden: value.get("comm_hidden").and_then(Value::as_f64),
-                });
-            } else if value.get("val_loss").is_some() {
-                data.epochs.push(EpochLine {
-                    epoch: usize_field(&value, "epoch").with_context(at)?,
-                    train_loss: f64_field(&value, "train_loss").with_context(at)?,
-                    val_loss: f64_field(&value, "val_loss").with_context(at)?,
-                    train_acc: value.get("train_acc").and_then(Value::as_f64),
-                    val_acc: value.get("val_acc").and_then(Value::as_f64),
-                });
+                Line::Epoch(epoch) => data.epochs.push(epoch),
             }
         }
         data.spans = read_spans(folder)?;

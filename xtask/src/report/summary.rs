@@ -77,7 +77,7 @@ pub fn summary(data: &RunData) -> String {
         .steps
         .iter()
         .skip(1)
-        .filter_map(|s| s.throughput)
+        .filter_map(|s| s.throughput())
         .collect();
     if !throughput.is_empty() {
         let mean = throughput.iter().sum::<f64>() / throughput.len() as f64;

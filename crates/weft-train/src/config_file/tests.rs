@@ -149,3 +149,31 @@ fn other_commands_and_trainers_parse_as_before() {
         Task::TrainGpt(_) => panic!("a ResNet command"),
     }
 }
+
+/// `--resume PATH` takes the run's `config.json` values for the flags given neither on the
+/// command line nor in `--config`; given ones win.
+#[test]
+fn a_resumed_command_takes_the_checkpoints_flags_it_does_not_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let step = run.join("checkpoints/step-00000001");
+    std::fs::create_dir_all(&step).unwrap();
+    std::fs::write(step.join("progress.json"), r#"{"step": 1}"#).unwrap();
+    let saved = r#"{"model": "gpt-tiny", "batch-size": 8, "lr": 0.02, "resume": null, "seed": 3}"#;
+    std::fs::write(run.join("config.json"), saved).unwrap();
+    let (_file, config) = write("seed = 5\n", "more.toml");
+    let run = run.to_str().unwrap();
+    let args = gpt(&[
+        "xtask",
+        "train-gpt",
+        "--resume",
+        run,
+        "--lr",
+        "0.5",
+        "--config",
+        &config,
+    ]);
+    assert_eq!(args.training.batch_size, 8);
+    assert_eq!(args.optim.lr, 0.5);
+    assert_eq!(args.training.seed, 5);
+}
