@@ -1,42 +1,17 @@
 //! With the `cuda` feature, compiles the optimizers' CUDA kernels (`kernels/optimizers.cu`) to
-//! PTX with `nvcc` for `CUDA_COMPUTE_CAP` (default 90: H100/H200), without fused multiply-adds
-//! so that each update rounds as the CPU rule does; the PTX is embedded in the library and
-//! loaded by the driver at first use. Without the feature it does nothing.
+//! PTX with `nvcc`, once for each compute capability the build targets (weft-cuda-build), without
+//! fused multiply-adds so that each update rounds as the CPU rule does; the PTX is embedded in
+//! the library and the driver loads the best fit for the GPU at first use. Without the feature
+//! it does nothing.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 fn main() {
-    println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("set by cargo"));
-    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
-    let nvcc = std::env::var_os("CUDA_HOME")
-        .map(|home| PathBuf::from(home).join("bin/nvcc"))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("nvcc"));
-    let source = manifest.join("kernels/optimizers.cu");
-    println!("cargo::rerun-if-changed={}", source.display());
-    let status = Command::new(&nvcc)
-        .args([
-            "--ptx",
-            &format!("-arch=compute_{cap}"),
-            "-O3",
-            "--fmad=false",
-        ])
-        .arg(&source)
-        .arg("-o")
-        .arg(out.join("optimizers.ptx"))
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => panic!("nvcc failed on {} ({s})", source.display()),
-        Err(e) => panic!(
-            "the `cuda` feature needs nvcc (CUDA_HOME/bin or PATH) to compile {}: {e}",
-            source.display()
-        ),
-    }
+    let caps = weft_cuda_build::compute_caps();
+    let flags = ["-O3", "--fmad=false"];
+    weft_cuda_build::compile(&manifest.join("kernels"), &["optimizers"], &caps, &flags);
 }

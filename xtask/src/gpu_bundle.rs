@@ -36,6 +36,11 @@ pub struct GpuBundleArgs {
     /// Pack the binaries with xz (env.sh unpacks them on the GPU machine)
     #[arg(long, default_value_t = false)]
     xz: bool,
+    /// Compute capabilities to build weft's kernels for, e.g. 80,90 for a bundle that runs on
+    /// A100s and H100s (default: CUDA_COMPUTE_CAP, else the GPU nvidia-smi finds); Candle's own
+    /// kernels are built for the lowest (the driver compiles their PTX for newer GPUs)
+    #[arg(long, value_name = "LIST")]
+    compute_caps: Option<String>,
 }
 
 pub fn run(args: &GpuBundleArgs) -> Result<()> {
@@ -46,13 +51,20 @@ pub fn run(args: &GpuBundleArgs) -> Result<()> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target/gpu"));
-    let status = Command::new(env!("CARGO"))
+    let mut build = Command::new(env!("CARGO"));
+    build
         .args(["build", "--release", "-p", "xtask", "-p", "weft-launch"])
         .args(["--bins", "--features", FEATURES])
         .env("CARGO_TARGET_DIR", &target)
-        .current_dir(&root)
-        .status()
-        .context("cannot run cargo")?;
+        .current_dir(&root);
+    if let Some(list) = &args.compute_caps {
+        let caps = weft_cuda_build::parse_caps(list)
+            .map_err(|why| anyhow::anyhow!("--compute-caps {list}: {why}"))?;
+        build
+            .env("WEFT_CUDA_COMPUTE_CAPS", list)
+            .env("CUDA_COMPUTE_CAP", caps[0].to_string());
+    }
+    let status = build.status().context("cannot run cargo")?;
     if !status.success() {
         bail!("gpu-bundle: the CUDA build failed ({status})");
     }

@@ -11,10 +11,9 @@ use weft_tensor::ops::cuda_launch::{
 
 use crate::{AdamWConfig, SgdConfig};
 
-const OPTIMIZERS: Module = Module::new(
-    "weft_optimizers",
-    include_str!(concat!(env!("OUT_DIR"), "/optimizers.ptx")),
-);
+include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
+
+const OPTIMIZERS: Module = Module::new("weft_optimizers", PTX_OPTIMIZERS);
 
 /// Entries of one [`OptimList`] (as `MAX_ENTRIES` in the kernel source).
 const MAX_ENTRIES: usize = 48;

@@ -14,98 +14,138 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
 };
 
-/// One PTX module: a name unique in the process and its source.
+include!(concat!(env!("OUT_DIR"), "/ptx.rs"));
+
+/// One PTX module: a name unique in the process and its source, compiled once for each compute
+/// capability the build targeted (ascending).
 pub struct Module {
     name: &'static str,
-    ptx: &'static str,
+    ptx: &'static [(u32, &'static str)],
 }
 
 impl Module {
-    pub const fn new(name: &'static str, ptx: &'static str) -> Self {
+    pub const fn new(name: &'static str, ptx: &'static [(u32, &'static str)]) -> Self {
         Self { name, ptx }
     }
+
+    /// The PTX for a GPU of compute capability `cap` (`major * 10 + minor`): the highest
+    /// capability built not above it (the driver compiles it for the GPU); an error naming
+    /// both when the build targeted only newer GPUs.
+    pub fn ptx_for(&self, cap: u32) -> Result<&'static str> {
+        match self.ptx.iter().rev().find(|(built, _)| *built <= cap) {
+            Some((_, ptx)) => Ok(ptx),
+            None => {
+                let built: Vec<String> = self.ptx.iter().map(|(c, _)| format_cap(*c)).collect();
+                bail!(
+                    "weft's CUDA kernels were built for compute capability {} and this GPU is {}: rebuild with CUDA_COMPUTE_CAP={cap}",
+                    built.join(", "),
+                    format_cap(cap)
+                )
+            }
+        }
+    }
+}
+
+/// `90` as `9.0`.
+fn format_cap(cap: u32) -> String {
+    format!("{}.{}", cap / 10, cap % 10)
+}
+
+/// The compute capability of `device`'s GPU, `major * 10 + minor`.
+pub fn compute_cap(device: &CudaDevice) -> Result<u32> {
+    use cudarc::driver::sys::CUdevice_attribute::{
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+    };
+    let context = device.cuda_stream().context().clone();
+    let read = |attribute| {
+        context
+            .attribute(attribute)
+            .map_err(|e| candle_core::Error::Msg(format!("compute capability: {e:?}")))
+    };
+    Ok((read(MAJOR)? * 10 + read(MINOR)?) as u32)
 }
 
 pub(crate) const ATTENTION: Module = Module {
     name: "weft_attention",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/attention.ptx")),
+    ptx: PTX_ATTENTION,
 };
 pub(crate) const BIAS: Module = Module {
     name: "weft_bias",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/bias.ptx")),
+    ptx: PTX_BIAS,
 };
 pub(crate) const RESIDUAL: Module = Module {
     name: "weft_residual",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/residual.ptx")),
+    ptx: PTX_RESIDUAL,
 };
 pub(crate) const CROSS_ENTROPY: Module = Module {
     name: "weft_cross_entropy",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx")),
+    ptx: PTX_CROSS_ENTROPY,
 };
 pub(crate) const EMBEDDING: Module = Module {
     name: "weft_embedding",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx")),
+    ptx: PTX_EMBEDDING,
 };
 pub(crate) const GELU: Module = Module {
     name: "weft_gelu",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/gelu.ptx")),
+    ptx: PTX_GELU,
 };
 pub(crate) const LAYER_NORM: Module = Module {
     name: "weft_layer_norm",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),
+    ptx: PTX_LAYER_NORM,
 };
 pub(crate) const BATCH_NORM: Module = Module {
     name: "weft_batch_norm",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm.ptx")),
+    ptx: PTX_BATCH_NORM,
 };
 pub(crate) const BATCH_NORM_NHWC: Module = Module {
     name: "weft_batch_norm_nhwc",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm_nhwc.ptx")),
+    ptx: PTX_BATCH_NORM_NHWC,
 };
 pub(crate) const BATCH_NORM_SYNC: Module = Module {
     name: "weft_batch_norm_sync",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/batch_norm_sync.ptx")),
+    ptx: PTX_BATCH_NORM_SYNC,
 };
 pub(crate) const TRANSPOSE: Module = Module {
     name: "weft_transpose",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/transpose.ptx")),
+    ptx: PTX_TRANSPOSE,
 };
 pub(crate) const PIXELS: Module = Module {
     name: "weft_pixels",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/pixels.ptx")),
+    ptx: PTX_PIXELS,
 };
 /// Launched by `space_to_depth_cuda`, a cuDNN path.
 #[cfg(feature = "cudnn")]
 pub(crate) const SPACE_TO_DEPTH: Module = Module {
     name: "weft_space_to_depth",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/space_to_depth.ptx")),
+    ptx: PTX_SPACE_TO_DEPTH,
 };
 /// Launched by `device_timing`.
 #[cfg(feature = "cudnn")]
 pub(crate) const HOLD: Module = Module {
     name: "weft_hold",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/hold.ptx")),
+    ptx: PTX_HOLD,
 };
 pub(crate) const RELU: Module = Module {
     name: "weft_relu",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/relu.ptx")),
+    ptx: PTX_RELU,
 };
 pub(crate) const MAX_POOL: Module = Module {
     name: "weft_max_pool",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/max_pool.ptx")),
+    ptx: PTX_MAX_POOL,
 };
 pub(crate) const MAX_POOL_NHWC: Module = Module {
     name: "weft_max_pool_nhwc",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/max_pool_nhwc.ptx")),
+    ptx: PTX_MAX_POOL_NHWC,
 };
 pub(crate) const MULTI_TENSOR: Module = Module {
     name: "weft_multi_tensor",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/multi_tensor.ptx")),
+    ptx: PTX_MULTI_TENSOR,
 };
 
 pub(crate) const UNSCALE: Module = Module {
     name: "weft_unscale",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/unscale.ptx")),
+    ptx: PTX_UNSCALE,
 };
 
 /// Threads per block of every weft kernel.
@@ -154,8 +194,9 @@ pub(crate) fn function(
 
 /// The function `name` of `module`.
 pub fn function_named(device: &CudaDevice, module: &Module, name: &str) -> Result<Kernel> {
+    let ptx = module.ptx_for(compute_cap(device)?)?;
     let func = device
-        .get_or_load_custom_func(name, module.name, module.ptx)?
+        .get_or_load_custom_func(name, module.name, ptx)?
         .into_cuda_function();
     Ok(Kernel {
         func,
