@@ -8,6 +8,8 @@
 #   sizes   gpt2-medium and gpt2-large (SIZES_BATCH, default 8), weft's graph launched ahead
 #           beside PyTorch bf16 eager
 #   fp32    GPT-2 small in fp32 at batch 8 beside PyTorch fp32 (TF32 off): the older ratio
+#   train   train-gpt on the GPU through the one training loop: gpt-tiny for 5 steps (its losses
+#           beside the CPU's), then GPT-2 small in bf16-mixed at BATCH x SEQ (tokens/s of the loop)
 #   trace   weft's and PyTorch eager's steps traced by kernel_trace.so (CUPTI), device time per
 #           step summed by kernel (xtask/python/kernel_totals.py)
 # MODEL (gpt2), BATCH (16), SEQ (1024), STEPS (10), ANCHORS (bf16,bf16-cudnn,bf16-compile).
@@ -53,6 +55,16 @@ if want fp32; then
   echo "== bench-gpt --model gpt2 --batch-size 8 fp32, anchor fp32"
   timeout 200 "$X" bench-gpt --model gpt2 --device cuda --batch-size 8 --seq-len "$SEQ" --steps 8 --warmup 3 \
     --anchors fp32 2>&1 | grep -v Warning
+fi
+
+if want train; then
+  R=$OUT/runs
+  echo "== train-gpt gpt-tiny on cuda (5 steps; the CPU's first losses 5.56218, 5.47069)"
+  timeout 120 "$X" train-gpt --device cuda --steps 5 --out "$R" --name tiny 2>&1 | tail -8
+  echo "== train-gpt $MODEL bf16-mixed $BATCH x $SEQ, 30 steps"
+  timeout 300 "$X" train-gpt --model "$MODEL" --device cuda --precision bf16-mixed --batch-size "$BATCH" \
+    --seq-len "$SEQ" --steps 30 --synthetic-tokens 600000 --out "$R" --name gpt2-bf16 2>&1 | tail -6
+  tail -3 "$R/gpt2-bf16/metrics.jsonl"
 fi
 
 if want trace; then

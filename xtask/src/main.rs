@@ -137,7 +137,7 @@ fn train_resnet(args: weft_train::TrainArgs) -> Result<()> {
         .log
         .name
         .is_none()
-        .then(|| weft_train::resnet::default_run_name(&args));
+        .then(|| weft_train::run_dir::default_run_name(&args.model.model, &args.data.data));
     launch_or_run(&args.training.device, args.ranks(), name, || {
         weft_train::resnet::run(&args).map(|_| ())
     })
@@ -150,7 +150,7 @@ fn train_gpt(args: weft_train::GptArgs) -> Result<()> {
         .log
         .name
         .is_none()
-        .then(|| weft_train::gpt::default_run_name(&args));
+        .then(|| weft_train::run_dir::default_run_name(&args.model.model, &args.data.data));
     launch_or_run(&args.training.device, args.ranks(), name, || {
         weft_train::gpt::run(&args).map(|_| ())
     })

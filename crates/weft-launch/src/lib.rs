@@ -1,4 +1,4 @@
-//! weft's command-line programs, one binary each (the library is empty):
+//! weft's command-line programs, one binary each, and the launcher they share ([`runner`]):
 //!
 //! - `weft-run`: starts the ranks of a job on this machine (torchrun's role): the rendezvous
 //!   store, one process per rank with the launch variables, supervision that ends the whole job
@@ -6,3 +6,5 @@
 //! - `weft-bench-collectives`: collective bandwidth and latency, nccl-tests style.
 //! - `weft-collectives-selftest`: the rank program of the multi-process tests and of the GPU
 //!   checks of the NCCL backend.
+
+pub mod runner;

@@ -28,7 +28,7 @@ use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
 use crate::parallelize::{self, GptParallelism};
 use crate::resume;
 use crate::run_checkpoints::Stage;
-use crate::run_dir::RunFolder;
+use crate::run_dir::{default_run_name, RunFolder};
 use crate::tasks;
 
 /// What a finished run reached.
@@ -141,7 +141,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             resume::resume_run(path, trainer, (&layout, stage), steps_per_epoch, ctx)?
         }
         None => {
-            let open = || default_run_name(args);
+            let open = || default_run_name(&args.model.model, &args.data.data);
             let run = RunFolder::open(&args.log.out, args.log.name.as_deref(), open, args, ctx)?;
             resume::Resumed::fresh(run)
         }
@@ -183,14 +183,4 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let parts = (&mesh, &split_layers, &config);
     let mut task = tasks::NextToken::new(data, seq_len, batches, &device, parts, start);
     fit(&mut task, &mut stepper, session, plan, ctx)
-}
-
-/// `model-data-<unix seconds>`.
-pub fn default_run_name(args: &GptArgs) -> String {
-    let data = args.data.data.split(':').next().unwrap_or("data");
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format!("{}-{}-{}", args.model.model, data, stamp)
 }

@@ -25,7 +25,7 @@ use crate::parallelize::{self, ResNetParallelism};
 use crate::resnet_parts::{build_model, checkpoint_layout};
 use crate::resume;
 use crate::run_checkpoints::Stage;
-use crate::run_dir::RunFolder;
+use crate::run_dir::{default_run_name, RunFolder};
 use crate::tasks;
 
 /// What a finished run reached.
@@ -139,7 +139,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
             resume::resume_run(path, &mut trainer, whole, steps_per_epoch, ctx)?
         }
         _ => {
-            let open = || default_run_name(args);
+            let open = || default_run_name(&args.model.model, &args.data.data);
             let run = RunFolder::open(&args.log.out, args.log.name.as_deref(), open, args, ctx)?;
             resume::Resumed::fresh(run)
         }
@@ -182,14 +182,4 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
         staging: Default::default(),
     };
     fit(&mut task, &mut Stepper::Whole(trainer), session, plan, ctx)
-}
-
-/// `model-data-<unix seconds>`.
-pub fn default_run_name(args: &TrainArgs) -> String {
-    let data = args.data.data.split(':').next().unwrap_or("data");
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format!("{}-{}-{}", args.model.model, data, stamp)
 }

@@ -143,7 +143,8 @@ pub struct RunFolder {
 
 impl RunFolder {
     /// Opens `out/name` (rank 0 creates it with `config`), `name` defaulting to
-    /// `default_name()` for a single process; several ranks must be given the name.
+    /// `default_name()` ([`default_run_name`]), which several ranks agree on only when a
+    /// launcher's job id names the run; otherwise they must be given the name.
     pub fn open(
         out: &Path,
         name: Option<&str>,
@@ -154,9 +155,10 @@ impl RunFolder {
         let name = match (name, ctx.world_size) {
             (Some(name), _) => name.to_string(),
             (None, 1) => default_name(),
-            (None, _) => {
-                anyhow::bail!("--name is required when several ranks share one run folder")
-            }
+            (None, _) if launcher_job_id(|key| std::env::var(key).ok()).is_some() => default_name(),
+            (None, _) => anyhow::bail!(
+                "--name is required when several ranks share one run folder and no launcher's job id names it (WEFT_JOB_ID, TORCHELASTIC_RUN_ID, SLURM_JOB_ID)"
+            ),
         };
         let writer = match ctx.is_main() {
             true => Some(RunDir::create(out, &name, config)?),
@@ -189,6 +191,34 @@ impl RunFolder {
     }
 }
 
+/// `model-data-<id>` (the data's kind: `synthetic`, `text`, …): the id the launcher gave the job
+/// where one started it (weft-run's `WEFT_JOB_ID`, torchrun's `TORCHELASTIC_RUN_ID`, Slurm's
+/// `SLURM_JOB_ID.SLURM_STEP_ID`: every rank reads the same), else the Unix seconds now.
+pub fn default_run_name(model: &str, data: &str) -> String {
+    let data = data.split(':').next().unwrap_or("data");
+    let id = launcher_job_id(|key| std::env::var(key).ok()).unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.map(|d| d.as_secs()).unwrap_or(0).to_string()
+    });
+    format!("{model}-{data}-{id}")
+}
+
+/// The launcher's id of this job, as a folder name's part (characters other than letters,
+/// digits, `.`, `_` and `-` replaced by `-`); `None` outside a launcher.
+fn launcher_job_id(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let id = lookup("WEFT_JOB_ID")
+        .or_else(|| lookup("TORCHELASTIC_RUN_ID"))
+        .or_else(|| {
+            let job = lookup("SLURM_JOB_ID")?;
+            Some(match lookup("SLURM_STEP_ID") {
+                Some(step) => format!("{job}.{step}"),
+                None => job,
+            })
+        })?;
+    let safe = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    Some(id.chars().map(|c| if safe(c) { c } else { '-' }).collect())
+}
+
 /// Writes `bytes` to a temporary file next to `path`, then renames it into place.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = private_files::temporary_sibling(path);
@@ -199,6 +229,29 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ranks of a launched job agree on its run's name: the launcher's id, safe for a
+    /// folder's name.
+    #[test]
+    fn launched_ranks_name_the_run_from_the_launchers_job_id() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |key: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            launcher_job_id(env(&[("WEFT_JOB_ID", "a1b2")])).unwrap(),
+            "a1b2"
+        );
+        let slurm = env(&[("SLURM_JOB_ID", "4242"), ("SLURM_STEP_ID", "0")]);
+        assert_eq!(launcher_job_id(slurm).unwrap(), "4242.0");
+        let torchrun = env(&[("TORCHELASTIC_RUN_ID", "run/5 f")]);
+        assert_eq!(launcher_job_id(torchrun).unwrap(), "run-5-f");
+        assert!(launcher_job_id(env(&[])).is_none());
+    }
 
     #[test]
     fn writes_config_and_metric_lines_and_refuses_to_overwrite() {

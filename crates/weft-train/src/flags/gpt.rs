@@ -16,11 +16,11 @@ pub struct GptDefaults;
 impl TaskDefaults for GptDefaults {
     type Model = GptFlags;
     type Data = TokenDataFlags;
-    const BATCH_SIZE: usize = 32;
-    const EPOCHS: usize = 1;
+    const BATCH_SIZE: &'static str = "32";
+    const EPOCHS: &'static str = "1";
     const OPTIMIZER: &'static str = "adamw";
-    const LR: f64 = 3e-3;
-    const WEIGHT_DECAY: f64 = 0.1;
+    const LR: &'static str = "3e-3";
+    const WEIGHT_DECAY: &'static str = "0.1";
     fn warmup_steps(total_steps: usize) -> usize {
         total_steps / 20
     }

@@ -64,22 +64,72 @@ impl<S> Section for S where
 }
 
 /// A trainer's task: its own sections, and its defaults for the shared sections' flags whose
-/// defaults differ between tasks.
+/// defaults differ between tasks. The defaults are the flags' value strings: clap's
+/// `default_value_t` keeps its rendering in one `static` shared by every instantiation of a
+/// generic section, so the first task's command built would set every task's default.
 pub trait TaskDefaults: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// The "Model" section.
     type Model: Section;
     /// The "Data" section.
     type Data: Section;
     /// `--batch-size`: the global batch.
-    const BATCH_SIZE: usize;
+    const BATCH_SIZE: &'static str;
     /// `--epochs`.
-    const EPOCHS: usize;
+    const EPOCHS: &'static str;
     /// `--optimizer`, as its value name.
     const OPTIMIZER: &'static str;
     /// `--lr`.
-    const LR: f64;
+    const LR: &'static str;
     /// `--weight-decay`.
-    const WEIGHT_DECAY: f64;
+    const WEIGHT_DECAY: &'static str;
     /// `--warmup-steps` when not given, for a run of `total_steps`.
     fn warmup_steps(total_steps: usize) -> usize;
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{FromArgMatches, Parser, Subcommand};
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Trainer,
+    }
+
+    #[derive(Subcommand)]
+    enum Trainer {
+        TrainResnet(RunArgs<ResnetDefaults>),
+        TrainGpt(RunArgs<GptDefaults>),
+    }
+
+    fn parse(argv: &[&str]) -> Trainer {
+        let matches = <Cli as clap::CommandFactory>::command().get_matches_from(argv);
+        Cli::from_arg_matches(&matches).unwrap().command
+    }
+
+    /// Both trainers in one command (as `weft` and xtask build them): each keeps its own
+    /// defaults, whichever is built first.
+    #[test]
+    fn each_trainer_keeps_its_defaults_beside_the_other() {
+        for _ in 0..2 {
+            let Trainer::TrainGpt(gpt) = parse(&["weft", "train-gpt"]) else {
+                panic!("train-gpt parsed as another trainer");
+            };
+            assert_eq!(gpt.training.batch_size, 32);
+            assert_eq!(gpt.training.epochs, 1);
+            assert_eq!(gpt.optim.optimizer, OptimizerKind::Adamw);
+            assert_eq!(gpt.optim.lr, 3e-3);
+            assert_eq!(gpt.optim.weight_decay, 0.1);
+            let Trainer::TrainResnet(resnet) = parse(&["weft", "train-resnet"]) else {
+                panic!("train-resnet parsed as another trainer");
+            };
+            assert_eq!(resnet.training.batch_size, 64);
+            assert_eq!(resnet.training.epochs, 2);
+            assert_eq!(resnet.optim.optimizer, OptimizerKind::Sgd);
+            assert_eq!(resnet.optim.lr, 0.1);
+            assert_eq!(resnet.optim.weight_decay, 5e-4);
+        }
+    }
 }

@@ -45,20 +45,17 @@ impl LrScheduleName {
 #[command(next_help_heading = "Optimizer")]
 #[serde(rename_all = "kebab-case")]
 pub struct OptimizerFlags<D: TaskDefaults> {
-    /// sgd | adamw, with PyTorch's update rules [default: sgd for train-resnet, adamw for
-    /// train-gpt]
+    /// sgd | adamw, with PyTorch's update rules
     #[arg(long, value_enum, default_value = D::OPTIMIZER)]
     pub optimizer: OptimizerKind,
-    /// Peak learning rate, reached after the warm-up [default: 0.1 for train-resnet, 3e-3 for
-    /// train-gpt]
-    #[arg(long, default_value_t = D::LR)]
+    /// Peak learning rate, reached after the warm-up
+    #[arg(long, default_value = D::LR)]
     pub lr: f64,
     /// SGD momentum (with --optimizer sgd)
     #[arg(long, default_value_t = 0.9)]
     pub momentum: f64,
-    /// Weight decay on every parameter (AdamW's decoupled decay, SGD's L2 term) [default: 5e-4
-    /// for train-resnet, 0.1 for train-gpt]
-    #[arg(long, default_value_t = D::WEIGHT_DECAY)]
+    /// Weight decay on every parameter (AdamW's decoupled decay, SGD's L2 term)
+    #[arg(long, default_value = D::WEIGHT_DECAY)]
     pub weight_decay: f64,
     /// constant | step | cosine
     #[arg(long, value_enum, default_value_t = LrScheduleName::Cosine)]

@@ -15,11 +15,11 @@ pub struct ResnetDefaults;
 impl TaskDefaults for ResnetDefaults {
     type Model = ResnetFlags;
     type Data = ImageDataFlags;
-    const BATCH_SIZE: usize = 64;
-    const EPOCHS: usize = 2;
+    const BATCH_SIZE: &'static str = "64";
+    const EPOCHS: &'static str = "2";
     const OPTIMIZER: &'static str = "sgd";
-    const LR: f64 = 0.1;
-    const WEIGHT_DECAY: f64 = 5e-4;
+    const LR: &'static str = "0.1";
+    const WEIGHT_DECAY: &'static str = "5e-4";
     fn warmup_steps(_total_steps: usize) -> usize {
         0
     }

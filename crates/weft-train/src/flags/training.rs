@@ -19,12 +19,11 @@ pub struct TrainingFlags<D: TaskDefaults> {
     #[arg(long, value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<std::path::PathBuf>,
-    /// Global batch size (images, or sequences) [default: 64 for train-resnet, 32 for
-    /// train-gpt]
-    #[arg(long, default_value_t = D::BATCH_SIZE)]
+    /// Global batch size (images, or sequences)
+    #[arg(long, default_value = D::BATCH_SIZE)]
     pub batch_size: usize,
-    /// Passes over the training set [default: 2 for train-resnet, 1 for train-gpt]
-    #[arg(long, default_value_t = D::EPOCHS)]
+    /// Passes over the training set
+    #[arg(long, default_value = D::EPOCHS)]
     pub epochs: usize,
     /// Stop after this many optimizer steps in total (overrides epochs when smaller)
     #[arg(long)]

@@ -1,4 +1,4 @@
-//! `weft-run`: a torchrun-like launcher for weft programs.
+//! The launcher behind `weft-run` and `weft run`: a torchrun-like launcher for weft programs.
 //!
 //! `weft-run --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P]
 //! -- PROGRAM ARGS…` starts N ranks with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
@@ -23,8 +23,14 @@ use args::{Args, Plan};
 use ranks::{describe, Rank};
 use supervise::{supervise, sweep, Outcome};
 
-fn main() -> ExitCode {
-    match run(Args::parse()) {
+/// Parses the launcher's command line `argv` (its first item the program's name) and runs the
+/// job; the exit code is the job's (a failed rank's), 2 for a bad command line.
+pub fn main_from(argv: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
+    let args = match Args::try_parse_from(argv) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
+    match run(args) {
         Ok(code) => code,
         Err(message) => {
             eprintln!("weft-run: {message}");

@@ -11,7 +11,7 @@ use std::thread::{self, JoinHandle};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-use crate::args::Plan;
+use super::args::Plan;
 
 /// A started rank.
 pub struct Rank {

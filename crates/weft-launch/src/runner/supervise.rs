@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::ranks::Rank;
-use crate::signals;
+use super::ranks::Rank;
+use super::signals;
 
 /// Why the job ended.
 pub enum Outcome {
