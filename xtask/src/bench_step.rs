@@ -249,7 +249,7 @@ fn measure_weft(args: &BenchStepArgs, policy: &PrecisionPolicy) -> Result<Measur
     #[cfg(feature = "cuda")]
     let _blocker = match &args.gpu_memory_cap {
         Some(cap) => {
-            let cap = crate::memory_plan::parse_bytes("--gpu-memory-cap", cap)?;
+            let cap = weft_cli::memory_plan::parse_bytes("--gpu-memory-cap", cap)?;
             weft_tensor::cuda_runtime::cap_device_memory(&device, cap)?
         }
         None => None,

@@ -1,5 +1,5 @@
-//! Running a command on N ranks: builds the `weft-run` launcher and starts this very binary
-//! once per rank under it, with one CPU thread pool share per rank.
+//! weft-launch's binaries for the benchmarks and GPU checks that start them: shipped beside
+//! xtask in a bundle, or built by cargo.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -46,26 +46,4 @@ fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))
-}
-
-/// Runs `xtask ARGS…` on `nproc` ranks through `weft-run`; fails if any rank fails.
-pub fn run_ranks(nproc: usize, args: &[String]) -> Result<()> {
-    let launcher = build_launcher()?;
-    let me = std::env::current_exe().context("cannot find the xtask binary")?;
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let threads =
-        std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| (cores / nproc).max(1).to_string());
-    let status = Command::new(&launcher)
-        .args(["--nproc-per-node", &nproc.to_string(), "--"])
-        .arg(me)
-        .args(args)
-        .env("RAYON_NUM_THREADS", threads)
-        .status()
-        .with_context(|| format!("cannot start {}", launcher.display()))?;
-    if !status.success() {
-        bail!("the {nproc}-rank job failed ({status})");
-    }
-    Ok(())
 }

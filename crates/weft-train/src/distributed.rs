@@ -91,10 +91,15 @@ impl RankContext {
     }
 }
 
-/// The world size the launcher's variables give (`WORLD_SIZE`, else Slurm's `SLURM_NTASKS`),
-/// 1 when neither is set; an error naming the variable when it is not a positive number.
+/// The world size the launcher's variables give: `WORLD_SIZE`, else Slurm's `SLURM_NTASKS` for a
+/// task `srun` started ([`launched`]: an `salloc` shell is not a rank); 1 outside a launched
+/// job; an error naming the variable when it is not a positive number.
 pub fn launched_world_size(lookup: impl Fn(&str) -> Option<String>) -> Result<usize> {
+    let slurm_task = lookup("SLURM_PROCID").is_some();
     for var in ["WORLD_SIZE", "SLURM_NTASKS"] {
+        if var == "SLURM_NTASKS" && !slurm_task {
+            break;
+        }
         if let Some(value) = lookup(var) {
             return match value.trim().parse::<usize>() {
                 Ok(n) if n >= 1 => Ok(n),
@@ -107,9 +112,15 @@ pub fn launched_world_size(lookup: impl Fn(&str) -> Option<String>) -> Result<us
     Ok(1)
 }
 
+/// Whether this process is a rank a launcher started: torchrun's or `weft run`'s `WORLD_SIZE`,
+/// or Slurm's `SLURM_PROCID` (set by `srun` for each task; `salloc` alone does not).
+pub fn launched(lookup: impl Fn(&str) -> Option<String>) -> bool {
+    lookup("WORLD_SIZE").is_some() || lookup("SLURM_PROCID").is_some()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::launched_world_size;
+    use super::{launched, launched_world_size};
 
     fn with(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |name| {
@@ -123,17 +134,33 @@ mod tests {
     #[test]
     fn a_malformed_world_size_is_an_error_not_one_process() {
         assert_eq!(launched_world_size(with(&[])).unwrap(), 1);
-        assert_eq!(
-            launched_world_size(with(&[("SLURM_NTASKS", "4")])).unwrap(),
-            4
-        );
+        const SRUN_TASK: [(&str, &str); 2] = [("SLURM_NTASKS", "4"), ("SLURM_PROCID", "2")];
+        assert_eq!(launched_world_size(with(&SRUN_TASK[..])).unwrap(), 4);
+        assert_eq!(launched_world_size(with(&SRUN_TASK[..1])).unwrap(), 1);
         for bad in [
             &[("WORLD_SIZE", "abc")][..],
             &[("WORLD_SIZE", "0")],
-            &[("SLURM_NTASKS", "-2")],
+            &[("SLURM_NTASKS", "-2"), ("SLURM_PROCID", "0")],
         ] {
             let err = launched_world_size(with(bad)).unwrap_err().to_string();
             assert!(err.contains(bad[0].0) && err.lines().count() == 1, "{err}");
         }
+    }
+
+    /// `srun -n4 weft train-resnet` and torchrun start ranks, which train as one each; an
+    /// `salloc` shell (Slurm's variables without a task id) is not one, and `--nproc` starts
+    /// the ranks there.
+    #[test]
+    fn a_rank_is_known_by_torchruns_or_sruns_variables() {
+        assert!(launched(with(&[("WORLD_SIZE", "2"), ("RANK", "1")])));
+        assert!(launched(with(&[
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_PROCID", "0")
+        ])));
+        assert!(!launched(with(&[
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_JOB_ID", "7")
+        ])));
+        assert!(!launched(with(&[])));
     }
 }

@@ -1,7 +1,8 @@
-//! The trainers' log through `tracing`: every line reads `[rank R] LEVEL message` (the same
-//! prefix `weft-run` gives a child's other output, so it adds none), `--log-level` sets the
-//! most verbose level shown, and while a progress bar is drawn on a terminal, lines are
-//! printed above it instead of through it.
+//! The trainers' log through `tracing`: every line reads `[rank R] TIME LEVEL message` (the
+//! same rank prefix `weft-run` gives a child's other output, so it adds none; the time in UTC,
+//! RFC 3339), `--log-level` sets the most verbose level shown unless `RUST_LOG` gives a filter
+//! (`RUST_LOG=weft_train=debug,warn`), and while a progress bar is drawn on a terminal, lines
+//! are printed above it instead of through it.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -13,8 +14,10 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::EnvFilter;
 
 /// The most verbose level logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize)]
@@ -73,15 +76,28 @@ thread_local! {
 static ACTIVE_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
 
 /// Installs the log (once per process; later calls only set the calling thread's rank) at
-/// `level`, lines prefixed with `rank`.
+/// `level`, or filtered by `RUST_LOG` when that is set, lines prefixed with `rank`.
 pub fn init(level: LogLevel, rank: usize) {
     PROCESS_RANK.store(rank, Ordering::Relaxed);
     THREAD_RANK.with(|r| r.set(Some(rank)));
     let _ = tracing_subscriber::fmt()
-        .with_max_level(level.level())
+        .with_env_filter(filter(level, std::env::var("RUST_LOG").ok()))
         .event_format(RankFormat)
         .with_writer(AboveTheBar)
         .try_init();
+}
+
+/// `RUST_LOG`'s filter when it is set and valid, else `level`; an invalid one is said in one
+/// line (naming the variable) and `level` is used.
+fn filter(level: LogLevel, rust_log: Option<String>) -> EnvFilter {
+    let fallback = || EnvFilter::new(level.level().as_str().to_lowercase());
+    match rust_log.filter(|text| !text.trim().is_empty()) {
+        None => fallback(),
+        Some(text) => EnvFilter::try_new(&text).unwrap_or_else(|err| {
+            eprintln!("RUST_LOG={text:?}: {err}; logging at --log-level {level:?} instead");
+            fallback()
+        }),
+    }
 }
 
 /// Shows `bar` (or, with `None`, none) as the bar log lines are printed above.
@@ -95,7 +111,7 @@ fn current_rank() -> usize {
         .unwrap_or_else(|| PROCESS_RANK.load(Ordering::Relaxed))
 }
 
-/// `[rank R] LEVEL message key=value …`.
+/// `[rank R] TIME LEVEL message key=value …` (no level for INFO).
 struct RankFormat;
 
 impl<S, N> FormatEvent<S, N> for RankFormat
@@ -111,6 +127,8 @@ where
     ) -> fmt::Result {
         let level = *event.metadata().level();
         write!(writer, "[rank {}] ", current_rank())?;
+        SystemTime.format_time(&mut writer)?;
+        writer.write_char(' ')?;
         if level != Level::INFO {
             write!(writer, "{level} ")?;
         }
@@ -179,11 +197,32 @@ mod tests {
     }
 
     #[test]
-    fn lines_carry_the_rank_and_the_level_filters_them() {
+    fn lines_carry_the_rank_and_the_time_and_the_level_filters_them() {
+        let lines = logged(filter(LogLevel::Info, None));
+        assert_eq!(
+            lines,
+            [
+                "[rank 3] epoch 0: train loss 2.5",
+                "[rank 3] WARN the loss scale fell"
+            ]
+        );
+    }
+
+    #[test]
+    fn rust_log_replaces_the_level_and_a_bad_one_falls_back() {
+        let debug = filter(LogLevel::Warn, Some("weft_train=debug".into()));
+        assert_eq!(logged(debug).len(), 3);
+        let bad = filter(LogLevel::Warn, Some("weft_train=loud".into()));
+        assert_eq!(logged(bad), ["[rank 3] WARN the loss scale fell"]);
+    }
+
+    /// Three events (info, debug, warn) from this crate's target through `filter`: the lines,
+    /// each checked to carry an RFC 3339 UTC time after the rank and then stripped of it.
+    fn logged(filter: EnvFilter) -> Vec<String> {
         let captured = Captured::default();
         let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
-            .with_max_level(LogLevel::Info.level())
+            .with_env_filter(filter)
             .event_format(RankFormat)
             .with_writer(move || writer.clone())
             .finish();
@@ -194,9 +233,16 @@ mod tests {
             tracing::warn!("the loss scale fell");
         });
         let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-        assert_eq!(
-            text,
-            "[rank 3] epoch 0: train loss 2.5\n[rank 3] WARN the loss scale fell\n"
-        );
+        text.lines()
+            .map(|line| {
+                let (rank, rest) = line.split_at("[rank 3] ".len());
+                let (time, message) = rest.split_once(' ').unwrap();
+                assert!(
+                    time.len() >= 20 && time.as_bytes()[10] == b'T' && time.ends_with('Z'),
+                    "{line}"
+                );
+                format!("{rank}{message}")
+            })
+            .collect()
     }
 }

@@ -19,17 +19,24 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use args::{Args, Plan};
+pub use args::Args;
+
+use args::Plan;
 use ranks::{describe, Rank};
 use supervise::{supervise, sweep, Outcome};
 
 /// Parses the launcher's command line `argv` (its first item the program's name) and runs the
 /// job; the exit code is the job's (a failed rank's), 2 for a bad command line.
 pub fn main_from(argv: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
-    let args = match Args::try_parse_from(argv) {
-        Ok(args) => args,
+    match Args::try_parse_from(argv) {
+        Ok(args) => launch(args),
         Err(e) => e.exit(),
-    };
+    }
+}
+
+/// Runs the job `args` describes; the exit code is the job's (a failed rank's), 2 when it
+/// cannot start.
+pub fn launch(args: Args) -> ExitCode {
     match run(args) {
         Ok(code) => code,
         Err(message) => {

@@ -1,4 +1,4 @@
-//! What `cargo xtask report` reads from a run folder: the step and epoch lines of
+//! What `weft report` reads from a run folder: the step and epoch lines of
 //! `metrics.jsonl`, the spans of the merged trace (or of each rank's), and rank 0's memory
 //! samples. A malformed line is an error naming the file and line.
 

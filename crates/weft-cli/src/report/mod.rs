@@ -1,4 +1,4 @@
-//! `cargo xtask report RUN`: a run folder drawn as charts (SVG and PNG) — loss, accuracy,
+//! `weft report RUN`: a run folder drawn as charts (SVG and PNG) — loss, accuracy,
 //! throughput, one step's timeline per rank as a Gantt chart, memory by category — and a
 //! summary table (time per phase, communication hidden, memory peaks) printed and written
 //! to `summary.txt` beside them.

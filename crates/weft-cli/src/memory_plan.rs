@@ -1,4 +1,4 @@
-//! `cargo xtask memory-plan`: predicts a training run's memory per rank before any GPU is
+//! `weft memory-plan`: predicts a training run's memory per rank before any GPU is
 //! touched (weft-train's `memory_plan`), for a built-in model (`--model`: its parameters
 //! counted and one sample's activations measured by a forward pass on the CPU) or a
 //! transformer described by its shape. Prints the table with formulas, or `--json`, and with
