@@ -11,7 +11,7 @@
  * the graph launch's), so one replay's rows share their correlation id; NCCL's kernels are
  * rows like the others. `xtask/python/kernel_steps.py` reads the files.
  * Tracing perturbs what it measures: memset and copy nodes of a graph cost several
- * microseconds more under it (BENCHMARKS.md, eighteenth session: a traced ResNet-50 step idled
+ * microseconds more under it (docs/history/2026-11.md, eighteenth session: a traced ResNet-50 step idled
  * 0.3 ms around its 55 memsets, which cost nothing measurable untraced); compare kernels and
  * rates against an untraced run before acting on them.
  * Build: cc -shared -fPIC -O2 -I<cupti include> -I<CUDA include> -o kernel_trace.so

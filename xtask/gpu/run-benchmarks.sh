@@ -52,7 +52,7 @@ want variants && {
 
 want step && {
   echo "== 2. bench-step: ResNet-50, batch 32, 224x224, fp32 =="
-  # Twice: one run right after another program has measured slower once (BENCHMARKS.md).
+  # Twice: one run right after another program has measured slower once (docs/history/2026-11.md).
   for run in 1 2; do
     echo "-- c$run. weft's defaults (CUDA graph), beside PyTorch (TF32 convolutions, its default)"
     timeout 300 $X $STEP

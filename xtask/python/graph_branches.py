@@ -5,7 +5,7 @@ side stream forked from it and joined back (the shape of a DDP step: all-reduces
 communication stream beside backward), then alone again; then, as asked, after K more streams
 each ran a kernel (--streams K) or a host copy (--copies), after a one-rank NCCL group ran an
 all-reduce (--nccl), after peer access to GPU 1 is on (--peer). Each graph replays R times;
-per variant: the replay's device time and the time per kernel. In weft's traces (BENCHMARKS.md,
+per variant: the replay's device time and the time per kernel. In weft's traces (docs/history/2026-11.md,
 eighteenth session) a replayed ResNet-50 step's kernels followed each other after 96 ns on one
 GPU and after 416-448 ns in every two-GPU rank; here a chain slows by about 177 ns a kernel once
 one more stream of the process has run a kernel eagerly (NCCL's included), not with a fork.

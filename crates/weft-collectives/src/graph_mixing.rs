@@ -3,7 +3,7 @@
 //! By default NCCL captures a cross-stream serialisation around every collective, so that
 //! graph-captured and eager operations of one communicator may be outstanding together.
 //! Without it a ResNet-50 DDP step replayed from a CUDA graph runs about 2 % faster on two and
-//! four H100s (BENCHMARKS.md, twenty-third session). NCCL then leaves one rule to the program:
+//! four H100s (docs/history/2026-11.md, twenty-third session). NCCL then leaves one rule to the program:
 //! no operation may be issued outside a capture while a graph launch holding the
 //! communicator's operations may still run, and stream order is not enough.
 //!

@@ -317,7 +317,7 @@ __device__ void grad_input(const T* x, const T* dy, const S* table, T* dx, unsig
 // registers and its input gradient to 70, two and three blocks of 256 threads per SM, at about
 // half the memory's bandwidth (sixteenth session). Streamed, the rows take no registers, but
 // eight channels' coefficients and sums still left three blocks an SM where four channels
-// leave four to six, and ran slower (BENCHMARKS.md, twenty-fifth session).
+// leave four to six, and ran slower (docs/history/2026-11.md, twenty-fifth session).
 template <typename T>
 struct BnLanes {
     static constexpr int n = sizeof(T) == 8 ? 2 : 4;

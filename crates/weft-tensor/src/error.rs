@@ -41,6 +41,8 @@ pub enum TensorError {
         #[source]
         source: candle_core::Error,
     },
+    #[error("{file}: not a whole safetensors file: {reason}")]
+    DamagedFile { file: PathBuf, reason: String },
     #[error("flat buffer: {0}")]
     Flat(String),
     #[error("block `{block}`: {message}")]

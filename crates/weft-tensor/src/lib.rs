@@ -22,6 +22,7 @@ pub mod block;
 pub mod cross_rank;
 #[cfg(feature = "cuda")]
 pub mod cuda_runtime;
+pub mod durable;
 pub mod error;
 pub mod flat;
 pub mod objective;

@@ -1,7 +1,7 @@
 //! Saving and loading a [`ParamStore`] as safetensors, with PyTorch `state_dict` key names.
 //!
-//! Saving is atomic (written to a temporary file in the same folder, then renamed), so a crash
-//! never leaves a half-written checkpoint. Loading is strict: a missing key, an unexpected key, a
+//! Saving is atomic and durable (written to a temporary file in the same folder, flushed, then
+//! renamed: [`crate::durable`]), so a crash never leaves a half-written checkpoint. Loading is strict: a missing key, an unexpected key, a
 //! shape or a dtype mismatch is an error naming the file and the key.
 
 use std::collections::HashMap;
@@ -32,13 +32,36 @@ pub fn save_tensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()
             source,
         }
     })?;
-    std::fs::rename(&tmp, path).map_err(|source| TensorError::Io {
-        file: path.into(),
-        source,
+    crate::durable::rename(&tmp, path).map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        TensorError::Io {
+            file: path.into(),
+            source,
+        }
     })
 }
 
 pub use crate::private_files::temporary_sibling;
+
+/// Checks that `path` is a whole safetensors file without reading its tensors: its header
+/// parses, every tensor's bytes match its dtype and shape, and the file is as long as the header
+/// says (a truncated or padded file is refused). The error names the file and what is wrong.
+pub fn check_file(path: &Path) -> Result<()> {
+    let io = |source| TensorError::Io {
+        file: path.into(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: a checkpoint's files are written once under a temporary name and renamed into
+    // place, never modified where they lie; the map is only read, and dropped on return.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    safetensors::SafeTensors::read_metadata(&map)
+        .map(|_| ())
+        .map_err(|e| TensorError::DamagedFile {
+            file: path.into(),
+            reason: e.to_string(),
+        })
+}
 
 /// Loads `path` into `store`; every key must match an entry in name, shape and dtype.
 pub fn load_safetensors(store: &ParamStore, path: &Path) -> Result<()> {
@@ -266,9 +289,27 @@ mod tests {
             .contains("nope.safetensors"));
         let corrupt = dir.path().join("bad.safetensors");
         std::fs::write(&corrupt, b"garbage").unwrap();
+        assert!(check_file(&corrupt).is_err());
         assert!(load_safetensors(&store, &corrupt)
             .unwrap_err()
             .to_string()
             .contains("bad.safetensors"));
+    }
+
+    #[test]
+    fn a_truncated_or_padded_file_is_damaged_and_a_whole_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        save_safetensors(&store_with(&[("w", &[3, 4]), ("b", &[4])]), &path).unwrap();
+        check_file(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        for damaged in [&bytes[..bytes.len() - 1], &[&bytes[..], &[0]].concat()[..]] {
+            std::fs::write(&path, damaged).unwrap();
+            let err = check_file(&path).unwrap_err().to_string();
+            assert!(
+                err.contains("model.safetensors: not a whole safetensors file"),
+                "{err}"
+            );
+        }
     }
 }

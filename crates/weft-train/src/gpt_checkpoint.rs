@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
-use weft_parallel::zero::checkpoint::{load_sharded, save_sharded};
+use weft_parallel::zero::checkpoint::load_sharded;
+use weft_parallel::zero::shard_part::{prepare_sharded, ShardPart};
 use weft_parallel::zero::ShardLayout;
 use weft_parallel::Trainer;
 use weft_tensor::EntryId;
@@ -61,16 +62,27 @@ pub(crate) fn role<'a>(
     })
 }
 
-/// Writes `trainer`'s checkpoint to `dir` from every rank of `mesh` (a collective): its model's
-/// slices as `splits` cut them, its optimizer state over `zero_shards` (ZeRO) or whole.
-pub fn save_tensor_parallel(
+/// A rank's part of a tensor-parallel checkpoint, on the host: its group's sharded
+/// sub-checkpoint (when it writes one) in `DIR.partial/tp-RRRRR-of-SSSSS`, and on the stage's
+/// leader the manifest that completes `DIR`. Written by [`Self::write`] without communication;
+/// committed in two rounds once every rank has written: [`Self::commit_shards`] renames the
+/// sub-checkpoints into place, then (after a barrier) [`Self::commit`] on the leader writes the
+/// manifest and renames the folder.
+pub struct TensorParallelPart {
+    shard: Option<ShardPart>,
+    leader: Option<(PathBuf, PathBuf, Manifest)>,
+}
+
+/// Gathers this rank's part of `trainer`'s checkpoint into `dir` (its model's slices as
+/// `splits` cut them, its optimizer state over `zero_shards` under ZeRO, or whole) to the host.
+pub fn prepare_tensor_parallel(
     trainer: &mut Trainer,
     mesh: &GptMesh,
     splits: &[(EntryId, Split)],
     zero_shards: Option<&ShardLayout>,
     dir: &Path,
-) -> Result<()> {
-    let (Some(world), Some(group)) = (&mesh.world, &mesh.tp) else {
+) -> Result<TensorParallelPart> {
+    let Some(group) = &mesh.tp else {
         bail!(
             "{}: a tensor-parallel checkpoint needs --tp of 2 or more",
             dir.display()
@@ -80,21 +92,18 @@ pub fn save_tensor_parallel(
         bail!("{}: the checkpoint folder exists already", dir.display());
     }
     let staging = partial(dir);
-    // The first rank of the stage (of its first replica's group) creates and completes it.
-    let leader = mesh.dp_rank == 0 && group.rank() == 0;
-    if leader {
-        weft_tensor::private_files::create_private_dir_all(&staging)
-            .with_context(|| format!("{}: cannot create", staging.display()))?;
-    }
-    world.barrier().wait()?;
     let len = trainer.grads().layout().len();
     let (comm, shards, writes) = role(mesh, zero_shards, len)?;
-    if writes {
-        let own = rank_dir(&staging, group.rank(), group.size());
-        save_sharded(trainer, comm, &shards, &own)?;
-    }
-    world.barrier().wait()?;
-    if leader {
+    let shard = match writes {
+        true => {
+            let own = rank_dir(&staging, group.rank(), group.size());
+            let at = (comm.rank(), comm.world_size());
+            Some(prepare_sharded(trainer, at, &shards, &own)?)
+        }
+        false => None,
+    };
+    // The first rank of the stage (of its first replica's group) completes it.
+    let leader = (mesh.dp_rank == 0 && group.rank() == 0).then(|| {
         let entries = trainer.model().store().entries();
         let manifest = Manifest {
             format: FORMAT.into(),
@@ -104,13 +113,65 @@ pub fn save_tensor_parallel(
                 .map(|&(id, split)| (entries[id].name.clone(), split))
                 .collect(),
         };
+        (staging, dir.to_path_buf(), manifest)
+    });
+    Ok(TensorParallelPart { shard, leader })
+}
+
+impl TensorParallelPart {
+    /// Writes this rank's files, durably; no communication.
+    pub fn write(&self) -> Result<()> {
+        if let Some(shard) = &self.shard {
+            shard.write()?;
+        }
+        Ok(())
+    }
+
+    /// Once every rank has written: renames this rank's sub-checkpoint into place (on its
+    /// group's first rank).
+    pub fn commit_shards(&mut self) -> Result<()> {
+        if let Some(shard) = self.shard.take() {
+            shard.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Once every sub-checkpoint is in place: on the leader, writes the manifest and renames the
+    /// checkpoint into place, durably.
+    pub fn commit(self) -> Result<()> {
+        let Some((staging, dir, manifest)) = self.leader else {
+            return Ok(());
+        };
         write_atomically(
             &staging.join(MANIFEST),
             &serde_json::to_vec_pretty(&manifest)?,
         )?;
-        std::fs::rename(&staging, dir)
-            .with_context(|| format!("{}: cannot rename into place", dir.display()))?;
+        weft_tensor::durable::rename(&staging, &dir)
+            .with_context(|| format!("{}: cannot rename into place", dir.display()))
     }
+}
+
+/// Writes `trainer`'s checkpoint to `dir` from every rank of `mesh` (a collective): its model's
+/// slices as `splits` cut them, its optimizer state over `zero_shards` (ZeRO) or whole.
+pub fn save_tensor_parallel(
+    trainer: &mut Trainer,
+    mesh: &GptMesh,
+    splits: &[(EntryId, Split)],
+    zero_shards: Option<&ShardLayout>,
+    dir: &Path,
+) -> Result<()> {
+    let Some(world) = &mesh.world else {
+        bail!(
+            "{}: a tensor-parallel checkpoint needs --tp of 2 or more",
+            dir.display()
+        );
+    };
+    let mut part = prepare_tensor_parallel(trainer, mesh, splits, zero_shards, dir)?;
+    part.write()?;
+    world.barrier().wait()?;
+    part.commit_shards()?;
+    world.barrier().wait()?;
+    part.commit()?;
     world.barrier().wait()?;
     Ok(())
 }
@@ -134,6 +195,16 @@ fn read_manifest(dir: &Path) -> Result<Manifest> {
             path.display(),
             manifest.format
         );
+    }
+    if manifest.size == 0 {
+        bail!("{}: field size: 0 ranks", path.display());
+    }
+    let no_groups = manifest
+        .splits
+        .iter()
+        .find(|(_, split)| *split == Split::Columns { groups: 0 });
+    if let Some((name, _)) = no_groups {
+        bail!("{}: field splits ({name}): 0 column groups", path.display());
     }
     Ok(manifest)
 }

@@ -346,8 +346,12 @@ pub fn gather_full_state(
 /// Columns gathered rank by rank (`r0: g0 g1 … | r1: g0 g1 …`) put back group by group
 /// (`g0: r0 r1 … | g1: …`).
 pub fn regroup_columns(gathered: &Tensor, groups: usize, ranks: usize) -> Result<Tensor> {
-    let dim = gathered.rank() - 1;
-    let part = gathered.dim(dim)? / (groups * ranks);
+    let dim = gathered.rank().saturating_sub(1);
+    let width = gathered.dim(dim)?;
+    if groups == 0 || ranks == 0 || !width.is_multiple_of(groups * ranks) {
+        bail!("{width} columns do not cut into {groups} column groups over {ranks} ranks");
+    }
+    let part = width / (groups * ranks);
     let mut pieces = Vec::with_capacity(groups * ranks);
     for g in 0..groups {
         for r in 0..ranks {

@@ -6,6 +6,7 @@
 //! [`parallelize`]. [`memory_plan`] predicts a run's memory per rank (`cargo xtask memory-plan`).
 
 pub mod args;
+mod checkpoint_write;
 pub mod config_file;
 pub mod data;
 pub mod device;

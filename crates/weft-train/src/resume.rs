@@ -7,19 +7,22 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use weft_collectives::{Communicator, ShmCommunicator};
-use weft_parallel::zero::checkpoint::{load_sharded, save_sharded};
+use weft_parallel::zero::checkpoint::load_sharded;
+use weft_parallel::zero::shard_part::prepare_sharded;
 use weft_parallel::zero::ShardLayout;
 use weft_parallel::Trainer;
 use weft_tensor::EntryId;
 
+use crate::checkpoint_write::{self, Part};
 use crate::distributed::RankContext;
-use crate::gpt_checkpoint::{self, load_tensor_parallel, save_tensor_parallel};
+use crate::gpt_checkpoint::{self, load_tensor_parallel, prepare_tensor_parallel};
 use crate::gpt_checkpoint_resplit::{load_resplit, written_split, Holding, Slices};
 use crate::gpt_parallel::{GptMesh, Split};
-use crate::run_checkpoints::{self, Progress, Stage};
+use crate::run_checkpoints::{self, CheckpointFlags, Progress, Stage};
 use crate::run_dir::RunFolder;
 
 /// How a trainer's state is cut over the job's ranks.
@@ -114,18 +117,20 @@ pub struct SavePoint<'a> {
     pub step: usize,
     /// Keep the newest this many checkpoints.
     pub keep_last: Option<usize>,
+    /// How long the ranks may take to write it (`--save-timeout`).
+    pub timeout: Duration,
     /// This rank's sums over the current epoch's steps so far (empty at an epoch's end).
     pub epoch_totals: &'a [f64],
 }
 
 impl<'a> SavePoint<'a> {
-    /// The checkpoint after `step` steps, in epochs of `steps_per_epoch`: with this rank's sums
-    /// `totals` over the epoch so far, none when the step ends an epoch.
+    /// The checkpoint after `step` steps, in epochs of `steps_per_epoch`, as `flags` say: with
+    /// this rank's sums `totals` over the epoch so far, none when the step ends an epoch.
     pub fn after(
         step: usize,
         steps_per_epoch: usize,
         totals: &'a [f64],
-        keep_last: Option<usize>,
+        flags: &CheckpointFlags,
     ) -> Self {
         let epoch_totals = match step.is_multiple_of(steps_per_epoch) {
             true => &[],
@@ -133,14 +138,16 @@ impl<'a> SavePoint<'a> {
         };
         Self {
             step,
-            keep_last,
+            keep_last: flags.keep_last,
+            timeout: Duration::from_secs_f64(flags.save_timeout),
             epoch_totals,
         }
     }
 }
 
 /// Writes the checkpoint of `trainer` (pipeline stage `stage`'s part) at `at` into run folder
-/// `run` (a collective over the job), completes it, and keeps the newest `at.keep_last`.
+/// `run` (a collective over the job: every rank's part gathered to the host, written under
+/// `at.timeout`, committed), completes it with its record, and keeps the newest `at.keep_last`.
 pub fn save(
     trainer: &mut Trainer,
     (layout, stage): (&Layout<'_>, Stage),
@@ -149,25 +156,32 @@ pub fn save(
     at: SavePoint<'_>,
 ) -> Result<PathBuf> {
     let dir = run_checkpoints::step_dir(run, at.step);
-    let part = stage.part(&dir);
+    let part_dir = stage.part(&dir);
     let epoch_totals = gather(ctx, at.epoch_totals)?;
-    match layout.role(trainer.grads().layout().len())? {
+    let part = match layout.role(trainer.grads().layout().len())? {
         Role::Sharded {
             group,
             shards,
             writes,
         } => {
-            if writes {
-                save_sharded(trainer, group.comm(), &shards, &part)?;
-            }
-            ctx.barrier()?;
+            let comm = group.comm();
+            let at = (comm.rank(), comm.world_size());
+            let own = writes.then(|| prepare_sharded(trainer, at, &shards, &part_dir));
+            Part::Sharded(own.transpose()?)
         }
         Role::TensorParallel {
             mesh,
             splits,
             zero_shards,
-        } => save_tensor_parallel(trainer, mesh, splits, zero_shards, &part)?,
-    }
+        } => Part::TensorParallel(prepare_tensor_parallel(
+            trainer,
+            mesh,
+            splits,
+            zero_shards,
+            &part_dir,
+        )?),
+    };
+    checkpoint_write::write_everywhere(part, ctx, &dir, at.timeout)?.commit(ctx)?;
     if ctx.is_main() {
         let progress = Progress {
             step: at.step,
@@ -293,9 +307,11 @@ fn load(
     Ok(())
 }
 
-/// `--resume PATH`: loads the checkpoint PATH names into `trainer`, then reopens its run folder
-/// (checkpoints past it discarded, `metrics.jsonl` cut back to the steps and whole epochs
-/// before it; every epoch holds `batches_per_epoch` steps) — only once the load succeeded.
+/// `--resume PATH`: loads the checkpoint PATH names into `trainer` — PATH itself, which must be
+/// whole, or run folder PATH's newest checkpoint that every rank finds whole ([`choose`]) —,
+/// then reopens its run folder (checkpoints past it discarded, `metrics.jsonl` cut back to the
+/// steps and whole epochs before it; every epoch holds `batches_per_epoch` steps) — only once
+/// the load succeeded.
 pub fn resume_run(
     path: &Path,
     trainer: &mut Trainer,
@@ -303,8 +319,8 @@ pub fn resume_run(
     batches_per_epoch: usize,
     ctx: &RankContext,
 ) -> Result<Resumed> {
-    let (dir, run_path) = run_checkpoints::resolve(path)?;
-    let progress = run_checkpoints::read_progress(&dir)?;
+    let candidates = run_checkpoints::candidates(path)?;
+    let (dir, progress) = choose(&candidates, path, ctx)?;
     let written_stages = Stage::written(&dir)?;
     let start = progress.step;
     // The checkpoint is loaded (every manifest, header and shape checked) before anything of
@@ -316,6 +332,7 @@ pub fn resume_run(
         &progress,
         ctx,
     )?;
+    let run_path = candidates.run;
     if ctx.is_main() {
         run_checkpoints::discard_after(&run_path, start)?;
     }
@@ -333,4 +350,49 @@ pub fn resume_run(
         start,
         epoch_totals: own_epoch_totals(&progress, ctx),
     })
+}
+
+/// The checkpoint to resume from and its record: the newest of `candidates` that every rank
+/// finds whole ([`run_checkpoints::check`]; the ranks agree through one sum a candidate, so all
+/// take the same). A damaged one is skipped with a warning naming it and why, unless PATH named
+/// it (then it is the error); none whole is an error listing what was skipped, never a fresh
+/// start.
+fn choose(
+    candidates: &run_checkpoints::Candidates,
+    path: &Path,
+    ctx: &RankContext,
+) -> Result<(PathBuf, Progress)> {
+    let mut skipped = Vec::new();
+    for dir in &candidates.dirs {
+        let checked = run_checkpoints::check(dir);
+        let mut damaged = [f64::from(u8::from(checked.is_err()))];
+        ctx.sum(&mut damaged)?;
+        match checked {
+            Ok(progress) if damaged[0] == 0.0 => return Ok((dir.clone(), progress)),
+            Err(err) if candidates.named => {
+                return Err(err.context(format!("--resume {}: damaged", path.display())))
+            }
+            Ok(_) if candidates.named => anyhow::bail!(
+                "--resume {}: damaged on another rank (its log says why)",
+                path.display()
+            ),
+            Err(err) => {
+                tracing::warn!("skipping damaged checkpoint {}: {err:#}", dir.display());
+                skipped.push(dir.display().to_string());
+            }
+            Ok(_) => skipped.push(dir.display().to_string()),
+        }
+    }
+    match skipped.is_empty() {
+        true => anyhow::bail!(
+            "--resume {}: no checkpoint in {}",
+            path.display(),
+            candidates.run.join("checkpoints").display()
+        ),
+        false => anyhow::bail!(
+            "--resume {}: no whole checkpoint (damaged: {})",
+            path.display(),
+            skipped.join(", ")
+        ),
+    }
 }

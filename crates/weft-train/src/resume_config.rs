@@ -15,12 +15,13 @@ use serde_json::Value;
 use crate::run_checkpoints;
 
 /// The flags a resumed command may set otherwise than its checkpoint's run.
-pub const MAY_CHANGE: [&str; 28] = [
+pub const MAY_CHANGE: [&str; 29] = [
     // How long, checkpointing, logging.
     "steps",
     "epochs",
     "save-every",
     "keep-last",
+    "save-timeout",
     "resume",
     "log-level",
     "quiet",
@@ -52,7 +53,7 @@ pub const MAY_CHANGE: [&str; 28] = [
 /// The run folder a `--resume PATH` names (the folder itself, or the one holding the
 /// checkpoint PATH), and its `config.json`.
 pub fn config_of(resume: &Path) -> Result<(PathBuf, Value)> {
-    let (_, run) = run_checkpoints::resolve(resume)?;
+    let run = run_checkpoints::candidates(resume)?.run;
     let path = run.join("config.json");
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(

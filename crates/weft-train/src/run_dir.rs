@@ -219,11 +219,11 @@ fn launcher_job_id(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
     Some(id.chars().map(|c| if safe(c) { c } else { '-' }).collect())
 }
 
-/// Writes `bytes` to a temporary file next to `path`, then renames it into place.
+/// Writes `bytes` to a temporary file next to `path`, flushed to the disk, then renames it into
+/// place and flushes the folder ([`weft_tensor::durable::write`]).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = private_files::temporary_sibling(path);
-    fs::write(&tmp, bytes).with_context(|| format!("{}: cannot write", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("{}: cannot rename into place", path.display()))
+    weft_tensor::durable::write(path, bytes)
+        .with_context(|| format!("{}: cannot write durably", path.display()))
 }
 
 #[cfg(test)]

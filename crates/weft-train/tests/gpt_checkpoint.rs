@@ -169,4 +169,21 @@ fn split_checkpoints_resume_exactly_and_export_the_whole_model() {
             "{err}"
         );
     });
+    // A damaged manifest is a one-line error naming the file and the field, never a panic.
+    let manifest = dir.join("tensor-parallel.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let columns = json["splits"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find_map(|entry| entry[1].get_mut("columns"))
+        .expect("a column-split entry");
+    columns["groups"] = 0.into();
+    std::fs::write(&manifest, json.to_string()).unwrap();
+    let err = format!("{:#}", export_full_model(&dir).unwrap_err());
+    assert!(
+        err.contains("tensor-parallel.json: field splits (") && err.contains("0 column groups"),
+        "{err}"
+    );
 }

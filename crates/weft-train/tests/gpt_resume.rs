@@ -300,3 +300,47 @@ fn a_resume_that_changes_what_is_trained_is_refused_and_touches_nothing() {
     run(&args, 2);
     assert_eq!(losses(&run_dir).len(), 6);
 }
+
+/// A damaged checkpoint: resumed from the run folder, the newest whole one is taken (the
+/// damaged one past it is discarded only after that load); named explicitly, it is a one-line
+/// error and nothing is touched; with no whole one left, an error, never a fresh start.
+#[test]
+fn a_damaged_checkpoint_is_skipped_from_the_run_folder_and_refused_when_named() {
+    let out = tempfile::tempdir().unwrap();
+    let more = ["--name", "d", "--steps", "6", "--save-every", "2"];
+    run(&flags(out.path(), &more), 1);
+    let run_dir = out.path().join("d");
+    let step = |n: usize| run_dir.join(format!("checkpoints/step-{n:08}"));
+    let truncate = |dir: &Path| {
+        let model = dir.join("model.safetensors");
+        let bytes = std::fs::read(&model).unwrap();
+        std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+    };
+    truncate(&step(6));
+    let before = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let named = flags(out.path(), &["--resume", step(6).to_str().unwrap()]);
+    let err = format!("{:#}", weft_train::gpt::run(&named).unwrap_err());
+    assert!(
+        err.contains("damaged")
+            && err.contains("not a whole safetensors file")
+            && !err.contains('\n'),
+        "{err}"
+    );
+    assert!(step(6).is_dir() && step(4).is_dir());
+    let after = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(after, before);
+    // From the run folder: step 4 is taken, and the run goes on to step 6 again.
+    let whole = ["--resume", run_dir.to_str().unwrap(), "--save-every", "2"];
+    weft_train::gpt::run(&flags(out.path(), &whole)).unwrap();
+    assert_eq!(losses(&run_dir).len(), 6);
+    assert!(step(6).is_dir());
+    // Every checkpoint damaged: an error naming them.
+    for n in [2, 4, 6] {
+        truncate(&step(n));
+    }
+    let err = weft_train::gpt::run(&flags(out.path(), &whole))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no whole checkpoint (damaged: "), "{err}");
+    assert!(step(2).is_dir() && step(6).is_dir());
+}

@@ -107,7 +107,7 @@ pub(crate) struct IssueOrder {
 /// stream's work. In a process that replays CUDA graphs, the operations issued outside a capture
 /// run on the compute stream itself: once a second stream of the process has run a kernel
 /// eagerly, the kernels of every graph replay start about 0.3 µs later after one another
-/// (BENCHMARKS.md, eighteenth and nineteenth sessions), so the communication stream runs
+/// (docs/history/2026-11.md, eighteenth and nineteenth sessions), so the communication stream runs
 /// kernels only inside graphs. A communicator whose every operation the compute stream waits
 /// for at once (SyncBatchNorm's statistics) runs all of them, captured ones included, on the
 /// compute stream: no fork to another stream and join back.

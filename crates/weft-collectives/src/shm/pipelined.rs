@@ -8,7 +8,7 @@
 //! its slot, reads its own share straight from its buffer and writes the result back there:
 //! per round it copies `(n - 1)/n` of the chunk in and as much out. Copying the whole chunk in
 //! and every share out instead measured 5.8 against 7.4 GB/s at 64 MiB on 2 ranks of a 2-core
-//! machine (BENCHMARKS.md, 2026-11-25).
+//! machine (docs/history/2026-11.md, 2026-11-25).
 
 use crate::buffer::Buffer;
 use crate::error::Result;

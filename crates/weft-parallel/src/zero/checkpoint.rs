@@ -5,9 +5,10 @@
 //! shard files that overlap its new range. One process reads the whole; [`super::full_state`]
 //! converts to and from a full state dict by parameter name.
 //!
-//! Writing is atomic: the ranks write into `DIR.partial`, and once all have written (a
-//! barrier), rank 0 writes the manifest and renames the folder to `DIR`; a folder without a
-//! manifest is never read.
+//! Writing is atomic and durable ([`super::shard_part`]): the ranks write into `DIR.partial`,
+//! each file flushed to the disk, and once all have written (a barrier), rank 0 writes the
+//! manifest and renames the folder to `DIR`, flushing the folders; a folder without a manifest
+//! is never read.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -15,18 +16,16 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use weft_collectives::Communicator;
-use weft_optim::FlatState;
-use weft_tensor::state_dict::{
-    load_safetensors, load_safetensors_entries, save_safetensors, save_tensors, temporary_sibling,
-};
-use weft_tensor::{FlatLayout, ParamStore};
+use weft_tensor::state_dict::{load_safetensors, load_safetensors_entries, temporary_sibling};
+use weft_tensor::{durable, FlatLayout, ParamStore};
 
-use super::manifest::{Manifest, ManifestShard, FORMAT};
+use super::manifest::Manifest;
+use super::shard_part::prepare_sharded;
 use super::ShardLayout;
 use crate::error::{ParallelError, Result};
 use crate::Trainer;
 
-const MODEL_FILE: &str = "model.safetensors";
+pub(super) const MODEL_FILE: &str = "model.safetensors";
 /// The name of the master weights in a shard file.
 pub const MASTER: &str = "master_weights";
 pub(super) const PARAMETERS: &str = "parameters";
@@ -35,11 +34,7 @@ pub(super) fn fail(path: &Path, e: impl std::fmt::Display) -> ParallelError {
     ParallelError::Checkpoint(format!("{}: {e}", path.display()))
 }
 
-fn shard_file(rank: usize, world: usize) -> String {
-    format!("shard-{rank:05}-of-{world:05}.safetensors")
-}
-
-fn partial(dir: &Path) -> PathBuf {
+pub(super) fn partial(dir: &Path) -> PathBuf {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -50,7 +45,7 @@ fn partial(dir: &Path) -> PathBuf {
 pub(super) fn save_atomic(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
     let tmp = temporary_sibling(path);
     candle_core::safetensors::save(tensors, &tmp).map_err(|e| fail(path, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| fail(path, e))
+    durable::rename(&tmp, path).map_err(|e| fail(path, e))
 }
 
 /// Writes `trainer`'s checkpoint to `dir` from every rank of `comm` (a collective: every rank
@@ -61,67 +56,10 @@ pub fn save_sharded(
     shards: &ShardLayout,
     dir: &Path,
 ) -> Result<()> {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    if dir.exists() {
-        return Err(fail(dir, "the checkpoint folder exists already"));
-    }
-    let staging = partial(dir);
-    weft_tensor::private_files::create_private_dir_all(&staging).map_err(|e| fail(&staging, e))?;
-    let range = shards.range(rank);
-    let FlatState {
-        optimizer,
-        step,
-        buffers,
-    } = trainer.optimizer()?.flat_state(range.len())?;
-    let mut tensors: HashMap<String, Tensor> = buffers.iter().cloned().collect();
-    let master = trainer.master_weights()?.cloned();
-    let master_weights = master.is_some();
-    if let Some(master) = master {
-        tensors.insert(MASTER.into(), master.to_device(&Device::Cpu)?);
-    }
-    let parameter_shard = trainer.strategy().parameter_shard();
-    if let Some(own) = parameter_shard {
-        tensors.insert(PARAMETERS.into(), own.to_device(&Device::Cpu)?);
-    }
-    save_atomic(&tensors, &staging.join(shard_file(rank, world)))?;
-    if rank == 0 {
-        let store = trainer.model().store();
-        let model = staging.join(MODEL_FILE);
-        match parameter_shard {
-            Some(_) => save_buffers(store, &model)?,
-            None => save_safetensors(store, &model)?,
-        }
-    }
+    let part = prepare_sharded(trainer, (comm.rank(), comm.world_size()), shards, dir)?;
+    part.write()?;
     comm.barrier().wait()?;
-    if rank == 0 {
-        let manifest = Manifest {
-            format: FORMAT.into(),
-            optimizer,
-            step,
-            buffers: buffers.into_iter().map(|(name, _)| name).collect(),
-            master_weights,
-            flat_len: shards.len(),
-            entries: Manifest::entries_of(trainer.grads().layout()),
-            shards: (0..world)
-                .map(|r| {
-                    let Range { start, end } = shards.range(r);
-                    ManifestShard {
-                        file: shard_file(r, world),
-                        start,
-                        end,
-                    }
-                })
-                .collect(),
-            model_file: MODEL_FILE.into(),
-            parameters_in_shards: parameter_shard.is_some(),
-        };
-        let path = staging.join("manifest.json");
-        let text = serde_json::to_string_pretty(&manifest).map_err(|e| fail(&path, e))?;
-        let tmp = temporary_sibling(&path);
-        std::fs::write(&tmp, text).map_err(|e| fail(&path, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| fail(&path, e))?;
-        std::fs::rename(&staging, dir).map_err(|e| fail(dir, e))?;
-    }
+    part.commit()?;
     comm.barrier().wait()?;
     Ok(())
 }
@@ -160,18 +98,20 @@ pub fn read_ranges(
     if range.is_empty() || parts.iter().any(Vec::is_empty) {
         return Err(fail(dir, format!("no shard holds elements {range:?}")));
     }
-    parts.iter().map(|p| Ok(Tensor::cat(p, 0)?)).collect()
-}
-
-/// Writes the buffers of `store` (not its parameters) to `path`, atomically.
-fn save_buffers(store: &ParamStore, path: &Path) -> Result<()> {
-    let tensors: HashMap<String, Tensor> = store
-        .buffer_ids()
-        .into_iter()
-        .map(|id| &store.entries()[id])
-        .map(|e| (e.name.clone(), e.tensor().clone()))
-        .collect();
-    Ok(save_tensors(&tensors, path)?)
+    let joined = parts
+        .iter()
+        .map(|p| Ok(Tensor::cat(p, 0)?))
+        .collect::<Result<Vec<_>>>()?;
+    match joined.iter().find(|t| t.elem_count() != range.len()) {
+        Some(short) => Err(fail(
+            dir,
+            format!(
+                "the shards hold {} of elements {range:?}",
+                short.elem_count()
+            ),
+        )),
+        None => Ok(joined),
+    }
 }
 
 /// Writes the model of the checkpoint in `dir` into `store`, whole: from its model file, or,

@@ -55,7 +55,7 @@ pub fn export_full_state(dir: &Path, out: &Path) -> Result<()> {
     ]);
     let tmp = temporary_sibling(out);
     safetensors::serialize_to_file(tensors, Some(metadata), &tmp).map_err(|e| fail(out, e))?;
-    std::fs::rename(&tmp, out).map_err(|e| fail(out, e))
+    weft_tensor::durable::rename(&tmp, out).map_err(|e| fail(out, e))
 }
 
 /// Writes the whole model of the checkpoint in `dir` to `out` as one safetensors file by

@@ -98,11 +98,48 @@ impl Manifest {
                 )));
             }
         }
+        manifest.check_ranges().map_err(fail)?;
         Ok(manifest)
     }
 
+    /// Checks that the shards cover the flat buffers in order, each element once, and that
+    /// every entry lies inside them: what every reader relies on before it cuts a buffer.
+    fn check_ranges(&self) -> std::result::Result<(), String> {
+        let mut covered = 0;
+        for (i, shard) in self.shards.iter().enumerate() {
+            if shard.start != covered || shard.end < shard.start {
+                return Err(format!(
+                    "field shards[{i}]: elements {}..{} do not continue at element {covered}",
+                    shard.start, shard.end
+                ));
+            }
+            covered = shard.end;
+        }
+        if covered != self.flat_len {
+            return Err(format!(
+                "field shards: they cover {covered} of flat_len {} elements",
+                self.flat_len
+            ));
+        }
+        for (i, entry) in self.entries.iter().enumerate() {
+            let numel = entry
+                .shape
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d));
+            let end = numel.and_then(|n| n.checked_add(entry.offset));
+            if end.is_none_or(|end| end > self.flat_len) {
+                return Err(format!(
+                    "field entries[{i}] ({}): shape {:?} at offset {} ends past flat_len {}",
+                    entry.name, entry.shape, entry.offset, self.flat_len
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks that the checkpoint was written for a model laid out as `layout`: the same
-    /// parameters, shapes and offsets; the first difference is named.
+    /// parameters, shapes and offsets; the first difference is named (the shards' ranges were
+    /// checked when the manifest was read).
     pub fn check_layout(&self, layout: &FlatLayout, dir: &Path) -> Result<()> {
         let mine = Self::entries_of(layout);
         let differ = |what: String| {
@@ -121,22 +158,6 @@ impl Manifest {
                 self.flat_len,
                 mine.len(),
                 layout.len()
-            )));
-        }
-        let mut covered = 0;
-        for shard in &self.shards {
-            if shard.start != covered || shard.end < shard.start {
-                return Err(differ(format!(
-                    "shard {} does not continue at element {covered}",
-                    shard.file
-                )));
-            }
-            covered = shard.end;
-        }
-        if covered != self.flat_len {
-            return Err(differ(format!(
-                "the shards cover {covered} of {} elements",
-                self.flat_len
             )));
         }
         Ok(())
@@ -185,5 +206,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("ckpt/manifest.json: "), "{err}");
+    }
+
+    #[test]
+    fn shards_that_leave_a_gap_or_entries_past_the_buffers_are_refused() {
+        let path = Path::new("ckpt/manifest.json");
+        let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut json: serde_json::Value =
+                serde_json::from_str(&manifest_naming("s.safetensors", "m.safetensors")).unwrap();
+            edit(&mut json);
+            Manifest::parse(&json.to_string(), path).map(|_| ())
+        };
+        with(&|_| {}).unwrap();
+        type Edit<'a> = &'a dyn Fn(&mut serde_json::Value);
+        let cases: [(Edit, &str); 4] = [
+            (&|j| j["shards"][0]["start"] = 1.into(), "field shards[0]"),
+            (
+                &|j| j["shards"][0]["end"] = 3.into(),
+                "field shards: they cover 3",
+            ),
+            (
+                &|j| j["entries"][0]["offset"] = 1.into(),
+                "field entries[0] (w)",
+            ),
+            (
+                &|j| j["entries"][0]["shape"] = serde_json::json!([usize::MAX, 2]),
+                "field entries[0] (w)",
+            ),
+        ];
+        for (edit, says) in cases {
+            let err = with(edit).unwrap_err().to_string();
+            assert!(
+                err.contains("ckpt/manifest.json") && err.contains(says),
+                "{err}"
+            );
+        }
     }
 }

@@ -28,6 +28,7 @@ pub mod checkpoint;
 pub mod full_state;
 mod gather;
 pub mod manifest;
+pub mod shard_part;
 mod sharded;
 mod sharded_gradients;
 mod shards;

@@ -179,7 +179,7 @@ where
 /// the bf16 pass ran at 70 % of the memory's bandwidth where the f32 one ran at over 90 %; 16
 /// rows took it from 3.89 to 3.37 ms a ResNet-50 step (batch 128, H100). Not through its
 /// prologue (seven coefficients per channel in double): computed once per block column into
-/// shared memory instead, they gained nothing (BENCHMARKS.md, seventeenth session).
+/// shared memory instead, they gained nothing (docs/history/2026-11.md, seventeenth session).
 fn input_gradient_rows(rows: usize, down: usize) -> usize {
     (rows / (down * 1024)).clamp(4, 16)
 }

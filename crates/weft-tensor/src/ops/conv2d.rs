@@ -181,7 +181,7 @@ static CONV_NHWC: AtomicBool = AtomicBool::new(false);
 
 /// Runs the graph-free convolution passes of 16-bit CUDA tensors in NHWC memory order, their
 /// operands copied in and out (off by default: on an H100 the copies cost more than NHWC saves
-/// while the model's own tensors are NCHW; BENCHMARKS.md). For measurements and checks.
+/// while the model's own tensors are NCHW; docs/history/2026-11.md). For measurements and checks.
 pub fn set_conv_nhwc(on: bool) {
     CONV_NHWC.store(on, Ordering::Relaxed);
 }

@@ -15,7 +15,7 @@
 //! Engines cuDNN compiles at run time (NVRTC, about half a second a plan) are left out unless
 //! the fusion is forced (`ConvStats::Always`). On an H100 with cuDNN 9.19 the fp16 engines win
 //! on ResNet-50's layers; the fp16 stem's one engine and every bf16 engine (generic kernels,
-//! slower than the separate passes when forced) compile at run time (BENCHMARKS.md).
+//! slower than the separate passes when forced) compile at run time (docs/history/2026-11.md).
 
 use std::cell::RefCell;
 use std::collections::HashMap;

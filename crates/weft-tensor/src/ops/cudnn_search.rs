@@ -8,9 +8,9 @@
 //!   the fastest within the limit is kept; among those within [`TIME_SLACK`] of it, the one
 //!   needing the least workspace. A single run each is at the mercy of whatever else the GPU
 //!   does then (under Nsight Compute it chose algorithms five times slower, and ResNet-50's
-//!   bf16 stem took a kernel twice as slow as PyTorch's in some runs: BENCHMARKS.md).
+//!   bf16 stem took a kernel twice as slow as PyTorch's in some runs: docs/history/2026-11.md).
 //!   The default for bf16 and f16, where the heuristics' choices on an H100 were twice as slow
-//!   (ResNet-50 bf16 at batch 128: 1074 against 2282 images/s, BENCHMARKS.md).
+//!   (ResNet-50 bf16 at batch 128: 1074 against 2282 images/s, docs/history/2026-11.md).
 //!
 //! Under [`super::set_deterministic`] (`--deterministic`) the heuristics choose, among the
 //! algorithms cuDNN marks deterministic only.
@@ -19,7 +19,7 @@
 //! tensor-core algorithms of NCHW convolutions (`IMPLICIT_PRECOMP_GEMM`) take a workspace as
 //! large as the transposed input (100 MB for ResNet-50's 56×56 layers at batch 32), and with
 //! 64 MiB the choice fell back to legacy kernels without tensor cores for a sixth of the step.
-//! The workspace lives only during its call, and peak memory did not grow (BENCHMARKS.md).
+//! The workspace lives only during its call, and peak memory did not grow (docs/history/2026-11.md).
 //! Where full-precision products are asked for (f64, or f32 with TF32 off) FFT and Winograd
 //! algorithms are left out: in f32 their errors were 7× those of the direct sums on a ResNet
 //! shape (gpu-check). `WEFT_CUDNN_LOG=1` prints every choice with its candidates to standard

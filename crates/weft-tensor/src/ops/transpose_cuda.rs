@@ -4,7 +4,7 @@
 //! ran at about a tenth of the memory's bandwidth on ResNet-50's 3 x 3 filters), or, for thin
 //! planes that fit in shared memory (a 3 x 3 filter's `C x 9`), a whole plane per block: the
 //! tiles left 23 of their 32 columns idle there, and layer4's 512 x 512 x 3 x 3 filter took
-//! 21 µs in bf16 (0.45 TB/s; 9-10 µs by plane; BENCHMARKS.md, twenty-seventh session).
+//! 21 µs in bf16 (0.45 TB/s; 9-10 µs by plane; docs/history/2026-11.md, twenty-seventh session).
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaStorage};

@@ -307,8 +307,7 @@ pub fn fit(
                 let after = launch.step + 1;
                 if let (true, Some(layout)) = (plan.checkpoints.saves_after(after), &plan.layout) {
                     reports.make(session.run.writer.as_mut(), &mut progress)?;
-                    let keep = plan.checkpoints.keep_last;
-                    let at = SavePoint::after(after, per_epoch, &totals, keep);
+                    let at = SavePoint::after(after, per_epoch, &totals, plan.checkpoints);
                     let trainer = stepper.trainer_mut();
                     resume::save(trainer, (&layout.0, layout.1), ctx, &session.run.path, at)?;
                 }

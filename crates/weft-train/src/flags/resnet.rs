@@ -30,7 +30,7 @@ impl TaskDefaults for ResnetDefaults {
 #[serde(rename_all = "lowercase")]
 pub enum ChannelsLast {
     /// On a GPU (where weft's NHWC kernels and cuDNN's NHWC convolutions are faster:
-    /// BENCHMARKS.md), NCHW otherwise.
+    /// docs/history/2026-11.md), NCHW otherwise.
     Auto,
     /// Always (on the CPU the kernels compute NCHW inside).
     True,

@@ -3,7 +3,7 @@
 //! Not derived from the model: measured, as the device's memory in use minus the peak bytes of
 //! tensors, for weft's ResNet-50 step (fp32, batch 32) on an H100 with CUDA 13 and cuDNN 9 on
 //! 2026-11-25: 3775 MiB − 2985 MiB = 790 MiB, with or without a CUDA graph
-//! (BENCHMARKS.md, "ZeRO stages 1 and 2", GPU memory). Other GPUs and drivers differ by tens
+//! (docs/history/2026-11.md, "ZeRO stages 1 and 2", GPU memory). Other GPUs and drivers differ by tens
 //! of MiB.
 
 use super::{Device, PlanSettings, Row};
