@@ -59,12 +59,24 @@ fi
 
 if want train; then
   R=$OUT/runs
-  echo "== train-gpt gpt-tiny on cuda (5 steps; the CPU's first losses 5.56218, 5.47069)"
+  echo "== train-gpt gpt-tiny on cuda (5 steps; the CPU's: 5.5626, 5.3892, 5.3402, 5.2586, 5.2015)"
   timeout 120 "$X" train-gpt --device cuda --steps 5 --out "$R" --name tiny 2>&1 | tail -8
-  echo "== train-gpt $MODEL bf16-mixed $BATCH x $SEQ, 30 steps"
-  timeout 300 "$X" train-gpt --model "$MODEL" --device cuda --precision bf16-mixed --batch-size "$BATCH" \
-    --seq-len "$SEQ" --steps 30 --synthetic-tokens 600000 --out "$R" --name gpt2-bf16 2>&1 | tail -6
-  tail -3 "$R/gpt2-bf16/metrics.jsonl"
+  echo "== train-gpt $MODEL bf16-mixed $BATCH x $SEQ, 60 steps, a checkpoint every 20 (then resumed from 40)"
+  G2="--model $MODEL --device cuda --precision bf16-mixed --batch-size $BATCH --seq-len $SEQ --synthetic-tokens 1200000"
+  timeout 300 "$X" train-gpt $G2 --steps 60 --save-every 20 --out "$R" --name gpt2-bf16 2>&1 | tail -6
+  python3 -c "
+import json, statistics
+lines = [json.loads(l) for l in open('$R/gpt2-bf16/metrics.jsonl')]
+steps = [l for l in lines if l['type'] == 'step']
+print('losses', [round(l['loss'], 4) for l in steps[::10]], 'last', round(steps[-1]['loss'], 4))
+print('median tokens/s, steps 3-', statistics.median(l['tokens_per_sec'] for l in steps[3:]))"
+  rm -rf "$R/gpt2-bf16/checkpoints/step-00000060"
+  timeout 200 "$X" train-gpt --resume "$R/gpt2-bf16" --steps 60 2>&1 | tail -3
+  python3 -c "
+import json
+steps = [json.loads(l) for l in open('$R/gpt2-bf16/metrics.jsonl')]
+print('after resume: steps', [l['step'] for l in steps if l['type'] == 'step'][-3:], 'loss', round([l for l in steps if l['type'] == 'step'][-1]['loss'], 4))"
+  rm -rf "$R/gpt2-bf16/checkpoints"
 fi
 
 if want trace; then
