@@ -1,9 +1,6 @@
-//! The rendezvous store's frames: decoding arbitrary bytes never panics, and whatever decodes
-//! encodes back to the same bytes.
+//! The rendezvous store's frames: the property of `weft_fuzz_checks::store_protocol`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    weft_collectives::store::fuzzing::decode_frames(data);
-});
+fuzz_target!(|data: &[u8]| weft_fuzz_checks::store_protocol(data));

@@ -6,6 +6,7 @@
 //! the evaluation `Resize` to a shorter side of 256 would make it 256 × 25 600 000 (about
 //! 20 GB, an abort no error can catch). The aspect-ratio bound is what stops that.
 
+use std::io::{BufRead, Cursor, Seek};
 use std::path::Path;
 
 use image::{DynamicImage, ImageDecoder, ImageReader};
@@ -88,6 +89,29 @@ impl ImageLimits {
 /// Decodes the image at `path` (format sniffed from its contents) into RGB8, after checking
 /// the dimensions in its header against `limits`.
 pub(crate) fn decode_rgb(path: &Path, limits: &ImageLimits) -> Result<RgbImage, DataError> {
+    let reader = ImageReader::open(path).map_err(|source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    decode(reader, path, limits)
+}
+
+/// Decodes the image file's bytes `bytes` (named `origin` in errors; format sniffed from the
+/// contents) into RGB8, after checking the dimensions in its header against `limits`, as a
+/// dataset decodes a file.
+pub fn decode_rgb_bytes(
+    origin: &Path,
+    bytes: &[u8],
+    limits: &ImageLimits,
+) -> Result<RgbImage, DataError> {
+    decode(ImageReader::new(Cursor::new(bytes)), origin, limits)
+}
+
+fn decode<R: BufRead + Seek>(
+    reader: ImageReader<R>,
+    path: &Path,
+    limits: &ImageLimits,
+) -> Result<RgbImage, DataError> {
     let io_error = |source| DataError::Io {
         path: path.to_path_buf(),
         source,
@@ -96,10 +120,7 @@ pub(crate) fn decode_rgb(path: &Path, limits: &ImageLimits) -> Result<RgbImage, 
         path: path.to_path_buf(),
         source,
     };
-    let mut reader = ImageReader::open(path)
-        .map_err(io_error)?
-        .with_guessed_format()
-        .map_err(io_error)?;
+    let mut reader = reader.with_guessed_format().map_err(io_error)?;
     // Reading the header allocates little; the sides are left to `check`, whose error names them.
     let mut header_limits = limits.decoder_limits();
     header_limits.max_image_width = None;

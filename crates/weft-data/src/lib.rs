@@ -65,7 +65,7 @@ pub use dataset::{Dataset, Sample};
 pub use device_pixels::{pixels_to_float, pixels_to_float_into};
 pub use error::DataError;
 pub use image_folder::{ImageFolder, IMAGE_EXTENSIONS};
-pub use image_limits::ImageLimits;
+pub use image_limits::{decode_rgb_bytes, ImageLimits};
 pub use loader::{DataLoader, LoaderConfig};
 pub use markov::MarkovTokens;
 pub use pixels::{ChwImage, RgbImage};

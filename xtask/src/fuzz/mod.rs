@@ -1,7 +1,10 @@
 //! `cargo xtask fuzz --seconds N`: runs each fuzz target of `fuzz/` (cargo-fuzz, libFuzzer, on
-//! the nightly toolchain) for N seconds from a corpus seeded with valid inputs. The first
-//! finding stops it with one line naming the target and the saved input: fix the code and
-//! keep the input as a regression test beside the code it broke.
+//! the nightly toolchain; release code with debug assertions on) for N seconds, from a corpus
+//! seeded with valid inputs and with the inputs kept under `fuzz/regressions/<target>/`. Each
+//! target hands its inputs to the check of the same name in `weft-fuzz-checks`, whose test
+//! replays the kept inputs on stable. The first finding stops it with one line naming the
+//! target; the input is copied into `fuzz/regressions/<target>/`, so that once the code is
+//! fixed the CI suite replays it for good.
 
 mod seeds;
 
@@ -11,12 +14,15 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 /// The fuzz targets (fuzz/fuzz_targets/<name>.rs) and the longest input each is given.
-const TARGETS: [(&str, usize); 5] = [
+const TARGETS: [(&str, usize); 8] = [
     ("cifar_records", 16384),
     ("safetensors_load", 4096),
     ("checkpoint_manifest", 4096),
     ("store_protocol", 4096),
     ("store_server", 4096),
+    ("run_records", 4096),
+    ("launch_env", 2048),
+    ("image_decode", 65536),
 ];
 
 #[derive(clap::Args, Debug)]
@@ -58,7 +64,14 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
         println!("fuzz {target} for {} s", args.seconds);
         let status = Command::new("cargo")
             .current_dir(&root)
-            .args(["+nightly", "fuzz", "run", target, "-O"])
+            .args([
+                "+nightly",
+                "fuzz",
+                "run",
+                target,
+                "--release",
+                "--debug-assertions",
+            ])
             .arg(&corpus)
             .arg("--")
             .arg(format!("-max_total_time={}", args.seconds))
@@ -66,15 +79,38 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
             .status()
             .with_context(|| format!("fuzz target {target}: cargo fuzz did not start"))?;
         if !status.success() {
+            let kept = keep_finding(&root, target)?;
             bail!(
-                "fuzz target {target}: an input fails ({status}); it is saved under fuzz/artifacts/{target}/ (replay: cargo +nightly fuzz run {target} FILE)"
+                "fuzz target {target}: an input fails ({status}); kept as {} — fix the code, then the CI suite replays it (weft-fuzz-checks' regressions test)",
+                kept.display()
             );
         }
     }
     Ok(())
 }
 
-/// `fuzz/corpus/<target>`, with the seed inputs written into it.
+/// Copies the newest input cargo-fuzz saved for `target` (fuzz/artifacts/<target>/) into
+/// fuzz/regressions/<target>/; its new path.
+fn keep_finding(root: &Path, target: &str) -> Result<PathBuf> {
+    let artifacts = root.join("fuzz/artifacts").join(target);
+    let newest = std::fs::read_dir(&artifacts)
+        .with_context(|| format!("{}: no saved input to keep", artifacts.display()))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()
+        .map(|(_, path)| path)
+        .with_context(|| format!("{}: no saved input to keep", artifacts.display()))?;
+    let kept = root
+        .join("fuzz/regressions")
+        .join(target)
+        .join(newest.file_name().context("a file name")?);
+    std::fs::create_dir_all(kept.parent().context("a folder")?)?;
+    std::fs::copy(&newest, &kept)
+        .with_context(|| format!("{}: cannot copy to {}", newest.display(), kept.display()))?;
+    Ok(kept)
+}
+
+/// `fuzz/corpus/<target>`, with the seed inputs and the kept regression inputs written into it.
 fn seed_corpus(root: &Path, target: &str) -> Result<PathBuf> {
     let corpus = root.join("fuzz").join("corpus").join(target);
     std::fs::create_dir_all(&corpus)
@@ -82,6 +118,13 @@ fn seed_corpus(root: &Path, target: &str) -> Result<PathBuf> {
     for (i, seed) in seeds::seeds(target)?.iter().enumerate() {
         let path = corpus.join(format!("seed-{i}"));
         std::fs::write(&path, seed).with_context(|| format!("{}: cannot write", path.display()))?;
+    }
+    if let Ok(kept) = std::fs::read_dir(root.join("fuzz/regressions").join(target)) {
+        for entry in kept.filter_map(|e| e.ok()) {
+            let to = corpus.join(entry.file_name());
+            std::fs::copy(entry.path(), &to)
+                .with_context(|| format!("{}: cannot write", to.display()))?;
+        }
     }
     Ok(corpus)
 }

@@ -114,6 +114,16 @@ pub fn seeds(target: &str) -> Result<Vec<Vec<u8>>> {
         "checkpoint_manifest" => vec![manifest(&[(0, 6)]), manifest(&[(0, 4), (4, 6)])],
         "store_protocol" => vec![store_session(), store_responses()],
         "store_server" => vec![store_session()],
+        "run_records" => vec![
+            br#"{"step": 4, "epoch_totals": [[1.5, 2.0]]}"#.to_vec(),
+            br#"{"format": "weft-tensor-parallel-v1", "size": 2, "splits": [["w", {"columns": {"groups": 1}}]]}"#.to_vec(),
+        ],
+        "launch_env" => vec![
+            b"RANK=1\nWORLD_SIZE=2\nLOCAL_RANK=1\nMASTER_ADDR=127.0.0.1\nMASTER_PORT=29500\nTORCHELASTIC_RUN_ID=r\n".to_vec(),
+            b"SLURM_PROCID=3\nSLURM_NTASKS=4\nSLURM_LOCALID=1\nSLURM_NNODES=2\nSLURM_NTASKS_PER_NODE=2\nSLURM_JOB_ID=42\nSLURM_STEP_ID=0\nSLURM_JOB_NODELIST=gpu[01-02]\n".to_vec(),
+        ],
+        // The kept regression inputs (fuzz/regressions/image_decode) hold whole PNGs.
+        "image_decode" => vec![b"\x89PNG\r\n\x1a\n".to_vec()],
         _ => Vec::new(),
     })
 }

@@ -20,9 +20,9 @@ pub use limits::StoreLimits;
 pub use protocol::{MAX_KEY, MAX_VALUE};
 pub use server::TcpStoreServer;
 
-/// The wire format's decoders for the fuzz targets of `cargo xtask fuzz` (compiled only under
-/// cargo-fuzz, which sets `--cfg fuzzing`).
-#[cfg(fuzzing)]
+/// The wire format's decoders for the fuzz checks (`weft-fuzz-checks`: the targets of
+/// `cargo xtask fuzz` and the replay of their kept inputs).
+#[doc(hidden)]
 pub mod fuzzing {
     use super::protocol::{read_frame, Request, Response};
 
