@@ -43,6 +43,64 @@ pub fn save_tensors(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()
 
 pub use crate::private_files::temporary_sibling;
 
+/// Elements `range` of each 1-D tensor of `names`, each `len` elements long, in the
+/// safetensors file `path`, read without loading the rest of the file (it is mapped, and its
+/// header checked against its length first). A missing name, another shape, a range past the
+/// end or a byte-sized dtype misfit is an error naming the file and the tensor.
+pub fn read_flat_ranges(
+    path: &Path,
+    names: &[String],
+    len: usize,
+    range: std::ops::Range<usize>,
+) -> Result<Vec<Tensor>> {
+    use candle_core::safetensors::Load;
+    let damaged = |reason: String| TensorError::DamagedFile {
+        file: path.into(),
+        reason,
+    };
+    let io = |source| TensorError::Io {
+        file: path.into(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: as in `check_file`: written once and renamed into place, only read here.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    let tensors =
+        safetensors::SafeTensors::deserialize(&map).map_err(|e| damaged(e.to_string()))?;
+    if range.start > range.end || range.end > len {
+        return Err(damaged(format!("elements {range:?} of {len}")));
+    }
+    names
+        .iter()
+        .map(|name| {
+            let view = tensors
+                .tensor(name)
+                .map_err(|e| damaged(format!("tensor {name:?}: {e}")))?;
+            if view.shape() != [len] {
+                let shape = view.shape();
+                return Err(damaged(format!(
+                    "tensor {name:?} has shape {shape:?}, not [{len}]"
+                )));
+            }
+            let bits = view.dtype().bitsize();
+            if bits % 8 != 0 {
+                return Err(damaged(format!(
+                    "tensor {name:?}: dtype {:?}",
+                    view.dtype()
+                )));
+            }
+            let bytes = &view.data()[range.start * bits / 8..range.end * bits / 8];
+            let part = safetensors::tensor::TensorView::new(view.dtype(), vec![range.len()], bytes)
+                .map_err(|e| damaged(format!("tensor {name:?}: {e}")))?;
+            part.load(&candle_core::Device::Cpu)
+                .map_err(|source| TensorError::Safetensors {
+                    file: path.into(),
+                    source,
+                })
+        })
+        .collect()
+}
+
 /// Checks that `path` is a whole safetensors file without reading its tensors: its header
 /// parses, every tensor's bytes match its dtype and shape, and the file is as long as the header
 /// says (a truncated or padded file is refused). The error names the file and what is wrong.
@@ -308,6 +366,32 @@ mod tests {
             let err = check_file(&path).unwrap_err().to_string();
             assert!(
                 err.contains("model.safetensors: not a whole safetensors file"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flat_range_is_read_alone_and_bad_requests_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.safetensors");
+        let values: Vec<f32> = (0..10).map(|v| v as f32).collect();
+        let flat = Tensor::from_vec(values, 10, &Device::Cpu).unwrap();
+        let tensors = HashMap::from([("exp_avg".to_string(), flat)]);
+        save_tensors(&tensors, &path).unwrap();
+        let names = ["exp_avg".to_string()];
+        let part = read_flat_ranges(&path, &names, 10, 3..7).unwrap();
+        assert_eq!(part[0].to_vec1::<f32>().unwrap(), [3.0, 4.0, 5.0, 6.0]);
+        for (names, len, range, says) in [
+            (vec!["nope".to_string()], 10, 0..1, "tensor \"nope\""),
+            (names.to_vec(), 12, 0..1, "has shape [10], not [12]"),
+            (names.to_vec(), 10, 8..11, "elements 8..11 of 10"),
+        ] {
+            let err = read_flat_ranges(&path, &names, len, range)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("shard.safetensors") && err.contains(says),
                 "{err}"
             );
         }

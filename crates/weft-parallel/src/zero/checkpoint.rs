@@ -14,9 +14,11 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use weft_collectives::Communicator;
-use weft_tensor::state_dict::{load_safetensors, load_safetensors_entries, temporary_sibling};
+use weft_tensor::state_dict::{
+    load_safetensors, load_safetensors_entries, read_flat_ranges, temporary_sibling,
+};
 use weft_tensor::{durable, FlatLayout, ParamStore};
 
 use super::manifest::Manifest;
@@ -65,7 +67,8 @@ pub fn save_sharded(
 }
 
 /// The flat values of each of `names` over `range`, in order, read from the shard files that
-/// overlap it (each file loaded once).
+/// overlap it: of each file only the elements in `range` (the file mapped, its header checked
+/// against its length, each tensor against the shard's length).
 pub fn read_ranges(
     dir: &Path,
     manifest: &Manifest,
@@ -79,20 +82,10 @@ pub fn read_ranges(
             continue;
         }
         let path = dir.join(&shard.file);
-        let mut tensors =
-            candle_core::safetensors::load(&path, &Device::Cpu).map_err(|e| fail(&path, e))?;
-        for (name, parts) in names.iter().zip(&mut parts) {
-            let values = tensors
-                .remove(name)
-                .ok_or_else(|| fail(&path, format!("no tensor {name:?}")))?;
-            if values.elem_count() != shard.end - shard.start {
-                let (has, holds) = (values.elem_count(), shard.end - shard.start);
-                return Err(fail(
-                    &path,
-                    format!("{name} has {has} elements, the shard {holds}"),
-                ));
-            }
-            parts.push(values.narrow(0, start - shard.start, end - start)?);
+        let within = start - shard.start..end - shard.start;
+        let values = read_flat_ranges(&path, names, shard.end - shard.start, within)?;
+        for (parts, values) in parts.iter_mut().zip(values) {
+            parts.push(values);
         }
     }
     if range.is_empty() || parts.iter().any(Vec::is_empty) {
