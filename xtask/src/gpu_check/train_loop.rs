@@ -8,14 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use clap::Parser;
-use weft_train::TrainArgs;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: TrainArgs,
-}
+use weft_train::flags::Augment;
 
 /// Steps of each run; a checkpoint after [`SAVED_AFTER`] of them.
 const STEPS: usize = 14;
@@ -63,45 +56,24 @@ pub(super) fn compare_launched_ahead_loop() -> Result<f64> {
     result
 }
 
-/// One run into `out/ahead-<launch_ahead>-graph-<cuda_graph>`; its folder.
+/// One run into `out/ahead-<launch_ahead>-graph-<cuda_graph>`, built from values; its folder.
 fn train(out: &Path, (launch_ahead, cuda_graph): (bool, bool)) -> Result<PathBuf> {
     let name = format!("ahead-{launch_ahead}-graph-{cuda_graph}");
-    let (steps, every) = (STEPS.to_string(), SAVED_AFTER.to_string());
-    let flags = [
-        "train-resnet",
-        "--device",
-        "cuda",
-        "--model",
-        "resnet20",
-        "--image-size",
-        "32",
-        "--synthetic-train",
-        "1024",
-        "--synthetic-val",
-        "64",
-        "--batch-size",
-        "32",
-        "--steps",
-        &steps,
-        "--save-every",
-        &every,
-        "--augment",
-        "none",
-        "--shuffle",
-        "false",
-        "--deterministic",
-        "--quiet",
-        "--launch-ahead",
-        if launch_ahead { "true" } else { "false" },
-        "--cuda-graph",
-        if cuda_graph { "true" } else { "false" },
-        "--out",
-        out.to_str()
-            .context("the temporary folder's path is not UTF-8")?,
-        "--name",
-        &name,
-    ];
-    weft_train::resnet::run(&Cli::try_parse_from(flags)?.args)?;
+    let mut args = weft_train::TrainArgs::default();
+    args.training.device = "cuda".into();
+    args.model.model = "resnet20".into();
+    args.data.image_size = 32;
+    (args.data.synthetic_train, args.data.synthetic_val) = (1024, 64);
+    args.data.augment = Augment::None;
+    args.data.shuffle = false;
+    args.training.batch_size = 32;
+    args.training.steps = Some(STEPS);
+    args.training.deterministic = true;
+    args.checkpoints.save_every = Some(SAVED_AFTER);
+    (args.parallel.launch_ahead, args.parallel.cuda_graph) = (launch_ahead, cuda_graph);
+    args.log.quiet = true;
+    (args.log.out, args.log.name) = (out.to_path_buf(), Some(name.clone()));
+    weft_train::resnet::run(&args)?;
     Ok(out.join(name))
 }
 

@@ -89,39 +89,19 @@ fn png_size(path: &std::path::Path) -> Option<(u32, u32)> {
 mod tests {
     use std::path::Path;
 
-    use clap::Parser;
-
     use super::*;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: weft_train::TrainArgs,
-    }
-
+    /// A ResNet-20 run of 6 steps on tiny synthetic images, built from values.
     fn tiny_run(out: &Path) -> PathBuf {
-        let flags = [
-            "train",
-            "--model",
-            "resnet20",
-            "--image-size",
-            "8",
-            "--synthetic-train",
-            "64",
-            "--synthetic-val",
-            "24",
-            "--batch-size",
-            "16",
-            "--workers",
-            "0",
-            "--quiet",
-            "--steps",
-            "6",
-            "--name",
-            "tiny",
-            "--out",
-        ];
-        let args = Cli::parse_from(flags.iter().copied().chain([out.to_str().unwrap()])).args;
+        let mut args = weft_train::TrainArgs::default();
+        args.model.model = "resnet20".into();
+        args.data.image_size = 8;
+        (args.data.synthetic_train, args.data.synthetic_val) = (64, 24);
+        args.data.workers = Some(0);
+        args.training.batch_size = 16;
+        args.training.steps = Some(6);
+        args.log.quiet = true;
+        (args.log.out, args.log.name) = (out.to_path_buf(), Some("tiny".into()));
         weft_train::resnet::run(&args).unwrap().run_dir
     }
 

@@ -52,6 +52,17 @@ pub struct RunArgs<T: TaskDefaults> {
     pub log: crate::logging::LogFlags,
 }
 
+impl<T: TaskDefaults> Default for RunArgs<T> {
+    /// Every flag at its default for task `T`: what the trainer runs given no flags. Benches,
+    /// checks and tests start from it and set the values they need, rather than writing flags.
+    fn default() -> Self {
+        use clap::{Args, FromArgMatches};
+        let command = Self::augment_args(clap::Command::new("weft"));
+        let matches = command.get_matches_from(["weft"]);
+        Self::from_arg_matches(&matches).expect("every flag has a default or is optional")
+    }
+}
+
 /// A section of flags a task brings (clap's group, serialised under the flags' names).
 pub trait Section:
     clap::Args + clap::FromArgMatches + Clone + std::fmt::Debug + serde::Serialize + Send + Sync
@@ -107,6 +118,17 @@ mod tests {
     fn parse(argv: &[&str]) -> Trainer {
         let matches = <Cli as clap::CommandFactory>::command().get_matches_from(argv);
         Cli::from_arg_matches(&matches).unwrap().command
+    }
+
+    /// A run built from values starts from the flags' defaults, its task's.
+    #[test]
+    fn default_values_are_the_flags_defaults() {
+        let gpt = RunArgs::<GptDefaults>::default();
+        assert_eq!((gpt.training.batch_size, gpt.optim.lr), (32, 3e-3));
+        assert_eq!(gpt.model.model, "gpt-tiny");
+        let resnet = RunArgs::<ResnetDefaults>::default();
+        assert_eq!((resnet.training.batch_size, resnet.optim.lr), (64, 0.1));
+        assert_eq!(resnet.checkpoints.save_timeout, 1800.0);
     }
 
     /// Both trainers in one command (as `weft` and xtask build them): each keeps its own
