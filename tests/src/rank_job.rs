@@ -83,29 +83,30 @@ impl RankJob {
             .collect()
     }
 
-    /// Kills rank `victim` and waits (at most 30 s) for rank 0 to exit; returns its stderr
-    /// after checking that it failed, that it names the dead rank, and that no rank process
-    /// and no segment of the job is left.
+    /// Kills rank `victim` of a two-rank job and waits (at most 30 s) for the other rank to
+    /// exit; returns its stderr after checking that it failed, that it names the dead rank, and
+    /// that no rank process and no segment of the job is left.
     pub fn kill_and_check(&mut self, victim: usize) -> String {
         let pid = self.ranks[victim].id();
+        let survivor = usize::from(victim == 0);
         self.ranks[victim].kill().unwrap();
         let killed_at = Instant::now();
         let status = loop {
-            if let Some(status) = self.ranks[0].try_wait().unwrap() {
+            if let Some(status) = self.ranks[survivor].try_wait().unwrap() {
                 break status;
             }
             assert!(
                 killed_at.elapsed() < Duration::from_secs(30),
-                "rank 0 still runs 30 s after rank {victim} died"
+                "rank {survivor} still runs 30 s after rank {victim} died"
             );
             std::thread::sleep(Duration::from_millis(20));
         };
         assert!(!status.success());
-        let message = read_stderr(&mut self.ranks[0]);
+        let message = read_stderr(&mut self.ranks[survivor]);
         let named = format!("rank {victim} (pid {pid}) died");
         assert!(
             message.contains(&named),
-            "rank 0 did not name rank {victim}:\n{message}"
+            "rank {survivor} did not name rank {victim}:\n{message}"
         );
         self.ranks[victim].wait().unwrap();
         for child in &self.ranks {

@@ -4,8 +4,9 @@
 //! segment of the job is left. `--resume` on the run folder then goes on from the newest
 //! complete checkpoint to step 12 and logs the losses of an uninterrupted 12-step run, bit for
 //! bit (a constant learning rate, so the killed run's open-ended `--steps` changes nothing).
-//! The same holds when rank 1 is killed while it writes a checkpoint: the checkpoint being
-//! written is never taken for a complete one, and the ones before it stay loadable.
+//! The same holds when rank 1, or rank 0 (which completes each checkpoint), is killed while it
+//! writes one: the checkpoint being written is never taken for a whole one, and the ones before
+//! it stay loadable.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -89,15 +90,16 @@ fn being_written(run: &Path) -> Option<PathBuf> {
         .find(|p| p.extension().is_some_and(|e| e == "partial"))
 }
 
-#[test]
-fn a_writer_killed_mid_save_leaves_the_earlier_checkpoints_to_resume_from() {
+/// Rank `victim` dies as soon as a checkpoint is seen half-written (past the first, so that an
+/// earlier complete one exists): rank 1 writing its shard, or rank 0, which also writes the
+/// manifest, renames the folder and writes the record; the resumed run logs the uninterrupted
+/// losses either way.
+fn killed_mid_save(victim: usize) {
     let out = tempfile::tempdir().unwrap();
     let (pid, limit) = (std::process::id(), Duration::from_secs(120));
     let straight = ["--steps", "10", "--name", "straight"];
-    start(out.path(), &format!("wstraight{pid}"), &straight).finish(limit);
+    start(out.path(), &format!("wstraight{victim}-{pid}"), &straight).finish(limit);
 
-    // A checkpoint after every step; rank 1 dies as soon as one is seen half-written (past the
-    // first, so that an earlier complete one exists).
     let endless = [
         "--steps",
         "1000000",
@@ -106,7 +108,7 @@ fn a_writer_killed_mid_save_leaves_the_earlier_checkpoints_to_resume_from() {
         "--name",
         "killed",
     ];
-    let mut job = start(out.path(), &format!("wkilled{pid}"), &endless);
+    let mut job = start(out.path(), &format!("wkilled{victim}-{pid}"), &endless);
     let run = out.path().join("killed");
     let first = run.join("checkpoints/step-00000001/progress.json");
     let deadline = Instant::now() + limit;
@@ -123,15 +125,26 @@ fn a_writer_killed_mid_save_leaves_the_earlier_checkpoints_to_resume_from() {
         }
         std::thread::sleep(Duration::from_micros(200));
     };
-    job.kill_and_check(1);
+    job.kill_and_check(victim);
     drop(job);
 
-    // The resumed run starts from the newest complete checkpoint: the one caught half-written
-    // if rank 0 could still finish it with every shard, else the one before.
+    // The resumed run starts from the newest whole checkpoint: the one caught half-written if
+    // rank 0 could still finish it with every shard and its record, else the one before (a
+    // folder renamed into place without its record is skipped, named in a warning).
     let name = partial.file_stem().unwrap().to_str().unwrap().to_string();
     let resume = ["--resume", run.to_str().unwrap(), "--steps", "10"];
-    start(out.path(), &format!("wresumed{pid}"), &resume).finish(limit);
+    start(out.path(), &format!("wresumed{victim}-{pid}"), &resume).finish(limit);
     let expected = step_losses(&out.path().join("straight"));
     assert_eq!(expected.len(), 10);
     assert_eq!(step_losses(&run), expected, "resumed past {name}");
+}
+
+#[test]
+fn a_writer_killed_mid_save_leaves_the_earlier_checkpoints_to_resume_from() {
+    killed_mid_save(1);
+}
+
+#[test]
+fn rank_0_killed_mid_save_leaves_the_earlier_checkpoints_to_resume_from() {
+    killed_mid_save(0);
 }
