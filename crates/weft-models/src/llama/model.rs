@@ -1,0 +1,130 @@
+//! Builds a Llama-family decoder as a block model with Hugging Face's parameter names
+//! (`model.embed_tokens.weight`, `model.layers.0.self_attn.q_proj.weight`, …, `model.norm.weight`,
+//! `lm_head.weight` unless tied; Phi-3's fused `qkv_proj` and `gate_up_proj`) and its
+//! initialisation (every projection and the table normal with std `initializer_range`, the
+//! RMSNorms at one). The values are drawn in one order for every architecture: a Phi-3 model's
+//! fused projections hold exactly the separate projections a Llama model of the same shape and
+//! seed holds.
+
+use candle_core::{DType, Device, Tensor, Var};
+use weft_tensor::{Block, BlockModel, Scope};
+
+use super::blocks::{AttentionBlock, Embeddings, GateUp, Head, MlpBlock, Qkv};
+use super::config::{Architecture, LlamaConfig};
+use super::norm::RmsNorm;
+use super::rope::inverse_frequencies;
+use crate::error::Result;
+use crate::layers::Init;
+
+/// Builds the model `config` describes, in `dtype` on `device`.
+pub fn llama(config: &LlamaConfig, dtype: DType, device: &Device) -> Result<BlockModel> {
+    config.validate()?;
+    let (c, d) = (config.hidden_size, config.head_dim);
+    let (q_rows, kv_rows) = (
+        config.num_attention_heads * d,
+        config.num_key_value_heads * d,
+    );
+    let inner = config.intermediate_size;
+    let mut init = Init::new(config.seed);
+    let mut normal = |shape: &[usize]| init.normal(shape, config.init_std, dtype, device);
+    let fused = config.architecture == Architecture::Phi3;
+    let inverse = inverse_frequencies(d, config.rope_theta, config.rope_scaling.as_ref());
+
+    let mut store = weft_tensor::ParamStore::new(device, dtype);
+    let mut blocks: Vec<Box<dyn Block>> = Vec::new();
+    let table = normal(&[config.vocab_size, c])?;
+    let mut root = store.scope("model");
+    let start = root.store_len();
+    let table = root.sub("embed_tokens").parameter("weight", table)?;
+    let table_id = start;
+    blocks.push(Box::new(Embeddings {
+        table: table.clone(),
+        entries: start..root.store_len(),
+    }));
+    for i in 0..config.num_hidden_layers {
+        let [q, k, v, o] = [
+            normal(&[q_rows, c])?,
+            normal(&[kv_rows, c])?,
+            normal(&[kv_rows, c])?,
+            normal(&[c, q_rows])?,
+        ];
+        let [gate, up, down] = [
+            normal(&[inner, c])?,
+            normal(&[inner, c])?,
+            normal(&[c, inner])?,
+        ];
+        let mut layer = root.sub(&format!("layers.{i}"));
+        let start = layer.store_len();
+        let norm = RmsNorm::new(&mut layer.sub("input_layernorm"), c, config.rms_norm_eps)?;
+        let mut attn = layer.sub("self_attn");
+        let qkv = match fused {
+            true => Qkv::Fused(weight(&mut attn, "qkv_proj", Tensor::cat(&[q, k, v], 0)?)?),
+            false => Qkv::Separate {
+                q: weight(&mut attn, "q_proj", q)?,
+                k: weight(&mut attn, "k_proj", k)?,
+                v: weight(&mut attn, "v_proj", v)?,
+            },
+        };
+        let o_proj = weight(&mut attn, "o_proj", o)?;
+        blocks.push(Box::new(AttentionBlock {
+            name: format!("layers.{i}.attn"),
+            norm,
+            qkv,
+            o_proj,
+            heads: config.num_attention_heads,
+            kv_heads: config.num_key_value_heads,
+            head_dim: d,
+            inverse_frequencies: inverse.clone(),
+            max_positions: config.max_position_embeddings,
+            entries: start..layer.store_len(),
+        }));
+        let start = layer.store_len();
+        let norm = RmsNorm::new(
+            &mut layer.sub("post_attention_layernorm"),
+            c,
+            config.rms_norm_eps,
+        )?;
+        let mut mlp = layer.sub("mlp");
+        let gate_up = match fused {
+            true => GateUp::Fused(weight(
+                &mut mlp,
+                "gate_up_proj",
+                Tensor::cat(&[gate, up], 0)?,
+            )?),
+            false => GateUp::Separate {
+                gate: weight(&mut mlp, "gate_proj", gate)?,
+                up: weight(&mut mlp, "up_proj", up)?,
+            },
+        };
+        let down_proj = weight(&mut mlp, "down_proj", down)?;
+        blocks.push(Box::new(MlpBlock {
+            name: format!("layers.{i}.mlp"),
+            norm,
+            gate_up,
+            down_proj,
+            entries: start..layer.store_len(),
+        }));
+    }
+    let start = root.store_len();
+    let norm = RmsNorm::new(&mut root.sub("norm"), c, config.rms_norm_eps)?;
+    drop(root);
+    let (lm_head, tied) = match config.tie_word_embeddings {
+        true => (table, Some(table_id)),
+        false => {
+            let values = normal(&[config.vocab_size, c])?;
+            (store.scope("lm_head").parameter("weight", values)?, None)
+        }
+    };
+    blocks.push(Box::new(Head {
+        norm,
+        lm_head,
+        tied,
+        entries: start..store.len(),
+    }));
+    Ok(BlockModel::new(store, blocks)?)
+}
+
+/// Registers the projection `name`'s `weight` in `scope`.
+fn weight(scope: &mut Scope, name: &str, value: Tensor) -> Result<Var> {
+    Ok(scope.sub(name).parameter("weight", value)?)
+}
