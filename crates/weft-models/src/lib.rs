@@ -16,6 +16,8 @@ pub mod layers;
 pub mod llama;
 pub mod loss;
 pub mod resnet;
+#[cfg(test)]
+mod test_support;
 
 pub use error::{ModelError, Result};
 pub use gpt::{gpt, GptConfig};

@@ -5,6 +5,7 @@ use weft_tensor::{tape, BlockModel, Checkpointing, Mode, Objective};
 
 use super::*;
 use crate::loss::NextToken;
+use crate::test_support::{assert_tape_matches, tokens};
 
 fn tiny(seed: u64) -> GptConfig {
     let mut config = GptConfig::from_name("gpt-tiny").unwrap().with_seed(seed);
@@ -179,13 +180,6 @@ fn forward_matches_a_hand_computed_case() {
     assert!((loss.to_scalar::<f64>().unwrap() - expected).abs() < 1e-12);
 }
 
-fn tokens(b: usize, t: usize, vocab: u32, seed: u32) -> Tensor {
-    let v: Vec<u32> = (0..(b * t) as u32)
-        .map(|i| (i * 7 + seed * 3 + i * i) % vocab)
-        .collect();
-    Tensor::from_vec(v, (b, t), &Device::Cpu).unwrap()
-}
-
 fn loss_of(model: &BlockModel, ids: &Tensor, targets: &Tensor, vocab: usize) -> Tensor {
     let logits = model.forward(ids, Mode::TRAIN).unwrap();
     NextToken { vocab_size: vocab }
@@ -300,27 +294,7 @@ fn block_wise_backward_equals_the_whole_graph_with(dropout: f64) {
         .expect("the head")
         .forward_saving(&hidden, mode);
     assert!(saving.unwrap().is_some(), "dropout {dropout}: the head");
-    for checkpointing in [Checkpointing::None, Checkpointing::All] {
-        let tape = tape::forward(&model, &ids, mode, &checkpointing).unwrap();
-        let out = NextToken { vocab_size: 11 }
-            .loss(tape.output(), &targets)
-            .unwrap();
-        let mut seen = 0;
-        tape.backward(&out.loss, &model, |ready| {
-            for (id, grad) in ready.grads {
-                let entry = &model.store().entries()[id];
-                let expected = reference.get(entry.tensor()).unwrap();
-                let diff = (grad.unwrap() - expected)
-                    .and_then(|d| d.abs()?.max_all()?.to_scalar::<f64>())
-                    .map_err(weft_tensor::TensorError::from)?;
-                assert!(diff < 1e-12, "{}: {diff}", entry.name);
-                seen += 1;
-            }
-            Ok::<(), weft_tensor::TensorError>(())
-        })
-        .unwrap();
-        assert_eq!(seen, model.store().parameter_ids().len());
-    }
+    assert_tape_matches(&model, (&ids, &targets), 11, mode, &reference);
 }
 
 /// A checkpoint exported with Hugging Face's names (the table cut to the vocabulary, no

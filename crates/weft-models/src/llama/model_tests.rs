@@ -3,11 +3,12 @@
 //! fused projections as the separate ones) and finite differences in f64.
 
 use candle_core::{DType, Device, Tensor};
-use weft_tensor::{tape, BlockModel, Checkpointing, Mode, Objective};
+use weft_tensor::{BlockModel, Mode, Objective};
 
 use super::attention::{rotary_tables, rotate};
 use super::*;
 use crate::loss::NextToken;
+use crate::test_support::{assert_tape_matches, tokens};
 
 /// A small shape: 4 query heads of 4 over 2 key/value heads, 2 layers, 11 tokens.
 fn tiny(seed: u64) -> LlamaConfig {
@@ -26,13 +27,6 @@ fn tiny(seed: u64) -> LlamaConfig {
     ) = (4, 2, 4);
     config.max_position_embeddings = 8;
     config
-}
-
-fn tokens(b: usize, t: usize, vocab: u32, seed: u32) -> Tensor {
-    let v: Vec<u32> = (0..(b * t) as u32)
-        .map(|i| (i * 7 + seed * 3 + i * i) % vocab)
-        .collect();
-    Tensor::from_vec(v, (b, t), &Device::Cpu).unwrap()
 }
 
 fn logits(model: &BlockModel, ids: &Tensor) -> Vec<f64> {
@@ -257,27 +251,7 @@ fn block_wise_backward_equals_the_whole_graph() {
     let model = llama(&tiny(6), DType::F64, &Device::Cpu).unwrap();
     let (ids, targets) = (tokens(2, 6, 11, 3), tokens(2, 6, 11, 4));
     let reference = loss_of(&model, &ids, &targets).backward().unwrap();
-    for checkpointing in [Checkpointing::None, Checkpointing::All] {
-        let tape = tape::forward(&model, &ids, Mode::TRAIN, &checkpointing).unwrap();
-        let out = NextToken { vocab_size: 11 }
-            .loss(tape.output(), &targets)
-            .unwrap();
-        let mut seen = 0;
-        tape.backward(&out.loss, &model, |ready| {
-            for (id, grad) in ready.grads {
-                let entry = &model.store().entries()[id];
-                let expected = reference.get(entry.tensor()).unwrap();
-                let diff = (grad.unwrap() - expected)
-                    .and_then(|d| d.abs()?.max_all()?.to_scalar::<f64>())
-                    .map_err(weft_tensor::TensorError::from)?;
-                assert!(diff < 1e-12, "{}: {diff}", entry.name);
-                seen += 1;
-            }
-            Ok::<(), weft_tensor::TensorError>(())
-        })
-        .unwrap();
-        assert_eq!(seen, model.store().parameter_ids().len());
-    }
+    assert_tape_matches(&model, (&ids, &targets), 11, Mode::TRAIN, &reference);
 }
 
 #[test]
