@@ -1,5 +1,5 @@
-//! What the transformer models' tests share: token batches and the check of the block-wise
-//! tape's gradients against the whole graph's.
+//! What the transformer models' tests share: token batches, gradients against finite
+//! differences, and the block-wise tape's gradients against the whole graph's.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor};
@@ -45,5 +45,49 @@ pub(crate) fn assert_tape_matches(
         })
         .unwrap();
         assert_eq!(seen, model.store().parameter_ids().len());
+    }
+}
+
+/// Gradients of `loss` (a function of the model's current values) against the five-point
+/// central differences in f64, for a few values of every parameter: step h = 1e-4 (truncation
+/// O(h⁴) ≈ 1e-16 times the fifth derivative, rounding near 1e-11 for losses of order 1), bound
+/// 1e-8 relative to max(|g|, 1e-2).
+pub(crate) fn assert_gradients_match_finite_differences(
+    model: &BlockModel,
+    loss: impl Fn(&BlockModel) -> Tensor,
+) {
+    let grads = loss(model).backward().unwrap();
+    let h = 1e-4;
+    for entry in model.store().entries() {
+        let grad: Vec<f64> = grads
+            .get(entry.tensor())
+            .expect("every parameter has a gradient")
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let n = grad.len();
+        for k in [0, n / 3, n / 2, n - 1] {
+            let original: Vec<f64> = entry.tensor().flatten_all().unwrap().to_vec1().unwrap();
+            let set = |values: Vec<f64>| {
+                let value = Tensor::from_vec(values, entry.var.shape(), &Device::Cpu).unwrap();
+                entry.var.set(&value).unwrap();
+            };
+            let at = |delta: f64| {
+                let mut v = original.clone();
+                v[k] += delta;
+                set(v);
+                loss(model).to_scalar::<f64>().unwrap()
+            };
+            let numeric = (8.0 * (at(h) - at(-h)) - (at(2.0 * h) - at(-2.0 * h))) / (12.0 * h);
+            set(original);
+            let scale = grad[k].abs().max(1e-2);
+            assert!(
+                (numeric - grad[k]).abs() / scale < 1e-8,
+                "{}[{k}]: analytic {} vs numeric {numeric}",
+                entry.name,
+                grad[k]
+            );
+        }
     }
 }

@@ -5,7 +5,7 @@ use weft_tensor::{tape, BlockModel, Checkpointing, Mode, Objective};
 
 use super::*;
 use crate::loss::NextToken;
-use crate::test_support::{assert_tape_matches, tokens};
+use crate::test_support::{assert_gradients_match_finite_differences, assert_tape_matches, tokens};
 
 fn tiny(seed: u64) -> GptConfig {
     let mut config = GptConfig::from_name("gpt-tiny").unwrap().with_seed(seed);
@@ -209,41 +209,7 @@ fn gradients_match_finite_differences_in_f64() {
         entry.var.set(&value).unwrap();
     }
     let (ids, targets) = (tokens(2, 5, 11, 0), tokens(2, 5, 11, 1));
-    let grads = loss_of(&model, &ids, &targets, 11).backward().unwrap();
-    let h = 1e-4;
-    for entry in model.store().entries() {
-        let grad = grads
-            .get(entry.tensor())
-            .expect("every parameter has a gradient");
-        let grad: Vec<f64> = grad.flatten_all().unwrap().to_vec1().unwrap();
-        let n = grad.len();
-        for k in [0, n / 3, n / 2, n - 1] {
-            let original: Vec<f64> = entry.tensor().flatten_all().unwrap().to_vec1().unwrap();
-            let at = |delta: f64| {
-                let mut v = original.clone();
-                v[k] += delta;
-                entry
-                    .var
-                    .set(&Tensor::from_vec(v, entry.var.shape(), &Device::Cpu).unwrap())
-                    .unwrap();
-                loss_of(&model, &ids, &targets, 11)
-                    .to_scalar::<f64>()
-                    .unwrap()
-            };
-            let numeric = (8.0 * (at(h) - at(-h)) - (at(2.0 * h) - at(-2.0 * h))) / (12.0 * h);
-            entry
-                .var
-                .set(&Tensor::from_vec(original, entry.var.shape(), &Device::Cpu).unwrap())
-                .unwrap();
-            let scale = grad[k].abs().max(1e-2);
-            assert!(
-                (numeric - grad[k]).abs() / scale < 1e-8,
-                "{}[{k}]: analytic {} vs numeric {numeric}",
-                entry.name,
-                grad[k]
-            );
-        }
-    }
+    assert_gradients_match_finite_differences(&model, |m| loss_of(m, &ids, &targets, 11));
 }
 
 /// The block-wise backward (each block's graph cut at its input, the tied table's two parts

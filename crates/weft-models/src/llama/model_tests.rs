@@ -8,7 +8,7 @@ use weft_tensor::{BlockModel, Mode, Objective};
 use super::attention::{rotary_tables, rotate};
 use super::*;
 use crate::loss::NextToken;
-use crate::test_support::{assert_tape_matches, tokens};
+use crate::test_support::{assert_gradients_match_finite_differences, assert_tape_matches, tokens};
 
 /// A small shape: 4 query heads of 4 over 2 key/value heads, 2 layers, 11 tokens.
 fn tiny(seed: u64) -> LlamaConfig {
@@ -209,38 +209,7 @@ fn gradients_match_finite_differences_in_f64() {
         entry.var.set(&value).unwrap();
     }
     let (ids, targets) = (tokens(2, 5, 11, 0), tokens(2, 5, 11, 1));
-    let grads = loss_of(&model, &ids, &targets).backward().unwrap();
-    let h = 1e-4;
-    for entry in model.store().entries() {
-        let grad: Vec<f64> = grads
-            .get(entry.tensor())
-            .expect("every parameter has a gradient")
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let n = grad.len();
-        for k in [0, n / 3, n / 2, n - 1] {
-            let original: Vec<f64> = entry.tensor().flatten_all().unwrap().to_vec1().unwrap();
-            let at = |delta: f64| {
-                let mut v = original.clone();
-                v[k] += delta;
-                let value = Tensor::from_vec(v, entry.var.shape(), &Device::Cpu).unwrap();
-                entry.var.set(&value).unwrap();
-                loss_of(&model, &ids, &targets).to_scalar::<f64>().unwrap()
-            };
-            let numeric = (8.0 * (at(h) - at(-h)) - (at(2.0 * h) - at(-2.0 * h))) / (12.0 * h);
-            let value = Tensor::from_vec(original, entry.var.shape(), &Device::Cpu).unwrap();
-            entry.var.set(&value).unwrap();
-            let scale = grad[k].abs().max(1e-2);
-            assert!(
-                (numeric - grad[k]).abs() / scale < 1e-8,
-                "{}[{k}]: analytic {} vs numeric {numeric}",
-                entry.name,
-                grad[k]
-            );
-        }
-    }
+    assert_gradients_match_finite_differences(&model, |m| loss_of(m, &ids, &targets));
 }
 
 /// The block-wise backward (each block's graph cut at its input, the tied table's two parts
