@@ -26,8 +26,8 @@ pub fn resnet(args: weft_train::TrainArgs, without_cuda: WithoutCuda) -> Result<
 /// Trains a GPT.
 pub fn gpt(args: weft_train::GptArgs, without_cuda: WithoutCuda) -> Result<ExitCode> {
     args.validate()?;
-    let name =
-        (args.log.name.is_none()).then(|| default_run_name(&args.model.model, &args.data.data));
+    let name = (args.log.name.is_none())
+        .then(|| default_run_name(&args.model.model_name(), &args.data.data));
     launch_or_run(
         &args.training.device,
         args.ranks(),

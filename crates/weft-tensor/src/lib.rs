@@ -25,6 +25,7 @@ pub mod cuda_runtime;
 pub mod durable;
 pub mod error;
 pub mod flat;
+pub mod hf_checkpoint;
 pub mod objective;
 pub mod ops;
 pub mod params;

@@ -141,7 +141,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             resume::resume_run(path, trainer, (&layout, stage), steps_per_epoch, ctx)?
         }
         None => {
-            let open = || default_run_name(&args.model.model, &args.data.data);
+            let open = || default_run_name(&args.model.model_name(), &args.data.data);
             let run = RunFolder::open(&args.log.out, args.log.name.as_deref(), open, args, ctx)?;
             resume::Resumed::fresh(run)
         }
@@ -151,7 +151,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     if ctx.is_main() {
         tracing::info!(
             "weft: {} ({} parameters) on {} x {}, {} train / {} val sequences of {seq_len} tokens, global batch {}, {} steps over {} epochs -> {}",
-            args.model.model,
+            config.name(),
             stepper.model().store().num_parameters(),
             ctx.world_size,
             args.training.device,

@@ -5,6 +5,7 @@ use anyhow::{bail, Result};
 use weft_parallel::pipeline::partition;
 
 use crate::flags::{GptDefaults, RunArgs};
+use crate::language_model::LanguageModel;
 use crate::optim_setup::OptimizerSettings;
 
 pub use crate::flags::{PipelineBalance, PipelineSchedule};
@@ -40,21 +41,15 @@ impl GptArgs {
         self.optim.settings(total_steps, (false, None))
     }
 
-    /// The model's configuration for these flags (vocabulary 256 for text data).
-    pub fn model_config(&self) -> Result<weft_models::GptConfig> {
-        let mut config = weft_models::GptConfig::from_name(&self.model.model)
-            .map_err(|e| anyhow::anyhow!("--model: {e}"))?
-            .with_seed(self.training.seed)
-            .with_dropout(self.model.dropout);
-        if self.data.data.starts_with("text:") {
-            config = config.with_vocab_size(256);
-        }
-        Ok(config)
+    /// The model these flags name (vocabulary 256 for text data read as bytes).
+    pub fn model_config(&self) -> Result<LanguageModel> {
+        let bytes = self.data.data.starts_with("text:");
+        LanguageModel::from_flags(&self.model, self.training.seed, bytes)
     }
 
     /// Tokens per sequence: `--seq-len` or the model's context.
     pub fn seq_len(&self) -> Result<usize> {
-        let context = self.model_config()?.context;
+        let context = self.model_config()?.context();
         Ok(self.data.seq_len.unwrap_or(context))
     }
 
@@ -67,16 +62,16 @@ impl GptArgs {
         self.parallel.validate(&self.training.device)?;
         self.checkpoints.validate(self.model.init_from.is_some())?;
         let (tp, pp, zero) = (self.parallel.tp, self.parallel.pp, self.parallel.zero);
+        config.check_layout(tp, pp)?;
         if pp > config.num_blocks() {
             bail!(
                 "--pp {pp} exceeds the {} blocks of {} (embeddings, {} layers of two halves, head)",
                 config.num_blocks(),
-                self.model.model,
-                config.n_layer
+                config.name(),
+                (config.num_blocks() - 2) / 2
             );
         }
         self.stage_blocks(None)?;
-        crate::gpt_parallel::check_layout(&config, tp)?;
         if self.parallel.sync_bn {
             bail!("--sync-bn: a GPT has no batch norm to synchronise");
         }
@@ -96,10 +91,10 @@ impl GptArgs {
         }
         match self.data.seq_len {
             Some(0) => bail!("--seq-len must be at least 1"),
-            Some(n) if n > config.context => bail!(
+            Some(n) if n > config.context() => bail!(
                 "--seq-len {n} exceeds the context of {} ({})",
-                config.context,
-                self.model.model
+                config.context(),
+                config.name()
             ),
             _ => {}
         }
@@ -112,8 +107,8 @@ impl GptArgs {
             bail!("--dropout {} must be in [0, 1)", self.model.dropout);
         }
         if let Some(path) = &self.model.init_from {
-            if !path.is_file() {
-                bail!("--init-from {}: no such file", path.display());
+            if !path.exists() {
+                bail!("--init-from {}: no such file or folder", path.display());
             }
         }
         self.precision.policy()?;

@@ -4,9 +4,9 @@
 
 use anyhow::Result;
 use weft_data::{MarkovTokens, TokenStream, TokenWindows};
-use weft_models::GptConfig;
 
 use crate::gpt_args::GptArgs;
+use crate::language_model::LanguageModel;
 
 /// Training and validation windows.
 pub struct TokenData {
@@ -17,8 +17,8 @@ pub struct TokenData {
 }
 
 /// The data `--data` names, cut into windows of `seq_len` tokens for `config`'s vocabulary.
-pub fn open_data(args: &GptArgs, config: &GptConfig, seq_len: usize) -> Result<TokenData> {
-    let vocab = config.vocab_size;
+pub fn open_data(args: &GptArgs, config: &LanguageModel, seq_len: usize) -> Result<TokenData> {
+    let vocab = config.vocab_size();
     match args.data.data.strip_prefix("text:") {
         Some(path) => {
             // Memory-mapped, a byte a token: the two parts share the mapping.

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use candle_core::{Device, Tensor};
 use weft_data::TokenWindows;
-use weft_models::gpt::{self, hf, Dense, GptConfig, GptLayers};
+use weft_models::gpt::{hf, Dense, GptLayers};
 use weft_models::loss::NextToken;
 use weft_parallel::tensor::VocabParallelNextToken;
 use weft_parallel::zero::ShardLayout;
@@ -18,6 +18,7 @@ use crate::fit::{FitSummary, Stepper};
 use crate::gpt_args::GptArgs;
 use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
 use crate::gpt_pipeline::gather_stages;
+use crate::language_model::LanguageModel;
 use crate::resume;
 use crate::run_dir::RunFolder;
 
@@ -26,7 +27,7 @@ use crate::run_dir::RunFolder;
 /// pass) and returned beside it; `--init-from` loads the whole model (so never sharded).
 pub(crate) fn build_model(
     args: &GptArgs,
-    config: &GptConfig,
+    config: &LanguageModel,
     policy: &PrecisionPolicy,
     device: &Device,
     mesh: &GptMesh,
@@ -37,7 +38,7 @@ pub(crate) fn build_model(
         Some(layers) => layers,
         None => &Dense,
     };
-    let build = || gpt::gpt_stage(config, policy.param, device, layers, blocks.clone());
+    let build = || config.build(policy.param, device, layers, blocks.clone());
     // Under ZeRO-3 over several replicas each rank builds only its shard of the parameters
     // (counted in a first pass); loading --init-from needs the whole model.
     let (model, zero3_shard) =
@@ -50,8 +51,8 @@ pub(crate) fn build_model(
             false => (build()?, None),
         };
     if let Some(path) = &args.model.init_from {
-        match (&split_layers, &mesh.tp) {
-            (Some(layers), Some(group)) => {
+        match (&split_layers, &mesh.tp, config.as_gpt()) {
+            (Some(layers), Some(group), Some(config)) => {
                 let splits = layers.splits();
                 let (rank, size) = (group.rank(), group.size());
                 hf::load_hf_safetensors_sliced(model.store(), config, path, |id, full| {
@@ -60,22 +61,22 @@ pub(crate) fn build_model(
                     })
                 })?
             }
-            _ => hf::load_hf_safetensors(model.store(), config, path)?,
+            _ => config.load_hf(model.store(), path)?,
         }
     }
     Ok((model, zero3_shard))
 }
 
 /// The next-token objective: over the vocabulary slices of the tensor-parallel group, or whole.
-pub(crate) fn objective(mesh: &GptMesh, config: &GptConfig) -> Box<dyn Objective> {
-    match &mesh.tp {
-        Some(group) => Box::new(VocabParallelNextToken {
+pub(crate) fn objective(mesh: &GptMesh, config: &LanguageModel) -> Box<dyn Objective> {
+    match (&mesh.tp, config.as_gpt()) {
+        (Some(group), Some(config)) => Box::new(VocabParallelNextToken {
             vocab_size: config.vocab_size,
             start: group.rank() * config.padded_vocab() / group.size(),
             group: group.clone(),
         }),
-        None => Box::new(NextToken {
-            vocab_size: config.vocab_size,
+        _ => Box::new(NextToken {
+            vocab_size: config.vocab_size(),
         }),
     }
 }
@@ -139,7 +140,7 @@ pub(crate) fn validate(
 pub(crate) fn export(
     stepper: &mut Stepper,
     (mesh, split_layers): (&GptMesh, &Option<TensorParallelLayers>),
-    config: &GptConfig,
+    config: &LanguageModel,
     run: &RunFolder,
     (summary, start): (&FitSummary, usize),
 ) -> Result<()> {
@@ -160,10 +161,7 @@ pub(crate) fn export(
     }
     if let Some(writer) = &run.writer {
         let store = full_state.as_ref().unwrap_or(stepper.model().store());
-        let weights = writer.save_checkpoint_with(
-            |path| Ok(hf::save_hf_safetensors(store, config, path)?),
-            summary,
-        )?;
+        let weights = writer.save_checkpoint_with(|run| config.export(store, run), summary)?;
         tracing::info!(
             "done in {:.1} s: loss {:.4} at step {start}, val loss {:.4}; checkpoint {}",
             summary.seconds,

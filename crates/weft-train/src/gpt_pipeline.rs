@@ -16,6 +16,7 @@ use weft_tensor::{EntryKind, Objective, ParamStore};
 
 use crate::distributed::RankContext;
 use crate::gpt_args::{GptArgs, PipelineBalance};
+use crate::language_model::LanguageModel;
 
 /// Each pipeline stage's blocks: `--pp-split`, or balanced by parameter count, or (with
 /// `--pp-balance time`) by each block's measured forward and backward: the embeddings, one
@@ -25,16 +26,17 @@ use crate::gpt_args::{GptArgs, PipelineBalance};
 /// every rank cuts alike.
 pub fn stage_blocks(
     args: &GptArgs,
-    config: &GptConfig,
+    config: &LanguageModel,
     device: &Device,
     train: &TokenWindows,
     rows: usize,
     ctx: &RankContext,
 ) -> Result<Vec<Range<usize>>> {
-    if args.parallel.pp == 1
-        || args.parallel.pp_split.is_some()
-        || args.parallel.pp_balance == PipelineBalance::Params
-    {
+    let config = match config.as_gpt() {
+        Some(config) if args.parallel.pp > 1 => config,
+        _ => return args.stage_blocks(None),
+    };
+    if args.parallel.pp_split.is_some() || args.parallel.pp_balance == PipelineBalance::Params {
         return args.stage_blocks(None);
     }
     let one_layer = GptConfig {

@@ -1,6 +1,7 @@
 //! The run folder `runs/<name>/`: `config.json`, `metrics.jsonl` (one JSON object per step and
-//! per epoch, flushed as written) and the final checkpoint (`model.safetensors` with torchvision
-//! names, plus `checkpoint.json` metadata). Every file is written atomically.
+//! per epoch, flushed as written) and the final model (`model.safetensors` with torchvision or
+//! GPT-2 names, or a Llama's Hugging Face folder `hf/`, plus `checkpoint.json` metadata). Every
+//! file is written atomically.
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -112,20 +113,23 @@ impl RunDir {
         metadata: &impl Serialize,
     ) -> Result<PathBuf> {
         self.save_checkpoint_with(
-            |weights| Ok(weft_tensor::state_dict::save_safetensors(store, weights)?),
+            |folder| {
+                let weights = folder.join("model.safetensors");
+                weft_tensor::state_dict::save_safetensors(store, &weights)?;
+                Ok(weights)
+            },
             metadata,
         )
     }
 
-    /// Writes `model.safetensors` with `write_weights` (which must write it atomically) and
-    /// `checkpoint.json`.
+    /// Writes the model with `write_weights` (given the run folder; it writes atomically and
+    /// returns the path it wrote), then `checkpoint.json`.
     pub fn save_checkpoint_with(
         &self,
-        write_weights: impl FnOnce(&Path) -> Result<()>,
+        write_weights: impl FnOnce(&Path) -> Result<PathBuf>,
         metadata: &impl Serialize,
     ) -> Result<PathBuf> {
-        let weights = self.path.join("model.safetensors");
-        write_weights(&weights)?;
+        let weights = write_weights(&self.path)?;
         write_atomically(
             &self.path.join("checkpoint.json"),
             &serde_json::to_vec_pretty(metadata)?,

@@ -11,50 +11,28 @@
 //! left out of the sum, a micro-batch weighted wrongly) exceeds by orders of magnitude.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use candle_core::{DType, Device};
-use clap::Parser;
-use weft_testing::on_thread_ranks;
-use weft_train::distributed::RankContext;
 use weft_train::GptArgs;
 
-#[derive(Parser)]
-#[command(args_override_self = true)]
-struct Cli {
-    #[command(flatten)]
-    args: GptArgs,
-}
+mod support;
 
 /// `train-gpt` with `args` as a job of `world` thread ranks.
 fn run_on_thread_ranks(world: usize, args: &GptArgs) {
-    on_thread_ranks(world, |rank, comm| {
-        let ctx = RankContext {
-            rank,
-            world_size: world,
-            comm: Some(comm as Arc<_>),
-        };
-        weft_train::gpt::run_in(args, &ctx, &Device::Cpu).unwrap();
-    });
+    support::run(args, world)
 }
 
 /// The step lines of a run's metrics.
 fn step_lines(dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    let lines = support::lines(dir);
+    lines
+        .into_iter()
         .filter(|l| l.get("step").is_some())
         .collect()
 }
 
 fn val_loss(dir: &Path) -> f64 {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find_map(|l| l.get("val_loss").and_then(|v| v.as_f64()))
-        .unwrap()
+    support::values(dir, "val_loss")[0]
 }
 
 fn flags(out: &Path, name: &str, extra: &[&str]) -> GptArgs {
@@ -78,7 +56,7 @@ fn flags(out: &Path, name: &str, extra: &[&str]) -> GptArgs {
         "--name",
         name,
     ];
-    Cli::parse_from(base.iter().chain(extra)).args
+    support::parse(base.into_iter().chain(extra.iter().copied()))
 }
 
 /// Losses, gradient norms, validation loss and final weights of run `b` equal run `a`'s.

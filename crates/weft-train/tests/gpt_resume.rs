@@ -8,67 +8,27 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::Device;
-use clap::Parser;
 use weft_testing::on_thread_ranks;
 use weft_train::distributed::RankContext;
 use weft_train::GptArgs;
 
-#[derive(Parser)]
-#[command(args_override_self = true)]
-struct Cli {
-    #[command(flatten)]
-    args: GptArgs,
-}
+mod support;
+use support::{run, values};
 
 fn flags(out: &Path, extra: &[&str]) -> GptArgs {
     let base = [
-        "train",
-        "--seq-len",
-        "16",
-        "--synthetic-tokens",
-        "4096",
-        "--val-tokens",
-        "256",
-        "--batch-size",
-        "4",
         "--steps",
         "6",
         "--dropout",
         "0.1",
-        "--quiet",
         "--out",
         out.to_str().unwrap(),
     ];
-    Cli::parse_from(base.iter().chain(extra)).args
-}
-
-fn run(args: &GptArgs, ranks: usize) {
-    if ranks == 1 {
-        weft_train::gpt::run(args).unwrap();
-        return;
-    }
-    on_thread_ranks(ranks, |rank, comm| {
-        let ctx = RankContext {
-            rank,
-            world_size: ranks,
-            comm: Some(comm as Arc<_>),
-        };
-        weft_train::gpt::run_in(args, &ctx, &Device::Cpu).unwrap();
-    });
+    support::tiny(&[&base[..], extra].concat())
 }
 
 fn losses(run: &Path) -> Vec<f64> {
     values(run, "loss")
-}
-
-/// The values of `key` in the metric lines of `run`, in order.
-fn values(run: &Path, key: &str) -> Vec<f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter_map(|l| l.get(key)?.as_f64())
-        .collect()
 }
 
 #[test]

@@ -1,16 +1,12 @@
 //! The GPT split over 2 and 4 tensor-parallel thread ranks against the whole model with the
 //! same seed, and `train-gpt --tp 2` against `--tp 1`.
 
-use std::sync::Arc;
-
 use candle_core::{DType, Device, Tensor};
-use clap::Parser;
 use weft_models::gpt::{gpt, gpt_with_layers, GptConfig};
 use weft_models::loss::NextToken;
 use weft_parallel::tensor::{TensorParallelGroup, VocabParallelNextToken};
 use weft_tensor::{tape, Checkpointing, EntryKind, Mode, Objective, ParamStore};
 use weft_testing::on_thread_ranks;
-use weft_train::distributed::RankContext;
 use weft_train::gpt_parallel::{gather_full_state, TensorParallelLayers};
 use weft_train::GptArgs;
 
@@ -208,32 +204,18 @@ fn split_initialisation_gathers_to_the_whole_one() {
     });
 }
 
-#[derive(Parser)]
-#[command(args_override_self = true)]
-struct Cli {
-    #[command(flatten)]
-    args: GptArgs,
-}
+mod support;
 
 /// Runs `train-gpt` with `args` as a job of two thread ranks.
 fn run_on_two_thread_ranks(args: &GptArgs) {
-    on_thread_ranks(2, |rank, comm| {
-        let ctx = RankContext {
-            rank,
-            world_size: 2,
-            comm: Some(comm as Arc<_>),
-        };
-        weft_train::gpt::run_in(args, &ctx, &Device::Cpu).unwrap();
-    });
+    support::run(args, 2)
 }
 
 /// `(loss, grad_norm)` of each step line of a run's metrics.
 fn steps(dir: &std::path::Path) -> Vec<(f64, Option<f64>)> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|l| l.get("step").is_some())
+    let lines = support::lines(dir);
+    let steps = lines.into_iter().filter(|l| l.get("step").is_some());
+    steps
         .map(|l| (l["loss"].as_f64().unwrap(), l["grad_norm"].as_f64()))
         .collect()
 }
@@ -251,25 +233,8 @@ fn train_gpt_tp2_logs_the_losses_of_tp1() {
     let out = tempfile::tempdir().unwrap();
     let out_dir = out.path().to_str().unwrap();
     let flags = |name: &str, extra: &[&str]| -> GptArgs {
-        let base = [
-            "train",
-            "--seq-len",
-            "16",
-            "--synthetic-tokens",
-            "4096",
-            "--val-tokens",
-            "256",
-            "--batch-size",
-            "4",
-            "--steps",
-            "5",
-            "--quiet",
-            "--out",
-            out_dir,
-            "--name",
-            name,
-        ];
-        Cli::parse_from(base.iter().chain(extra)).args
+        let base = ["--out", out_dir, "--name", name];
+        support::tiny(&[&base[..], extra].concat())
     };
     for (case, extra) in [
         ("plain", &[][..]),

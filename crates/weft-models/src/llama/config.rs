@@ -198,6 +198,28 @@ impl LlamaConfig {
         table + self.num_hidden_layers * layer + d + head
     }
 
+    /// Blocks of the model: the embeddings, each layer's attention and MLP halves, the head.
+    pub fn num_blocks(&self) -> usize {
+        2 * self.num_hidden_layers + 2
+    }
+
+    /// Trainable values of each block (a pipeline's balance): the token table, each layer's
+    /// attention half (its RMSNorm, q, k, v and o) and MLP half (its RMSNorm, gate, up and
+    /// down), and the head's RMSNorm plus the matrix it multiplies by (the table when tied:
+    /// the work of the logits either way).
+    pub fn block_parameter_counts(&self) -> Vec<u64> {
+        let (d, h) = (self.hidden_size, self.head_dim);
+        let table = (self.vocab_size * d) as u64;
+        let attention = d * h * (2 * self.num_attention_heads + 2 * self.num_key_value_heads) + d;
+        let mlp = 3 * d * self.intermediate_size + d;
+        let mut counts = vec![table];
+        for _ in 0..self.num_hidden_layers {
+            counts.extend([attention as u64, mlp as u64]);
+        }
+        counts.push(table + d as u64);
+        counts
+    }
+
     /// With the initialisation seed `seed`.
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;

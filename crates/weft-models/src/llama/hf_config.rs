@@ -1,7 +1,8 @@
 //! A Llama-family shape from a Hugging Face `config.json` ([`LlamaConfig::from_hf_json`]):
 //! keys weft does not use are ignored, missing keys take `transformers`' defaults for the
 //! architecture, and both the transformers-4 spellings (`rope_theta`, `rope_scaling`) and the
-//! transformers-5 ones (`rope_parameters`) are read.
+//! transformers-5 ones (`rope_parameters`) are read; and the `config.json` weft writes beside
+//! an exported model ([`LlamaConfig::to_hf_json`]).
 
 use std::path::Path;
 
@@ -65,6 +66,50 @@ impl LlamaConfig {
         (config.rope_theta, config.rope_scaling) = (theta, scaling);
         config.validate().map_err(|e| fail(e.to_string()))?;
         Ok(config)
+    }
+
+    /// The `config.json` that `transformers` builds this shape from, the weights stored as
+    /// `dtype` (`"float32"`, `"bfloat16"`, …), in transformers 4's spelling (which transformers
+    /// 5 reads too). No padding token: Phi-3's default id would lie outside a small vocabulary.
+    pub fn to_hf_json(&self, dtype: &str) -> Value {
+        let (class, kind) = match self.architecture {
+            Architecture::Llama => ("LlamaForCausalLM", "llama"),
+            Architecture::Phi3 => ("Phi3ForCausalLM", "phi3"),
+        };
+        let scaling = self.rope_scaling.map(|s| {
+            serde_json::json!({
+                "rope_type": "llama3",
+                "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings,
+            })
+        });
+        serde_json::json!({
+            "architectures": [class],
+            "model_type": kind,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": scaling,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "initializer_range": self.init_std,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "mlp_bias": false,
+            "attention_dropout": 0.0,
+            "pad_token_id": null,
+            "bos_token_id": null,
+            "eos_token_id": null,
+            "torch_dtype": dtype,
+        })
     }
 }
 

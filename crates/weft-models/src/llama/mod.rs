@@ -1,12 +1,13 @@
 //! The Llama family (Llama 2/3, SmolLM, Phi-3): RMSNorm, rotary position embeddings, a SwiGLU
 //! MLP and grouped-query attention, with Hugging Face's names, free of parallelism as the
 //! GPT is: the configurations ([`LlamaConfig`]: presets and Hugging Face `config.json` files),
-//! the rotary frequencies ([`rope`]), and the model ([`llama`]) as a block model whose blocks
-//! Candle's autograd differentiates (16-bit kernels and tensor-parallel parts come next).
+//! the rotary frequencies ([`rope`]), the model ([`llama`]) as a block model whose blocks
+//! Candle's autograd differentiates, and Hugging Face checkpoints in and out ([`hf`]).
 
 pub mod attention;
 mod blocks;
 mod config;
+pub mod hf;
 mod hf_config;
 mod model;
 mod norm;
@@ -17,6 +18,8 @@ pub use config::{Architecture, Llama3Scaling, LlamaConfig, LLAMA_NAMES};
 pub use model::llama;
 pub use norm::RmsNorm;
 
+#[cfg(test)]
+mod hf_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]

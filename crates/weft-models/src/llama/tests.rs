@@ -21,6 +21,20 @@ fn presets_have_their_published_sizes() {
     assert!(LlamaConfig::from_name("llama-9").is_err());
 }
 
+#[test]
+fn block_counts_add_up_to_the_parameters() {
+    for name in LLAMA_NAMES {
+        let config = LlamaConfig::from_name(name).unwrap();
+        let counts = config.block_parameter_counts();
+        assert_eq!(counts.len(), config.num_blocks());
+        let table = (config.vocab_size * config.hidden_size) as u64;
+        // The head's count holds the table once more (its copy, or its work when tied).
+        let tied_copy = if config.tie_word_embeddings { table } else { 0 };
+        let total: u64 = counts.iter().sum();
+        assert_eq!(total - tied_copy, config.num_parameters() as u64, "{name}");
+    }
+}
+
 fn read(text: &str) -> Result<LlamaConfig, String> {
     LlamaConfig::from_hf_json(text, Path::new("models/smol/config.json")).map_err(|e| e.to_string())
 }

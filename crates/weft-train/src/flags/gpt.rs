@@ -26,25 +26,58 @@ impl TaskDefaults for GptDefaults {
     }
 }
 
-/// The GPT.
+/// The language model.
 #[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Model")]
 #[serde(rename_all = "kebab-case")]
 pub struct GptFlags {
-    /// gpt-tiny (about 225 k parameters, for the CPU) | gpt2 (124 M) | gpt2-medium (350 M) |
-    /// gpt2-large (774 M), Hugging Face's GPT-2 shapes and names
-    #[arg(long, default_value = "gpt-tiny")]
-    pub model: String,
-    /// Dropout of the embeddings, attention weights and residual branches while training; the
-    /// masks derive from --seed, the step, the micro-batch and each element's place, so every
-    /// layout (--tp, --pp, micro-batches) drops what one process drops. On a GPU, 16-bit
-    /// attention with dropout takes the unfused path over the full scores (the fused cuDNN
-    /// attention runs without dropout)
+    /// gpt-tiny (the default; about 225 k parameters, for the CPU) | gpt2 (124 M) |
+    /// gpt2-medium (350 M) | gpt2-large (774 M), Hugging Face's GPT-2 shapes and names; or the
+    /// Llama family's llama-tiny (for the CPU) | smollm-135m | llama-3.2-1b | phi-3-mini
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A Hugging Face config.json giving a Llama-family shape (LlamaForCausalLM or
+    /// Phi3ForCausalLM) instead of --model
+    #[arg(long)]
+    pub model_config: Option<PathBuf>,
+    /// Dropout of the embeddings, attention weights and residual branches while training (the
+    /// GPT's); the masks derive from --seed, the step, the micro-batch and each element's
+    /// place, so every layout (--tp, --pp, micro-batches) drops what one process drops. On a
+    /// GPU, 16-bit attention with dropout takes the unfused path over the full scores (the
+    /// fused cuDNN attention runs without dropout)
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f64,
-    /// Initialise from a Hugging Face GPT-2 safetensors file (e.g. the hub's model.safetensors)
+    /// Initialise from Hugging Face safetensors: a file (e.g. the hub's model.safetensors), or
+    /// a folder of a Llama-family model (its config.json then gives the shape without --model;
+    /// sharded weights are read through their index)
     #[arg(long)]
     pub init_from: Option<PathBuf>,
+}
+
+impl GptFlags {
+    /// The model's name for logs and run names: `--model`, else the folder of
+    /// `--model-config` or `--init-from`, else the default `gpt-tiny`.
+    pub fn model_name(&self) -> String {
+        let folder = |path: &std::path::Path| {
+            let dir = if path.is_dir() {
+                Some(path)
+            } else {
+                path.parent()
+            };
+            let name = dir.and_then(std::path::Path::file_name);
+            name.map(|n| n.to_string_lossy().into_owned())
+        };
+        self.model
+            .clone()
+            .or_else(|| self.model_config.as_deref().and_then(folder))
+            .or_else(|| {
+                self.init_from
+                    .as_deref()
+                    .filter(|p| p.is_dir())
+                    .and_then(folder)
+            })
+            .unwrap_or_else(|| weft_models::gpt::MODEL_NAMES[0].into())
+    }
 }
 
 /// The tokens a GPT trains and validates on.

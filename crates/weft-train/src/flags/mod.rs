@@ -125,7 +125,10 @@ mod tests {
     fn default_values_are_the_flags_defaults() {
         let gpt = RunArgs::<GptDefaults>::default();
         assert_eq!((gpt.training.batch_size, gpt.optim.lr), (32, 3e-3));
-        assert_eq!(gpt.model.model, "gpt-tiny");
+        assert_eq!(
+            (gpt.model.model_name(), gpt.model.model),
+            ("gpt-tiny".into(), None)
+        );
         let resnet = RunArgs::<ResnetDefaults>::default();
         assert_eq!((resnet.training.batch_size, resnet.optim.lr), (64, 0.1));
         assert_eq!(resnet.checkpoints.save_timeout, 1800.0);

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use anyhow::Result;
 use candle_core::{Device, Tensor};
 use weft_data::TokenWindows;
-use weft_models::GptConfig;
 use weft_parallel::StepOutcome;
 
 use crate::distributed::RankContext;
@@ -17,9 +16,10 @@ use crate::fit::{Batches, Evaluation, FitSummary, Stepper, Task, Throughput};
 use crate::gpt_data::TokenData;
 use crate::gpt_parallel::{GptMesh, TensorParallelLayers};
 use crate::gpt_parts::{export, validate};
+use crate::language_model::LanguageModel;
 use crate::run_dir::RunFolder;
 
-/// A GPT's task.
+/// A language model's task.
 pub struct NextToken<'a> {
     pub train: Arc<TokenWindows>,
     pub val: TokenWindows,
@@ -31,7 +31,7 @@ pub struct NextToken<'a> {
     pub device: Device,
     pub mesh: &'a GptMesh,
     pub split_layers: &'a Option<TensorParallelLayers>,
-    pub config: &'a GptConfig,
+    pub config: &'a LanguageModel,
     /// The step this invocation started from (the export's log line).
     pub start: usize,
 }
@@ -47,7 +47,7 @@ impl<'a> NextToken<'a> {
         (mesh, split_layers, config): (
             &'a GptMesh,
             &'a Option<TensorParallelLayers>,
-            &'a GptConfig,
+            &'a LanguageModel,
         ),
         start: usize,
     ) -> Self {

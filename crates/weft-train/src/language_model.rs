@@ -1,0 +1,197 @@
+//! The language models `train-gpt` trains — the GPT-2 family and the Llama family (Llama,
+//! SmolLM, Phi-3) — behind one description that the trainer's parts ask for what differs
+//! between them: the shape's sizes, the model's construction, Hugging Face import and export,
+//! and the layouts each family has a `parallelize` for (tensor-parallel splits and pipeline
+//! stages are the GPT's alone so far; the Llama trains under DDP and ZeRO 1/2/3).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use weft_models::gpt::MODEL_NAMES;
+use weft_models::gpt::{self, GptConfig, GptLayers};
+use weft_models::llama::{self, LlamaConfig, LLAMA_NAMES};
+use weft_tensor::{BlockModel, ParamStore};
+
+use crate::flags::GptFlags;
+
+/// A model `train-gpt` builds.
+#[derive(Debug, Clone)]
+pub enum LanguageModel {
+    Gpt(GptConfig),
+    Llama(LlamaConfig),
+}
+
+impl LanguageModel {
+    /// The model the flags name, initialised from `seed`: `--model-config`'s `config.json`, else
+    /// the `config.json` of an `--init-from` folder when `--model` is not given, else `--model`
+    /// (default `gpt-tiny`). `byte_vocab`: the data are bytes (a vocabulary of 256, unless the
+    /// weights come from `--init-from`, whose vocabulary stays).
+    pub fn from_flags(flags: &GptFlags, seed: u64, byte_vocab: bool) -> Result<Self> {
+        let shape_file = match (&flags.model, &flags.model_config, &flags.init_from) {
+            (Some(name), Some(_), _) => {
+                bail!("--model {name} and --model-config: give one of them")
+            }
+            (_, Some(path), _) => Some(path.clone()),
+            (None, None, Some(dir)) if dir.join("config.json").is_file() => {
+                Some(dir.join("config.json"))
+            }
+            _ => None,
+        };
+        let model = match shape_file {
+            Some(path) => Self::Llama(read_hf_config(&path)?),
+            None => Self::from_name(flags.model.as_deref().unwrap_or(MODEL_NAMES[0]))?,
+        };
+        let model = match model {
+            Self::Gpt(config) => {
+                let config = config.with_seed(seed).with_dropout(flags.dropout);
+                match byte_vocab {
+                    true => Self::Gpt(config.with_vocab_size(256)),
+                    false => Self::Gpt(config),
+                }
+            }
+            Self::Llama(mut config) => {
+                if flags.dropout != 0.0 {
+                    bail!(
+                        "--dropout {}: the Llama family trains without dropout (as Hugging Face's)",
+                        flags.dropout
+                    );
+                }
+                if byte_vocab && flags.init_from.is_none() {
+                    config.vocab_size = 256;
+                }
+                Self::Llama(config.with_seed(seed))
+            }
+        };
+        Ok(model)
+    }
+
+    /// A preset by name: a GPT-2 shape or a Llama-family one.
+    fn from_name(name: &str) -> Result<Self> {
+        if LLAMA_NAMES.contains(&name) {
+            return Ok(Self::Llama(LlamaConfig::from_name(name)?));
+        }
+        match GptConfig::from_name(name) {
+            Ok(config) => Ok(Self::Gpt(config)),
+            Err(_) => bail!(
+                "--model {name}: expected one of {}, {} (or --model-config PATH)",
+                MODEL_NAMES.join(", "),
+                LLAMA_NAMES.join(", ")
+            ),
+        }
+    }
+
+    /// The model's name (a preset's, or the folder of its `config.json`).
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Gpt(c) => &c.name,
+            Self::Llama(c) => &c.name,
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Self::Gpt(c) => c.vocab_size,
+            Self::Llama(c) => c.vocab_size,
+        }
+    }
+
+    /// The longest sequence the model takes.
+    pub fn context(&self) -> usize {
+        match self {
+            Self::Gpt(c) => c.context,
+            Self::Llama(c) => c.max_position_embeddings,
+        }
+    }
+
+    /// Blocks: the embeddings, each layer's two halves, the head.
+    pub fn num_blocks(&self) -> usize {
+        match self {
+            Self::Gpt(c) => c.num_blocks(),
+            Self::Llama(c) => c.num_blocks(),
+        }
+    }
+
+    /// Trainable values of each block (a pipeline's balance).
+    pub fn block_parameter_counts(&self) -> Vec<u64> {
+        match self {
+            Self::Gpt(c) => c.block_parameter_counts(),
+            Self::Llama(c) => c.block_parameter_counts(),
+        }
+    }
+
+    /// The GPT's configuration, for what only the GPT has (tensor-parallel parts, measured
+    /// pipeline balance).
+    pub fn as_gpt(&self) -> Option<&GptConfig> {
+        match self {
+            Self::Gpt(c) => Some(c),
+            Self::Llama(_) => None,
+        }
+    }
+
+    /// Refuses, in one line, a tensor-parallel degree or pipeline depth the model cannot be
+    /// split into.
+    pub fn check_layout(&self, tp: usize, pp: usize) -> Result<()> {
+        match self {
+            Self::Gpt(config) => crate::gpt_parallel::check_layout(config, tp),
+            Self::Llama(config) if tp > 1 || pp > 1 => bail!(
+                "--tp {tp} --pp {pp}: {} (the Llama family) trains with data parallelism and ZeRO \
+                 for now; its tensor-parallel and pipeline splits are not built yet",
+                config.name
+            ),
+            Self::Llama(_) => Ok(()),
+        }
+    }
+
+    /// The blocks `blocks` of the model in `dtype` on `device`, a GPT's parts built by
+    /// `layers` (a Llama is built whole: [`Self::check_layout`] refuses its splits).
+    pub fn build(
+        &self,
+        dtype: DType,
+        device: &Device,
+        layers: &dyn GptLayers,
+        blocks: Range<usize>,
+    ) -> Result<BlockModel> {
+        match self {
+            Self::Gpt(config) => Ok(gpt::gpt_stage(config, dtype, device, layers, blocks)?),
+            Self::Llama(config) if blocks == (0..config.num_blocks()) => {
+                Ok(llama::llama(config, dtype, device)?)
+            }
+            Self::Llama(config) => bail!("{}: blocks {blocks:?} of a Llama", config.name),
+        }
+    }
+
+    /// Loads Hugging Face weights at `path` into `store`, the whole model.
+    pub fn load_hf(&self, store: &ParamStore, path: &Path) -> Result<()> {
+        match self {
+            Self::Gpt(config) => Ok(gpt::hf::load_hf_safetensors(store, config, path)?),
+            Self::Llama(config) => Ok(llama::hf::load_hf(store, config, path)?),
+        }
+    }
+
+    /// Writes `store` (the whole model) into the run folder `folder` as Hugging Face names it:
+    /// a GPT's `model.safetensors`, a Llama's folder `hf/` (`config.json` and the weights).
+    /// Returns the path written.
+    pub fn export(&self, store: &ParamStore, folder: &Path) -> Result<PathBuf> {
+        match self {
+            Self::Gpt(config) => {
+                let path = folder.join("model.safetensors");
+                gpt::hf::save_hf_safetensors(store, config, &path)?;
+                Ok(path)
+            }
+            Self::Llama(config) => {
+                let dir = folder.join("hf");
+                llama::hf::save_hf(store, config, &dir)?;
+                Ok(dir)
+            }
+        }
+    }
+}
+
+/// A Llama-family shape from a Hugging Face `config.json`.
+fn read_hf_config(path: &Path) -> Result<LlamaConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--model-config {}", path.display()))?;
+    Ok(LlamaConfig::from_hf_json(&text, path)?)
+}
