@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-const KERNELS: [&str; 19] = [
+const KERNELS: [&str; 21] = [
     "attention",
     "batch_norm",
     "batch_norm_nhwc",
@@ -18,11 +18,13 @@ const KERNELS: [&str; 19] = [
     "layer_norm",
     "relu",
     "residual",
+    "rotary",
     "max_pool",
     "max_pool_nhwc",
     "multi_tensor",
     "pixels",
     "space_to_depth",
+    "swiglu",
     "transpose",
     "unscale",
 ];

@@ -1,12 +1,14 @@
 //! `weft memory-plan`: predicts a training run's memory per rank before any GPU is
-//! touched (weft-train's `memory_plan`), for a built-in model (`--model`: its parameters
-//! counted and one sample's activations measured by a forward pass on the CPU) or a
-//! transformer described by its shape. Prints the table with formulas, or `--json`, and with
+//! touched (weft-train's `memory_plan`), for a built-in CNN (`--model`: its parameters
+//! counted and one sample's activations measured by a forward pass on the CPU), a Llama-family
+//! shape (`--model llama-3.2-1b`, `phi-3-mini`, … or a Hugging Face `--model-config`: exact
+//! parameters, grouped-query attention, SwiGLU widths) or a transformer described by its shape. Prints the table with formulas, or `--json`, and with
 //! `--gpu-memory` whether it fits and what single change would make it fit.
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
+use weft_models::llama::{LlamaConfig, LLAMA_NAMES};
 use weft_models::{resnet, ResNetConfig};
 use weft_precision::PrecisionPolicy;
 use weft_tensor::{tape, Checkpointing, EntryKind, Mode};
@@ -14,10 +16,14 @@ use weft_train::memory_plan::{self, ModelShape, PlanSettings, PlannedOptimizer};
 
 #[derive(Debug, Args)]
 pub struct MemoryPlanArgs {
-    /// A built-in model (resnet18 … resnet152, resnet20 …); or describe a transformer with
-    /// --layers --hidden --heads --seq-len --vocab [--params]
+    /// A built-in model (resnet18 … resnet152, resnet20 …; llama-tiny, smollm-135m,
+    /// llama-3.2-1b, phi-3-mini); or describe a transformer with --layers --hidden --heads
+    /// --seq-len --vocab [--params]
     #[arg(long)]
     model: Option<String>,
+    /// A Hugging Face config.json of a Llama-family model (LlamaForCausalLM, Phi3ForCausalLM)
+    #[arg(long)]
+    model_config: Option<std::path::PathBuf>,
     /// Parameters of the transformer (e.g. 3.8e9; default 12·L·h² + V·h)
     #[arg(long)]
     params: Option<f64>,
@@ -146,6 +152,18 @@ fn measured_model(args: &MemoryPlanArgs, name: &str) -> Result<ModelShape> {
 
 pub fn run(args: &MemoryPlanArgs) -> Result<()> {
     let model = match (&args.model, args.layers, args.hidden, args.heads) {
+        _ if args.model_config.is_some() && args.model.is_some() => {
+            bail!("--model and --model-config: give one of them")
+        }
+        (None, None, None, None) if args.model_config.is_some() => {
+            let path = args.model_config.as_deref().expect("checked");
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--model-config {}", path.display()))?;
+            ModelShape::llama(&LlamaConfig::from_hf_json(&text, path)?, args.seq_len)?
+        }
+        (Some(name), None, None, None) if LLAMA_NAMES.contains(&name.as_str()) => {
+            ModelShape::llama(&LlamaConfig::from_name(name)?, args.seq_len)?
+        }
         (Some(name), None, None, None) => measured_model(args, name)?,
         (None, Some(layers), Some(hidden), Some(heads)) => ModelShape::transformer(
             args.params.map(|p| p.round() as u64),

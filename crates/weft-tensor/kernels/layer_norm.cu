@@ -22,6 +22,12 @@
 //                              (no atomics), the block's warps added in order at the end
 //   layer_norm_backward_sums   (partial [blocks, 2C]) -> dw, db: the blocks' partial sums added
 //                              in a fixed order (deterministic), rounded once
+//
+// RMSNorm (Llama's) is the same kernels without the mean and the bias (`RMS`):
+//   rms_norm_forward           (x, w) -> y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)
+//   rms_norm_backward          (x, w, dy) -> dx = rstd (g - xhat mean(g xhat)), g = dy * w, and
+//                              the partial column sums as above (dw then the unused db), added by
+//                              layer_norm_backward_sums
 
 #include "block_reduce.cuh"
 #include "float_types.cuh"
@@ -187,14 +193,17 @@ __device__ __forceinline__ float sum_of(const Vec<T, N>& v) {
     return s;
 }
 
-// One row of the forward by one warp, its share of x loaded.
-template <typename T, int N>
+// One row of the forward by one warp, its share of x loaded (RMS: no mean, no bias).
+template <typename T, int N, bool RMS>
 __device__ __forceinline__ void forward_row(const RowShare<T, N, FORWARD_CACHED>& xs, const T* w,
                                             const T* b, T* y, int cols, float eps) {
     constexpr bool vector = N > 1;
-    float sum = 0.f;
-    xs.each([&](int, Vec<T, N> v) { sum += sum_of(v); });
-    const float mean = warp_sum(sum) / (float)cols;
+    float mean = 0.f;
+    if (!RMS) {
+        float sum = 0.f;
+        xs.each([&](int, Vec<T, N> v) { sum += sum_of(v); });
+        mean = warp_sum(sum) / (float)cols;
+    }
     float squares = 0.f;
     xs.each([&](int, Vec<T, N> v) {
 #pragma unroll
@@ -205,18 +214,23 @@ __device__ __forceinline__ void forward_row(const RowShare<T, N, FORWARD_CACHED>
     });
     const float rstd = 1.f / sqrtf(warp_sum(squares) / (float)cols + eps);
     xs.each([&](int u, Vec<T, N> v) {
-        const Vec<T, N> wu = load<T, N>(w + u * N, vector), bu = load<T, N>(b + u * N, vector);
+        const Vec<T, N> wu = load<T, N>(w + u * N, vector);
         float out[N];
 #pragma unroll
         for (int e = 0; e < N; ++e)
-            out[e] = (cvt<float>(v.v[e]) - mean) * rstd * cvt<float>(wu.v[e]) + cvt<float>(bu.v[e]);
+            out[e] = (cvt<float>(v.v[e]) - mean) * rstd * cvt<float>(wu.v[e]);
+        if (!RMS) {
+            const Vec<T, N> bu = load<T, N>(b + u * N, vector);
+#pragma unroll
+            for (int e = 0; e < N; ++e) out[e] += cvt<float>(bu.v[e]);
+        }
         store<T, N>(y + (long long)u * N, rounded<T, N>(out), vector);
     });
 }
 
 // Rows warp, warp + warps, ... of x [rows, cols] (warp counted over the grid, `warps` the
 // grid's), each row's share loaded while the warp works on the one before.
-template <typename T, int N>
+template <typename T, int N, bool RMS>
 __device__ __forceinline__ void forward_rows(const T* x, const T* w, const T* b, T* y, int rows,
                                              int cols, float eps) {
     typedef RowShare<T, N, FORWARD_CACHED> Share;
@@ -226,18 +240,18 @@ __device__ __forceinline__ void forward_rows(const T* x, const T* w, const T* b,
     for (; row < rows; row += warps) {
         const int next = row + warps;
         Share ahead(x + (long long)min(next, rows - 1) * cols, next < rows ? cols / N : 0);
-        forward_row<T, N>(xs, w, b, y + (long long)row * cols, cols, eps);
+        forward_row<T, N, RMS>(xs, w, b, y + (long long)row * cols, cols, eps);
         xs = ahead;
     }
 }
 
-template <typename T>
+template <typename T, bool RMS>
 __device__ void forward_half(const T* x, const T* w, const T* b, T* y, int rows, int cols,
                              float eps) {
     if (cols % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(b) && aligned16(y))
-        forward_rows<T, 8>(x, w, b, y, rows, cols, eps);
+        forward_rows<T, 8, RMS>(x, w, b, y, rows, cols, eps);
     else
-        forward_rows<T, 1>(x, w, b, y, rows, cols, eps);
+        forward_rows<T, 1, RMS>(x, w, b, y, rows, cols, eps);
 }
 
 // A warp's f32 column sums in shared memory for units of N values: for each unit its N sums
@@ -270,23 +284,27 @@ struct ColumnSums {
 
 // One row of the backward by one warp, its shares of x and dy loaded: dx, and dy * xhat and
 // dy added to the warp's column sums. mean(g) comes from the pass of the mean and
-// mean(g xhat) = rstd * sum(g (x - mean)) / C from the pass of the variance.
-template <typename T, int N>
+// mean(g xhat) = rstd * sum(g (x - mean)) / C from the pass of the variance (RMS: no mean, so
+// no first pass and no mean(g) term).
+template <typename T, int N, bool RMS>
 __device__ __forceinline__ void backward_row(const RowShare<T, N, BACKWARD_CACHED>& xs,
                                              const RowShare<T, N, BACKWARD_CACHED>& gs, const T* w,
                                              T* dx, float* sums, int cols, float eps) {
     constexpr bool vector = N > 1;
-    float sum_x = 0.f, sum_g = 0.f;
-    xs.each(gs, [&](int u, Vec<T, N> xv, Vec<T, N> gv) {
-        const Vec<T, N> wu = load<T, N>(w + u * N, vector);
+    float mean = 0.f, mean_g = 0.f;
+    if (!RMS) {
+        float sum_x = 0.f, sum_g = 0.f;
+        xs.each(gs, [&](int u, Vec<T, N> xv, Vec<T, N> gv) {
+            const Vec<T, N> wu = load<T, N>(w + u * N, vector);
 #pragma unroll
-        for (int e = 0; e < N; ++e) {
-            sum_x += cvt<float>(xv.v[e]);
-            sum_g += cvt<float>(gv.v[e]) * cvt<float>(wu.v[e]);
-        }
-    });
-    const float mean = warp_sum(sum_x) / (float)cols;
-    const float mean_g = warp_sum(sum_g) / (float)cols;
+            for (int e = 0; e < N; ++e) {
+                sum_x += cvt<float>(xv.v[e]);
+                sum_g += cvt<float>(gv.v[e]) * cvt<float>(wu.v[e]);
+            }
+        });
+        mean = warp_sum(sum_x) / (float)cols;
+        mean_g = warp_sum(sum_g) / (float)cols;
+    }
     float squares = 0.f, sum_gd = 0.f;
     xs.each(gs, [&](int u, Vec<T, N> xv, Vec<T, N> gv) {
         const Vec<T, N> wu = load<T, N>(w + u * N, vector);
@@ -319,7 +337,7 @@ __device__ __forceinline__ void backward_row(const RowShare<T, N, BACKWARD_CACHE
 // warps-th row (loading the next row's shares while it works on one); then the block's column
 // sums (its warps' added in order) into its row of `partial`. Shared memory: each warp's
 // ColumnSums.
-template <typename T, int N>
+template <typename T, int N, bool RMS>
 __device__ __forceinline__ void backward_rows(const T* x, const T* w, const T* dy, T* dx,
                                               float* partial, int rows, int cols, float eps,
                                               int rows_per_block, float* shared) {
@@ -346,7 +364,7 @@ __device__ __forceinline__ void backward_rows(const T* x, const T* w, const T* d
         const long long ahead = (long long)min(next, rows - 1) * cols;
         const int ahead_units = next < end ? units : 0;
         Share x_ahead(x + ahead, ahead_units), g_ahead(dy + ahead, ahead_units);
-        backward_row<T, N>(xs, gs, w, dx + (long long)row * cols, sums, cols, eps);
+        backward_row<T, N, RMS>(xs, gs, w, dx + (long long)row * cols, sums, cols, eps);
         xs = x_ahead;
         gs = g_ahead;
     }
@@ -361,15 +379,15 @@ __device__ __forceinline__ void backward_rows(const T* x, const T* w, const T* d
     }
 }
 
-template <typename T>
+template <typename T, bool RMS>
 __device__ void backward_half(const T* x, const T* w, const T* dy, T* dx, float* partial, int rows,
                               int cols, float eps, int rows_per_block) {
     extern __shared__ float4 shared_sums[];
     float* shared = (float*)shared_sums;
     if (cols % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx))
-        backward_rows<T, 8>(x, w, dy, dx, partial, rows, cols, eps, rows_per_block, shared);
+        backward_rows<T, 8, RMS>(x, w, dy, dx, partial, rows, cols, eps, rows_per_block, shared);
     else
-        backward_rows<T, 1>(x, w, dy, dx, partial, rows, cols, eps, rows_per_block, shared);
+        backward_rows<T, 1, RMS>(x, w, dy, dx, partial, rows, cols, eps, rows_per_block, shared);
 }
 
 // dw and db from the blocks' partial sums: a block of 32 x blockDim.y threads (blockDim.y at
@@ -401,16 +419,25 @@ __device__ void backward_sums(const float* partial, T* dw, T* db, int blocks, in
     extern "C" __global__ void layer_norm_forward_##SUFFIX(const T* x, const T* w, const T* b,  \
                                                           T* y, int rows, int cols,             \
                                                           float eps) {                          \
-        forward_half<T>(x, w, b, y, rows, cols, eps);                                           \
+        forward_half<T, false>(x, w, b, y, rows, cols, eps);                                    \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(256, 2) layer_norm_backward_##SUFFIX(         \
         const T* x, const T* w, const T* dy, T* dx, float* partial, int rows, int cols,         \
         float eps, int rows_per_block) {                                                        \
-        backward_half<T>(x, w, dy, dx, partial, rows, cols, eps, rows_per_block);               \
+        backward_half<T, false>(x, w, dy, dx, partial, rows, cols, eps, rows_per_block);        \
     }                                                                                           \
     extern "C" __global__ void layer_norm_backward_sums_##SUFFIX(const float* partial, T* dw,   \
                                                                 T* db, int blocks, int cols) {  \
         backward_sums<T>(partial, dw, db, blocks, cols);                                        \
+    }                                                                                           \
+    extern "C" __global__ void rms_norm_forward_##SUFFIX(const T* x, const T* w, T* y,          \
+                                                        int rows, int cols, float eps) {        \
+        forward_half<T, true>(x, w, w, y, rows, cols, eps);                                     \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 2) rms_norm_backward_##SUFFIX(           \
+        const T* x, const T* w, const T* dy, T* dx, float* partial, int rows, int cols,         \
+        float eps, int rows_per_block) {                                                        \
+        backward_half<T, true>(x, w, dy, dx, partial, rows, cols, eps, rows_per_block);         \
     }
 
 HALF_LAYER_NORM_KERNELS(bf16, bf16)

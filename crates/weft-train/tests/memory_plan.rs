@@ -215,3 +215,48 @@ fn the_trainer_holds_the_planned_model_states_on_every_rank() {
         }
     }
 }
+
+/// A Llama-family shape counts its parameters exactly (Phi-3-mini's 3,821,079,552, the
+/// Hugging Face checkpoint's count) and its activations as the tensors weft's layers keep:
+/// for a tiny Llama in f32 the planned bytes, less the logits and their gradient, equal what
+/// the block-wise tape holds after a forward pass (exactly, but for the token ids, 4 bytes a
+/// token), with and without full recomputation.
+#[test]
+fn llama_shapes_count_their_parameters_and_saved_tensors() {
+    use weft_models::llama::{llama, LlamaConfig};
+    use weft_tensor::{tape, Mode};
+    let phi3 = LlamaConfig::from_name("phi-3-mini").unwrap();
+    let shape = ModelShape::llama(&phi3, 4096).unwrap();
+    assert_eq!(shape.params(), 3_821_079_552);
+    let plan = memory_plan::plan(&shape, &settings("bf16-mixed", 2, 3)).unwrap();
+    assert_eq!(plan.json()["params"], 3_821_079_552u64);
+    assert_eq!(plan.bytes("parameters"), 3_821_079_552 * 2 / 2);
+
+    let config = LlamaConfig::from_name("llama-tiny").unwrap();
+    let model = llama(&config, DType::F32, &Device::Cpu).unwrap();
+    let (b, s) = (2usize, 16usize);
+    let ids: Vec<u32> = (0..b * s).map(|i| (i * 37 % 256) as u32).collect();
+    let ids = candle_core::Tensor::from_vec(ids, (b, s), &Device::Cpu).unwrap();
+    let planned = |checkpointing: bool| {
+        let tiny = PlanSettings {
+            batch_size: b,
+            checkpoint_activations: checkpointing,
+            ..settings("fp32", 1, 0)
+        };
+        let plan = memory_plan::plan(&ModelShape::llama(&config, s as u64).unwrap(), &tiny);
+        let logits = 2 * 4 * (b * s * config.vocab_size) as u64;
+        plan.unwrap().bytes("activations") - logits
+    };
+    let measured = |checkpointing: &Checkpointing| {
+        let forward = tape::forward(&model, &ids, Mode::TRAIN, checkpointing).unwrap();
+        forward.saved_activation_bytes() as u64
+    };
+    let (token_ids, rows) = (4 * (b * s) as u64, 4 * (b * s * config.hidden_size) as u64);
+    let kept = measured(&Checkpointing::None);
+    assert_eq!(planned(false) + token_ids, kept);
+    // Recomputing, the tape keeps each block's input; the plan adds the peak of backward: one
+    // layer recomputed, and the head's normalised rows.
+    let layer = (kept - token_ids - 2 * rows) / config.num_hidden_layers as u64;
+    let inputs = measured(&Checkpointing::All);
+    assert_eq!(planned(true) + token_ids, inputs + layer + rows);
+}

@@ -19,7 +19,7 @@ use super::single_ops::{
 };
 use super::Check;
 
-type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
+pub(super) type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
 
 /// `f` on the inputs rounded to `dtype`, its output widened back to f32 (so the comparison and
 /// the gradients' weighting stay in f32).
@@ -38,7 +38,7 @@ fn rounded(dtype: DType, f: Op<'_>) -> impl Fn(&[Tensor]) -> candle_core::Result
 /// need not compute in f32: the tanh GELU's forward there is Candle's, rounding after each
 /// operation). Either output widened back to f32; the gradients flow back through the same
 /// roundings on both sides.
-fn rounded_from_f32(
+pub(super) fn rounded_from_f32(
     dtype: DType,
     f: Op<'_>,
 ) -> impl Fn(&[Tensor]) -> candle_core::Result<Tensor> + '_ {

@@ -20,6 +20,7 @@ mod embedding;
 mod fused_attention;
 mod gpt;
 mod half;
+mod llama;
 mod multi_gpu;
 mod optimizers;
 mod pool_special;
@@ -326,6 +327,7 @@ pub fn run() -> Result<()> {
         tolerance: 1e-5,
     });
     half::run(&gpu, &mut checks)?;
+    llama::run(&gpu, &mut checks)?;
     embedding::run(&gpu, &mut checks)?;
     channels_last::run(&gpu, &mut checks)?;
     pool_special::run(&gpu, &mut checks)?;

@@ -2,7 +2,9 @@
 //! queries and `[B, kv heads, T, d]` keys and values: the rotation of [`super::rope`] applied
 //! to queries and keys (`x cos + rotate_half(x) sin`), each key/value head repeated for the
 //! query heads that read it (Hugging Face's `repeat_kv`: query head h reads key/value head
-//! h ÷ (heads ÷ kv heads)), then weft-tensor's fused causal attention.
+//! h ÷ (heads ÷ kv heads)), then weft-tensor's fused causal attention. This is the naive form
+//! the tests hold the model's packed path (`ops::rotary_packed`, `ops::packed_attention`)
+//! against.
 
 use candle_core::{Tensor, D};
 use weft_tensor::{ops, Result};

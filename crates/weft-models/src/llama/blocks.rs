@@ -6,10 +6,9 @@
 use std::ops::Range;
 
 use candle_core::{Tensor, Var, D};
-use weft_tensor::ops::project;
-use weft_tensor::{Block, EntryId, Mode, Result, TensorError};
+use weft_tensor::ops::{self, project, PackedHeads};
+use weft_tensor::{Block, EntryId, ExplicitBackward, Mode, Result, TensorError};
 
-use super::attention::{grouped_attention, rotary_tables};
 use super::norm::RmsNorm;
 use crate::gpt::lookup;
 
@@ -29,6 +28,10 @@ impl Block for Embeddings {
         "embeddings"
     }
 
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
+    }
+
     fn forward(&self, ids: &Tensor, _mode: Mode) -> Result<Tensor> {
         lookup(self.table.as_tensor(), ids)
     }
@@ -45,16 +48,18 @@ pub(super) enum Qkv {
     Fused(Var),
 }
 
-/// The attention half of a layer: `x + o_proj(attention(input_layernorm(x)))`.
+/// The attention half of a layer: `x + o_proj(attention(input_layernorm(x)))`, the queries,
+/// keys and values projected as one packed row (the separate weights stacked), the rotary
+/// embeddings applied to it and the fused attention run on it ([`ops::rotary_packed`],
+/// [`ops::packed_attention`]; [`super::attention::grouped_attention`] is the naive form).
 pub struct AttentionBlock {
     pub(super) name: String,
     pub(super) norm: RmsNorm,
     pub(super) qkv: Qkv,
     pub(super) o_proj: Var,
-    pub(super) heads: usize,
-    pub(super) kv_heads: usize,
-    pub(super) head_dim: usize,
-    pub(super) inverse_frequencies: Vec<f64>,
+    pub(super) heads: PackedHeads,
+    /// The rotary inverse frequencies, `[head_dim / 2]` f32 on the model's device.
+    pub(super) inverse_frequencies: Tensor,
     pub(super) max_positions: usize,
     pub(super) entries: Range<EntryId>,
 }
@@ -64,8 +69,37 @@ impl Block for AttentionBlock {
         &self.name
     }
 
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
+    }
+
     fn forward(&self, x: &Tensor, _mode: Mode) -> Result<Tensor> {
         let (b, t, c) = x.dims3()?;
+        self.check_length(t)?;
+        let h = self.norm.forward(&x.reshape((b * t, c))?)?;
+        let qkv = match &self.qkv {
+            Qkv::Separate { q, k, v } => {
+                let stacked = Tensor::cat(&[q.as_tensor(), k.as_tensor(), v.as_tensor()], 0)?;
+                project(&h, &stacked.t()?)?
+            }
+            Qkv::Fused(w) => linear(&h, w)?,
+        };
+        let qkv = qkv.reshape((b, t, self.heads.row_width()))?;
+        let qkv = ops::rotary_packed(&qkv, self.heads, &self.inverse_frequencies)?;
+        let attended = ops::packed_attention(&qkv, self.heads)?;
+        let rows = attended.reshape((b * t, self.heads.out_width()))?;
+        let out = linear(&rows, &self.o_proj)?.reshape((b, t, c))?;
+        Ok((x + out)?)
+    }
+
+    fn entries(&self) -> Range<EntryId> {
+        self.entries.clone()
+    }
+}
+
+impl AttentionBlock {
+    /// Refuses sequences longer than the rotary tables' `max_position_embeddings`.
+    pub(super) fn check_length(&self, t: usize) -> Result<()> {
         if t > self.max_positions {
             return Err(TensorError::Block {
                 block: self.name.clone(),
@@ -75,36 +109,7 @@ impl Block for AttentionBlock {
                 ),
             });
         }
-        let h = self.norm.forward(&x.reshape((b * t, c))?)?;
-        let (q_width, kv_width) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
-        let (q, k, v) = match &self.qkv {
-            Qkv::Separate { q, k, v } => (linear(&h, q)?, linear(&h, k)?, linear(&h, v)?),
-            Qkv::Fused(w) => {
-                let all = linear(&h, w)?;
-                (
-                    all.narrow(1, 0, q_width)?,
-                    all.narrow(1, q_width, kv_width)?,
-                    all.narrow(1, q_width + kv_width, kv_width)?,
-                )
-            }
-        };
-        let heads = |x: Tensor, n: usize| -> Result<Tensor> {
-            Ok(x.reshape((b, t, n, self.head_dim))?.transpose(1, 2)?)
-        };
-        let (cos, sin) = rotary_tables(&self.inverse_frequencies, t, &h)?;
-        let attended = grouped_attention(
-            &heads(q, self.heads)?,
-            &heads(k, self.kv_heads)?,
-            &heads(v, self.kv_heads)?,
-            (&cos, &sin),
-        )?;
-        let rows = attended.transpose(1, 2)?.reshape((b * t, q_width))?;
-        let out = linear(&rows, &self.o_proj)?.reshape((b, t, c))?;
-        Ok((x + out)?)
-    }
-
-    fn entries(&self) -> Range<EntryId> {
-        self.entries.clone()
+        Ok(())
     }
 }
 
@@ -130,6 +135,10 @@ impl Block for MlpBlock {
         &self.name
     }
 
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
+    }
+
     fn forward(&self, x: &Tensor, _mode: Mode) -> Result<Tensor> {
         let (b, t, c) = x.dims3()?;
         let h = self.norm.forward(&x.reshape((b * t, c))?)?;
@@ -141,7 +150,7 @@ impl Block for MlpBlock {
                 (both.narrow(1, 0, inner)?, both.narrow(1, inner, inner)?)
             }
         };
-        let down = linear(&(gate.silu()? * up)?, &self.down_proj)?;
+        let down = linear(&ops::swiglu(&gate, &up)?, &self.down_proj)?;
         Ok((x + down.reshape((b, t, c))?)?)
     }
 
@@ -163,6 +172,10 @@ pub struct Head {
 impl Block for Head {
     fn name(&self) -> &str {
         "head"
+    }
+
+    fn explicit(&self) -> Option<&dyn ExplicitBackward> {
+        Some(self)
     }
 
     fn forward(&self, h: &Tensor, _mode: Mode) -> Result<Tensor> {

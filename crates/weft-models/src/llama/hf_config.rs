@@ -63,6 +63,16 @@ impl LlamaConfig {
             .f64("initializer_range", config.init_std)
             .map_err(fail)?;
         let (theta, scaling) = rope(&json, config.rope_theta).map_err(fail)?;
+        let parameters = match json.get("rope_parameters") {
+            Some(Value::Object(params)) => Keys(params),
+            _ => Keys(&json),
+        };
+        let partial = parameters.f64("partial_rotary_factor", 1.0).map_err(fail)?;
+        if partial != 1.0 {
+            return Err(fail(format!(
+                "partial_rotary_factor: {partial}; weft rotates the whole head (1.0)"
+            )));
+        }
         (config.rope_theta, config.rope_scaling) = (theta, scaling);
         config.validate().map_err(|e| fail(e.to_string()))?;
         Ok(config)

@@ -7,6 +7,7 @@
 pub mod attention;
 mod blocks;
 mod config;
+mod explicit;
 pub mod hf;
 mod hf_config;
 mod model;

@@ -7,6 +7,7 @@
 //! seed holds.
 
 use candle_core::{DType, Device, Tensor, Var};
+use weft_tensor::ops::PackedHeads;
 use weft_tensor::{Block, BlockModel, Scope};
 
 use super::blocks::{AttentionBlock, Embeddings, GateUp, Head, MlpBlock, Qkv};
@@ -29,6 +30,13 @@ pub fn llama(config: &LlamaConfig, dtype: DType, device: &Device) -> Result<Bloc
     let mut normal = |shape: &[usize]| init.normal(shape, config.init_std, dtype, device);
     let fused = config.architecture == Architecture::Phi3;
     let inverse = inverse_frequencies(d, config.rope_theta, config.rope_scaling.as_ref());
+    let inverse: Vec<f32> = inverse.iter().map(|&f| f as f32).collect();
+    let inverse = Tensor::from_vec(inverse, d / 2, device)?;
+    let heads = PackedHeads {
+        heads: config.num_attention_heads,
+        kv_heads: config.num_key_value_heads,
+        head_dim: d,
+    };
 
     let mut store = weft_tensor::ParamStore::new(device, dtype);
     let mut blocks: Vec<Box<dyn Block>> = Vec::new();
@@ -71,9 +79,7 @@ pub fn llama(config: &LlamaConfig, dtype: DType, device: &Device) -> Result<Bloc
             norm,
             qkv,
             o_proj,
-            heads: config.num_attention_heads,
-            kv_heads: config.num_key_value_heads,
-            head_dim: d,
+            heads,
             inverse_frequencies: inverse.clone(),
             max_positions: config.max_position_embeddings,
             entries: start..layer.store_len(),

@@ -212,15 +212,22 @@ fn gradients_match_finite_differences_in_f64() {
     assert_gradients_match_finite_differences(&model, |m| loss_of(m, &ids, &targets));
 }
 
-/// The block-wise backward (each block's graph cut at its input, the tied table's two parts
-/// summed) gives the whole graph's gradients up to summation order (1e-12 in f64), with and
-/// without recomputing the blocks in backward.
+/// The block-wise backward (the layers' and the head's own backward, `explicit.rs`; the tied
+/// table's two parts summed) gives the whole autograd graph's gradients up to summation order
+/// (1e-12 in f64), with and without recomputing the blocks in backward, for Llama's separate
+/// projections and Phi-3's fused ones (with an untied head).
 #[test]
 fn block_wise_backward_equals_the_whole_graph() {
-    let model = llama(&tiny(6), DType::F64, &Device::Cpu).unwrap();
-    let (ids, targets) = (tokens(2, 6, 11, 3), tokens(2, 6, 11, 4));
-    let reference = loss_of(&model, &ids, &targets).backward().unwrap();
-    assert_tape_matches(&model, (&ids, &targets), 11, Mode::TRAIN, &reference);
+    for architecture in [Architecture::Llama, Architecture::Phi3] {
+        let mut config = tiny(6);
+        config.architecture = architecture;
+        config.tie_word_embeddings = architecture == Architecture::Llama;
+        let model = llama(&config, DType::F64, &Device::Cpu).unwrap();
+        assert!(model.blocks()[1].explicit().is_some());
+        let (ids, targets) = (tokens(2, 6, 11, 3), tokens(2, 6, 11, 4));
+        let reference = loss_of(&model, &ids, &targets).backward().unwrap();
+        assert_tape_matches(&model, (&ids, &targets), 11, Mode::TRAIN, &reference);
+    }
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! RMSNorm as Hugging Face's Llama computes it: `x / sqrt(mean(x²) + eps)` in f32 (f64 stays
-//! f64), rounded back to the input's type, then scaled by the weight.
+//! f64), scaled by the weight: weft-tensor's fused [`ops::rms_norm`] (16-bit values rounded
+//! once, at the end).
 
-use candle_core::{DType, Tensor, Var, D};
-use weft_tensor::{Result, Scope};
+use candle_core::{Tensor, Var};
+use weft_tensor::{ops, Result, Scope};
 
 /// A root-mean-square normalisation over the last dimension, registered as `weight`.
 pub struct RmsNorm {
@@ -20,16 +21,15 @@ impl RmsNorm {
         })
     }
 
+    pub fn weight(&self) -> &Tensor {
+        self.weight.as_tensor()
+    }
+
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dtype = x.dtype();
-        let wide = match dtype {
-            DType::F64 => x.clone(),
-            _ => x.to_dtype(DType::F32)?,
-        };
-        let mean_square = wide.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = wide.broadcast_div(&(mean_square + self.eps)?.sqrt()?)?;
-        Ok(normed
-            .to_dtype(dtype)?
-            .broadcast_mul(self.weight.as_tensor())?)
+        Ok(ops::rms_norm(x, self.weight.as_tensor(), self.eps)?)
     }
 }

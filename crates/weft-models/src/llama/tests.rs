@@ -111,6 +111,10 @@ fn bad_files_are_one_line_naming_the_file_and_the_key() {
             r#"{"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "factor": 8.0}}"#,
             "rope_parameters.low_freq_factor: missing",
         ),
+        (
+            r#"{"model_type": "phi3", "rope_parameters": {"partial_rotary_factor": 0.5}}"#,
+            "partial_rotary_factor: 0.5",
+        ),
         ("[1, 2]", "not a JSON object"),
     ] {
         let err = read(text).unwrap_err();

@@ -90,6 +90,14 @@ pub(crate) const GELU: Module = Module {
     name: "weft_gelu",
     ptx: PTX_GELU,
 };
+pub(crate) const ROTARY: Module = Module {
+    name: "weft_rotary",
+    ptx: PTX_ROTARY,
+};
+pub(crate) const SWIGLU: Module = Module {
+    name: "weft_swiglu",
+    ptx: PTX_SWIGLU,
+};
 pub(crate) const LAYER_NORM: Module = Module {
     name: "weft_layer_norm",
     ptx: PTX_LAYER_NORM,

@@ -68,17 +68,33 @@ pub fn embed_tokens_backward(
             ids.dims()
         );
     }
+    let d_table = lookup_backward(ids, dy, vocab_rows)?;
     if !uses_kernels_with_half(&[dy]) {
-        let zeros = |rows: usize| Tensor::zeros((rows, c), dy.dtype(), dy.device());
-        let rows = dy.reshape((b * t, c))?;
-        let d_table = zeros(vocab_rows)?.index_add(&ids.flatten_all()?, &rows, 0)?;
-        let d_positions = Tensor::cat(&[dy.sum(0)?, zeros(position_rows - t)?], 0)?;
-        return Ok((d_table, d_positions));
+        let zeros = Tensor::zeros((position_rows - t, c), dy.dtype(), dy.device())?;
+        return Ok((d_table, Tensor::cat(&[&dy.sum(0)?, &zeros], 0)?));
     }
-    let (dy, ids) = (dy.contiguous()?, ids.contiguous()?);
-    let d_table = dy.apply_op2_no_bwd(&ids, &TableGrad { vocab_rows })?;
-    let d_positions = dy.apply_op1_no_bwd(&PositionsGrad { position_rows })?;
+    let d_positions = dy
+        .contiguous()?
+        .apply_op1_no_bwd(&PositionsGrad { position_rows })?;
     Ok((d_table, d_positions))
+}
+
+/// The gradient of a table looked up by ids `[B, T]` (u32) from the rows' gradient `dy`
+/// (`[B, T, C]`): `[vocab_rows, C]`, row `v` the sum of the rows of the tokens whose id is `v`
+/// in token order; [`embed_tokens_backward`]'s table half, for embeddings without positions.
+pub fn lookup_backward(ids: &Tensor, dy: &Tensor, vocab_rows: usize) -> Result<Tensor> {
+    let op = "lookup_backward";
+    let (b, t) = ids_dims(op, ids)?;
+    let (dy_b, dy_t, c) = dy.dims3()?;
+    if (dy_b, dy_t) != (b, t) || c == 0 {
+        bail!("{op}: dy {:?} for ids {:?}", dy.dims(), ids.dims());
+    }
+    if !uses_kernels_with_half(&[dy]) {
+        let zeros = Tensor::zeros((vocab_rows, c), dy.dtype(), dy.device())?;
+        return zeros.index_add(&ids.flatten_all()?, &dy.reshape((b * t, c))?, 0);
+    }
+    dy.contiguous()?
+        .apply_op2_no_bwd(&ids.contiguous()?, &TableGrad { vocab_rows })
 }
 
 /// The dimensions of u32 ids `[B, T]`.

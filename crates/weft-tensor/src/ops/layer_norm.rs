@@ -80,6 +80,7 @@ pub fn layer_norm_backward(
         && x.dim(D::Minus1)? <= super::layer_norm_cuda::MAX_BACKWARD_COLS
     {
         return super::layer_norm_cuda::backward_half(
+            super::layer_norm_cuda::Norm::Layer,
             &x.contiguous()?,
             &weight.contiguous()?,
             &dy.contiguous()?,

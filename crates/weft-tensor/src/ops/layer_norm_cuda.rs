@@ -69,13 +69,32 @@ pub(crate) fn run(
     match (args[0].0.dtype(), pass) {
         (DType::F32, _) => launch::<f32>(pass, (rows, cols, eps), args),
         (DType::F64, _) => launch::<f64>(pass, (rows, cols, eps), args),
-        (DType::BF16, Pass::Forward) => forward_half::<bf16>((rows, cols, eps), args),
-        (DType::F16, Pass::Forward) => forward_half::<f16>((rows, cols, eps), args),
+        (DType::BF16, Pass::Forward) => forward_half::<bf16>(Norm::Layer, (rows, cols, eps), args),
+        (DType::F16, Pass::Forward) => forward_half::<f16>(Norm::Layer, (rows, cols, eps), args),
         (other, _) => bail!("layer_norm: dtype {other:?} has no CUDA kernel for {pass:?}"),
     }
 }
 
 /// Warps (rows at a time) of a block of the 16-bit kernels.
+/// Which normalisation the 16-bit kernels compute: LayerNorm (`layer_norm_*`) or RMSNorm
+/// (`rms_norm_*`: no mean, no bias; its backward's bias sums are computed and dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Norm {
+    Layer,
+    Rms,
+}
+
+impl Norm {
+    fn kernel(self, pass: &str) -> &'static str {
+        match (self, pass) {
+            (Norm::Layer, "forward") => "layer_norm_forward",
+            (Norm::Layer, _) => "layer_norm_backward",
+            (Norm::Rms, "forward") => "rms_norm_forward",
+            (Norm::Rms, _) => "rms_norm_backward",
+        }
+    }
+}
+
 const HALF_WARPS: usize = 8;
 
 /// `rows` and `cols` as the 16-bit kernels' int arguments.
@@ -101,11 +120,12 @@ fn multiprocessors(storage: &CudaStorage) -> Result<usize> {
 /// blocks per SM, each warp loading its next row while it works on one (17.6 µs for 16384 rows
 /// of 768 on an H200, 2.9 TB/s, against 20 µs with a warp for each row and 120 µs for the
 /// former f32 kernel between two conversions); other rows one per warp (the faster there).
-fn forward_half<T: CudaDType + DeviceRepr + WithDType>(
+pub(crate) fn forward_half<T: CudaDType + DeviceRepr + WithDType>(
+    norm: Norm,
     (rows, cols, eps): (usize, usize, f64),
-    args: &[(&CudaStorage, &Layout); 3],
+    args: &[(&CudaStorage, &Layout)],
 ) -> Result<CudaStorage> {
-    let name = "layer_norm_forward";
+    let name = norm.kernel("forward");
     let (r, c) = half_dims(name, rows, cols)?;
     let device = device_of(args[0].0);
     let views = args
@@ -130,9 +150,10 @@ fn forward_half<T: CudaDType + DeviceRepr + WithDType>(
         block_dim: (32 * HALF_WARPS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: the arguments match `layer_norm_forward_{bf16,f16}` in kernels/layer_norm.cu; x
-    // holds `rows × cols` elements and the weight and bias `cols` (checked by the op); the
-    // grid's warps take every row, and the kernel writes every element of the output.
+    // SAFETY: the arguments match `layer_norm_forward_{bf16,f16}` (x, w, b) or
+    // `rms_norm_forward_{bf16,f16}` (x, w) in kernels/layer_norm.cu; x holds `rows × cols`
+    // elements and the weight and bias `cols` (checked by the op); the grid's warps take every
+    // row, and the kernel writes every element of the output.
     launched(name, unsafe { builder.launch(config) })?;
     Ok(CudaStorage::wrap_cuda_slice(out, device))
 }
@@ -204,12 +225,13 @@ fn tensor_of<T: CudaDType>(
 }
 
 fn backward<T: CudaDType + DeviceRepr + WithDType>(
+    norm: Norm,
     x: &Tensor,
     weight: &Tensor,
     dy: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let name = "layer_norm_backward";
+    let name = norm.kernel("backward");
     let (rows, cols) = x.dims2()?;
     if dy.dims() != x.dims() || weight.dims() != [cols] {
         bail!(
@@ -244,7 +266,7 @@ fn backward<T: CudaDType + DeviceRepr + WithDType>(
         block_dim: (32 * geometry.warps as u32, 1, 1),
         shared_mem_bytes: geometry.shared_bytes as u32,
     };
-    // SAFETY: the arguments match `layer_norm_backward_{bf16,f16}` in kernels/layer_norm.cu;
+    // SAFETY: the arguments match `{layer,rms}_norm_backward_{bf16,f16}` in kernels/layer_norm.cu;
     // x, dy and dx hold `rows × cols` elements and the weight `cols` (checked above); the
     // blocks own `rows_per_block` rows each and cover every row, each block writes its own
     // `2 × cols` row of `partial` (`blocks` rows), and the shared memory holds the column sums
@@ -275,14 +297,15 @@ fn backward<T: CudaDType + DeviceRepr + WithDType>(
 /// The gradients `(dx, dw, db)` of LayerNorm for contiguous CUDA `x` and `dy` (`[rows, cols]`)
 /// and `weight` (`[cols]`) of one 16-bit dtype, `cols` at most [`MAX_BACKWARD_COLS`].
 pub(crate) fn backward_half(
+    norm: Norm,
     x: &Tensor,
     weight: &Tensor,
     dy: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     match x.dtype() {
-        DType::BF16 => backward::<bf16>(x, weight, dy, eps),
-        DType::F16 => backward::<f16>(x, weight, dy, eps),
+        DType::BF16 => backward::<bf16>(norm, x, weight, dy, eps),
+        DType::F16 => backward::<f16>(norm, x, weight, dy, eps),
         other => bail!("layer_norm_backward: dtype {other:?} has no 16-bit CUDA kernel"),
     }
 }

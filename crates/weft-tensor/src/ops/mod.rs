@@ -15,7 +15,11 @@
 //!   through cuDNN's fused flash-attention engines (feature `cudnn`).
 //! - [`cross_entropy_rows`]: per-row cross-entropy over the first `classes` columns, fused
 //!   (a language model's padded vocabulary), with a one-pass backward.
-//! - [`layer_norm`]: LayerNorm over the last dimension, fused forward and input gradient.
+//! - [`layer_norm`]: LayerNorm over the last dimension, fused forward and input gradient;
+//!   [`rms_norm`] the Llama's RMSNorm through the same 16-bit kernels.
+//! - The Llama's other ops: [`swiglu`] (`silu(gate) · up`, one pass each way),
+//!   [`rotary_packed`] (rotary position embeddings on a packed q | k | v projection) and
+//!   [`packed_attention`] (the packed fused attention as an op of Candle's autograd).
 //! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative; [`project`]: `x W` over the last
 //!   dimension for `[in, out]` weights.
 //! - [`embed_tokens`]: token plus position embeddings, graph-free, and their backward
@@ -122,6 +126,7 @@ mod multi_tensor;
 #[cfg(feature = "cuda")]
 mod multi_tensor_cuda;
 mod packed_attention;
+mod packed_attention_grad;
 mod pixels;
 #[cfg(feature = "cuda")]
 mod pixels_cuda;
@@ -132,6 +137,10 @@ mod relu_cuda;
 mod residual;
 #[cfg(feature = "cuda")]
 mod residual_cuda;
+mod rms_norm;
+mod rotary;
+#[cfg(feature = "cuda")]
+mod rotary_cuda;
 mod running_average;
 #[cfg(feature = "cuda")]
 mod running_average_cuda;
@@ -144,6 +153,9 @@ mod sdpa_graph;
 #[cfg(feature = "cudnn")]
 mod space_to_depth_cuda;
 mod storage;
+mod swiglu;
+#[cfg(feature = "cuda")]
+mod swiglu_cuda;
 #[cfg(feature = "cuda")]
 mod transpose_cuda;
 mod unscale;
@@ -180,7 +192,7 @@ pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
 };
 pub use determinism::{deterministic, set_deterministic};
-pub use embedding::{embed_tokens, embed_tokens_backward};
+pub use embedding::{embed_tokens, embed_tokens_backward, lookup_backward};
 pub use gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_derivative};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_reference};
 pub use loss_scale::{update_loss_scale, ScaleRule, LOSS_SCALE_STATE_LEN};
@@ -192,15 +204,19 @@ pub use multi_tensor::{copies_into, copy_tensors};
 pub use packed_attention::{
     packed_causal_attention, packed_causal_attention_backward, PackedHeads,
 };
+pub use packed_attention_grad::packed_attention;
 pub use pixels::{normalize_pixels, normalize_pixels_into, PixelNormalization};
 pub use project::{column_sums, project};
 pub use relu::{add_relu, add_relu_forward, relu, relu_backward};
 pub use residual::{add_bias_residual, residual_add};
+pub use rms_norm::{rms_norm, rms_norm_backward, rms_norm_reference};
+pub use rotary::{rotary_packed, rotary_packed_backward, rotary_packed_reference};
 pub use running_average::{blend_into, update_running_stats, RunningStats};
 pub use running_update::RunningUpdate;
 #[cfg(feature = "cudnn")]
 pub use sdpa_cudnn::fused_attention_plans;
 pub use storage::{has_kernels, set_cuda_kernels};
+pub use swiglu::{swiglu, swiglu_backward, swiglu_reference};
 pub use unscale::{unscale_and_check, unscale_and_check_by};
 
 #[cfg(test)]

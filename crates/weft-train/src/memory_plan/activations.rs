@@ -5,8 +5,9 @@
 //! 2·s·b·h, plus one layer's activations while it is recomputed. The logits and their
 //! gradient add 4·s·b·V/t bytes (fp32, for the loss). Under 1F1B the first of p stages holds
 //! p micro-batches in flight, so a stage of L/p layers keeps L layers' worth of one
-//! micro-batch. For a built-in CNN the bytes per sample are measured: one sample's forward
-//! pass on the CPU, counting what the block-wise tape keeps for backward.
+//! micro-batch. A Llama-family model counts the tensors weft's layers keep ([`llama`]). For a
+//! built-in CNN the bytes per sample are measured: one sample's forward pass on the CPU,
+//! counting what the block-wise tape keeps for backward.
 
 use super::{ModelShape, PlanSettings, Row};
 
@@ -22,6 +23,7 @@ pub(super) fn row(settings: &PlanSettings, model: &ModelShape) -> Row {
             vocab,
             ..
         } => transformer(settings, (*layers, *hidden, *heads), (*seq_len, *vocab), b),
+        ModelShape::Llama { .. } => llama(settings, model, b),
         ModelShape::Measured {
             activation_bytes_per_sample,
             ..
@@ -74,6 +76,49 @@ fn transformer(
         true => (
             kept_layers * 2 * sbh + full_layer + logits,
             "L·2·s·b·h (layer inputs) + one layer recomputed + 4·s·b·V/t",
+        ),
+    };
+    Row::new("activations", bytes, formula.to_string())
+}
+
+/// A Llama layer's saved tensors (`llama/explicit.rs`), in the compute dtype (e bytes), under
+/// t-way tensor parallelism: the attention half keeps its input and its RMSNorm's output (h
+/// each), the rotated q | k | v rows ((a + 2 kv)·d/t), the attention's output (a·d/t) and
+/// each query row's log-sum-exp (4 bytes × a/t), never the s × s weights; the MLP half its
+/// input and RMSNorm output (h each), the gate, the up projection and their SwiGLU (ffn/t
+/// each). The head keeps its input and RMSNorm output, and the logits and their gradient
+/// (V/t each). Full recomputation keeps each half's input and recomputes one layer.
+fn llama(settings: &PlanSettings, model: &ModelShape, b: u64) -> Row {
+    let ModelShape::Llama {
+        layers,
+        hidden: h,
+        heads: a,
+        kv_heads: kv,
+        head_dim: d,
+        ffn,
+        seq_len: s,
+        vocab,
+        ..
+    } = *model
+    else {
+        unreachable!("called for Llama shapes only")
+    };
+    let (t, p) = (settings.tp as u64, settings.pp as u64);
+    let e = settings.precision.compute.size_in_bytes() as u64;
+    let sb = s * b;
+    let attention = e * sb * (2 * h + (a + 2 * kv) * d / t + a * d / t) + 4 * sb * a / t;
+    let mlp = e * sb * (2 * h + 3 * ffn / t);
+    let layer = attention + mlp;
+    let head = e * sb * (2 * h + 2 * vocab / t);
+    let kept_layers = layers.div_ceil(p) * p.min(layers);
+    let (bytes, formula) = match settings.checkpoint_activations {
+        false => (
+            kept_layers * layer + head,
+            "L·s·b·(e·(4h + (2a + 2kv)·d/t + 3·ffn/t) + 4a/t) + e·s·b·(2h + 2V/t)",
+        ),
+        true => (
+            kept_layers * 2 * e * sb * h + layer + head,
+            "L·2·e·s·b·h (the halves' inputs) + one layer recomputed + e·s·b·(2h + 2V/t)",
         ),
     };
     Row::new("activations", bytes, formula.to_string())

@@ -64,6 +64,21 @@ pub enum ModelShape {
         seq_len: u64,
         vocab: u64,
     },
+    /// A Llama-family decoder (grouped-query attention, a SwiGLU MLP, tied or untied head): its
+    /// exact parameter count and the tensors weft's layers keep for backward.
+    Llama {
+        name: String,
+        params: u64,
+        layers: u64,
+        hidden: u64,
+        heads: u64,
+        kv_heads: u64,
+        head_dim: u64,
+        /// The SwiGLU MLP's inner width.
+        ffn: u64,
+        seq_len: u64,
+        vocab: u64,
+    },
     /// A built-in model whose parameters were counted and one sample's activations measured.
     Measured {
         name: String,
@@ -100,20 +115,45 @@ impl ModelShape {
         })
     }
 
+    /// The Llama-family model `config` describes, trained on sequences of `seq_len` tokens.
+    pub fn llama(config: &weft_models::llama::LlamaConfig, seq_len: u64) -> Result<Self> {
+        if seq_len == 0 {
+            bail!("--seq-len must be at least 1");
+        }
+        let count = |n: usize| n as u64;
+        Ok(ModelShape::Llama {
+            name: config.name.clone(),
+            params: count(config.num_parameters()),
+            layers: count(config.num_hidden_layers),
+            hidden: count(config.hidden_size),
+            heads: count(config.num_attention_heads),
+            kv_heads: count(config.num_key_value_heads),
+            head_dim: count(config.head_dim),
+            ffn: count(config.intermediate_size),
+            seq_len,
+            vocab: count(config.vocab_size),
+        })
+    }
+
     /// Ψ, the parameters.
     pub fn params(&self) -> u64 {
         match self {
-            ModelShape::Transformer { params, .. } | ModelShape::Measured { params, .. } => *params,
+            ModelShape::Transformer { params, .. }
+            | ModelShape::Llama { params, .. }
+            | ModelShape::Measured { params, .. } => *params,
         }
     }
 
-    /// Parameters of the largest layer: the token embedding or one MLP matrix (4h²) of a
-    /// transformer, the largest block of a measured model.
+    /// Parameters of the largest layer: the token embedding or one MLP matrix (4h², or h times
+    /// a SwiGLU's inner width) of a transformer, the largest block of a measured model.
     pub fn largest_layer(&self) -> u64 {
         match self {
             ModelShape::Transformer { hidden, vocab, .. } => {
                 (vocab * hidden).max(4 * hidden * hidden)
             }
+            ModelShape::Llama {
+                hidden, vocab, ffn, ..
+            } => (vocab * hidden).max(ffn * hidden),
             ModelShape::Measured { largest_block, .. } => *largest_block,
         }
     }

@@ -5,6 +5,7 @@ mod batch_norm;
 mod channels_last;
 mod conv2d;
 mod half;
+mod llama_ops;
 mod max_pool;
 mod multi_tensor;
 mod relu;
