@@ -1,12 +1,14 @@
 //! The `weft` command's subcommands, shared with `cargo xtask` (which adds the benchmarks and
 //! the GPU checks): `train-resnet` and `train-gpt` (weft-train's trainers behind one loop),
-//! `report` (a run folder drawn) and `memory-plan` (a run's memory before any GPU is touched).
+//! `report` (a run folder drawn), `memory-plan` (a run's memory before any GPU is touched) and
+//! `tokenize` (text to pre-tokenized shards).
 //! A trainer asked for several ranks outside a launched job starts them itself through
 //! weft-launch's launcher ([`ranks`]); inside one (`weft run`, torchrun, `srun`) it is one rank.
 
 pub mod memory_plan;
 pub mod ranks;
 pub mod report;
+pub mod tokenize;
 mod train;
 
 use std::ffi::OsString;
@@ -28,6 +30,9 @@ pub enum Command {
     /// Predict a training run's memory per rank, by category with formulas, before any GPU
     /// is touched
     MemoryPlan(memory_plan::MemoryPlanArgs),
+    /// Tokenize text files into pre-tokenized shards (llm.c's format) for
+    /// `train-gpt --data tokens:PATTERN`
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 /// What a trainer does when `--device` names a GPU and this binary was built without CUDA:
@@ -42,6 +47,7 @@ pub fn run(command: Command, without_cuda: WithoutCuda) -> Result<ExitCode> {
         Command::TrainGpt(args) => train::gpt(args, without_cuda),
         Command::Report(args) => report::run(&args).map(|_| ExitCode::SUCCESS),
         Command::MemoryPlan(args) => memory_plan::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Tokenize(args) => tokenize::run(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -53,7 +53,9 @@ mod shapes;
 mod synthetic;
 #[cfg(test)]
 mod test_images;
+pub mod token_shards;
 mod token_stream;
+mod tokenizer;
 mod tokens;
 pub mod transforms;
 mod workers;
@@ -74,6 +76,7 @@ pub use seeding::augmentation_rng;
 pub use shapes::SHAPE_NAMES;
 pub use synthetic::{SyntheticConfig, SyntheticShapes, VALIDATION_SEED_SALT};
 pub use token_stream::{TokenStream, TokenWidth};
+pub use tokenizer::Tokenizer;
 pub use tokens::{read_text_bytes, TokenWindows};
 pub use transforms::{
     CenterCrop, ImageTransform, Normalize, Pipeline, RandomCrop, RandomHorizontalFlip,

@@ -1,6 +1,7 @@
 //! `TokenStream`: a token sequence stored at the narrowest width its vocabulary needs — a
 //! byte per token up to 256 tokens (a text file's bytes, memory-mapped, not copied), two up
-//! to 65 536, four beyond — and cut into parts that share the storage.
+//! to 65 536, four beyond — and cut into parts that share the storage. A pre-tokenized shard's
+//! little-endian tokens are read in place, mapped ([`crate::token_shards`]).
 
 use std::ops::Range;
 use std::path::Path;
@@ -44,6 +45,12 @@ enum Storage {
     U8(SharedBytes),
     U16(Arc<Vec<u16>>),
     U32(Arc<Vec<u32>>),
+    /// Little-endian tokens of `width` bytes each from byte `offset` of a mapped file.
+    Mapped {
+        bytes: SharedBytes,
+        offset: usize,
+        width: TokenWidth,
+    },
 }
 
 /// Tokens `start..start + len` of a shared storage, each below `vocab_bound`.
@@ -65,6 +72,26 @@ impl TokenStream {
             start: 0,
             vocab_bound: 1 << 8,
         })
+    }
+
+    /// The `len` little-endian tokens of `width` bytes each from byte `offset` of `bytes` (a
+    /// mapped shard), read in place; every token below `vocab_bound`.
+    pub(crate) fn mapped(
+        bytes: SharedBytes,
+        (offset, width, len): (usize, TokenWidth, usize),
+        vocab_bound: usize,
+    ) -> Self {
+        debug_assert!(offset + len * width.bytes() <= bytes.len());
+        Self {
+            storage: Storage::Mapped {
+                bytes,
+                offset,
+                width,
+            },
+            start: 0,
+            len,
+            vocab_bound,
+        }
     }
 
     /// `tokens`, every one below `vocab_size`, stored at [`TokenWidth::for_vocab`]`(vocab_size)`.
@@ -104,6 +131,7 @@ impl TokenStream {
             Storage::U8(_) => TokenWidth::U8,
             Storage::U16(_) => TokenWidth::U16,
             Storage::U32(_) => TokenWidth::U32,
+            Storage::Mapped { width, .. } => width,
         }
     }
 
@@ -139,6 +167,11 @@ impl TokenStream {
             Storage::U8(bytes) => out.extend(bytes[range].iter().map(|&t| u32::from(t))),
             Storage::U16(tokens) => out.extend(tokens[range].iter().map(|&t| u32::from(t))),
             Storage::U32(tokens) => out.extend_from_slice(&tokens[range]),
+            Storage::Mapped {
+                bytes,
+                offset,
+                width,
+            } => out.extend(little_endian(bytes, *offset, *width, range)),
         }
     }
 
@@ -157,12 +190,33 @@ impl TokenStream {
                 first_outside(tokens[range].iter().map(|&t| u32::from(t)), vocab_size)
             }
             Storage::U32(tokens) => first_outside(tokens[range].iter().copied(), vocab_size),
+            Storage::Mapped {
+                bytes,
+                offset,
+                width,
+            } => first_outside(little_endian(bytes, *offset, *width, range), vocab_size),
         };
         match outside {
             Some((at, token)) => Err(outside_vocabulary(at, token, vocab_size)),
             None => Ok(()),
         }
     }
+}
+
+/// Tokens `range` of `width` bytes each, little-endian, from byte `offset` of `bytes`.
+fn little_endian(
+    bytes: &[u8],
+    offset: usize,
+    width: TokenWidth,
+    range: Range<usize>,
+) -> impl Iterator<Item = u32> + '_ {
+    let w = width.bytes();
+    let span = &bytes[offset + range.start * w..offset + range.end * w];
+    span.chunks_exact(w).map(|t| match t {
+        [a] => u32::from(*a),
+        [a, b] => u32::from(u16::from_le_bytes([*a, *b])),
+        _ => u32::from_le_bytes([t[0], t[1], t[2], t[3]]),
+    })
 }
 
 /// The position and value of the first token not below `vocab_size`.

@@ -13,11 +13,14 @@ use candle_core::{Device, Tensor};
 use crate::error::DataError;
 use crate::TokenStream;
 
-/// A token stream read as consecutive, non-overlapping windows of `seq_len + 1` tokens
-/// (the last token of a window is the first of the next).
+/// Token streams read as consecutive, non-overlapping windows of `seq_len + 1` tokens
+/// (the last token of a window is the first of the next), the windows of several streams (a
+/// set of shards) numbered one stream after the other.
 #[derive(Debug, Clone)]
 pub struct TokenWindows {
-    tokens: TokenStream,
+    parts: Vec<TokenStream>,
+    /// The number of windows up to and including each part.
+    ends: Vec<usize>,
     seq_len: usize,
 }
 
@@ -39,26 +42,47 @@ impl TokenWindows {
         seq_len: usize,
         vocab_size: usize,
     ) -> Result<Self, DataError> {
+        Self::from_streams(vec![tokens], seq_len, vocab_size)
+    }
+
+    /// The windows of every stream of `parts` in turn (no window spans two), every token below
+    /// `vocab_size`; each part must fill one window.
+    pub fn from_streams(
+        parts: Vec<TokenStream>,
+        seq_len: usize,
+        vocab_size: usize,
+    ) -> Result<Self, DataError> {
         if seq_len == 0 {
             return Err(invalid("seq_len", "must be at least 1".into()));
         }
-        if tokens.len() <= seq_len {
-            return Err(invalid(
-                "tokens",
-                format!(
-                    "{} tokens do not fill one window of {}",
-                    tokens.len(),
-                    seq_len + 1
-                ),
-            ));
+        let mut ends = Vec::with_capacity(parts.len());
+        for tokens in &parts {
+            if tokens.len() <= seq_len {
+                return Err(invalid(
+                    "tokens",
+                    format!(
+                        "{} tokens do not fill one window of {}",
+                        tokens.len(),
+                        seq_len + 1
+                    ),
+                ));
+            }
+            tokens.check_vocabulary(vocab_size)?;
+            ends.push(ends.last().copied().unwrap_or(0) + (tokens.len() - 1) / seq_len);
         }
-        tokens.check_vocabulary(vocab_size)?;
-        Ok(Self { tokens, seq_len })
+        if parts.is_empty() {
+            return Err(invalid("tokens", "no token stream".into()));
+        }
+        Ok(Self {
+            parts,
+            ends,
+            seq_len,
+        })
     }
 
     /// Number of windows.
     pub fn len(&self) -> usize {
-        (self.tokens.len() - 1) / self.seq_len
+        self.ends.last().copied().unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -69,9 +93,9 @@ impl TokenWindows {
         self.seq_len
     }
 
-    /// The token stream the windows read.
-    pub fn tokens(&self) -> &TokenStream {
-        &self.tokens
+    /// The token streams the windows read.
+    pub fn parts(&self) -> &[TokenStream] {
+        &self.parts
     }
 
     /// Window `index`'s inputs and targets (`index < len()`), widened to u32.
@@ -103,10 +127,11 @@ impl TokenWindows {
     }
 
     fn extend_window(&self, index: usize, inputs: &mut Vec<u32>, targets: &mut Vec<u32>) {
-        let start = index * self.seq_len;
-        self.tokens.extend_into(start..start + self.seq_len, inputs);
-        self.tokens
-            .extend_into(start + 1..start + self.seq_len + 1, targets);
+        let part = self.ends.partition_point(|&end| end <= index);
+        let first = if part == 0 { 0 } else { self.ends[part - 1] };
+        let (tokens, start) = (&self.parts[part], (index - first) * self.seq_len);
+        tokens.extend_into(start..start + self.seq_len, inputs);
+        tokens.extend_into(start + 1..start + self.seq_len + 1, targets);
     }
 }
 
@@ -130,13 +155,37 @@ mod tests {
     fn windows_pair_inputs_with_next_tokens() {
         let windows = TokenWindows::new((0..10).collect(), 3, 10).unwrap();
         assert_eq!(windows.len(), 3);
-        assert_eq!(windows.tokens().width(), TokenWidth::U8);
+        assert_eq!(windows.parts()[0].width(), TokenWidth::U8);
         assert_eq!(windows.window(1), (vec![3, 4, 5], vec![4, 5, 6]));
         let (x, y) = windows.batch(&[2, 0], &Device::Cpu).unwrap();
         assert_eq!(x.to_vec2::<u32>().unwrap(), [[6, 7, 8], [0, 1, 2]]);
         assert_eq!(y.to_vec2::<u32>().unwrap(), [[7, 8, 9], [1, 2, 3]]);
         let err = windows.batch(&[3], &Device::Cpu).unwrap_err().to_string();
         assert!(err.contains("index 3"), "{err}");
+    }
+
+    /// Several streams' windows follow one another; none spans two streams.
+    #[test]
+    fn the_windows_of_several_streams_follow_one_another() {
+        let part = |range: std::ops::Range<u32>| TokenStream::from_tokens(range.collect(), 100);
+        let parts = vec![
+            part(0..7).unwrap(),
+            part(50..54).unwrap(),
+            part(80..87).unwrap(),
+        ];
+        let windows = TokenWindows::from_streams(parts, 3, 100).unwrap();
+        assert_eq!(windows.len(), 2 + 1 + 2);
+        assert_eq!(windows.window(1), (vec![3, 4, 5], vec![4, 5, 6]));
+        assert_eq!(windows.window(2), (vec![50, 51, 52], vec![51, 52, 53]));
+        assert_eq!(windows.window(4), (vec![83, 84, 85], vec![84, 85, 86]));
+        let short = vec![part(0..7).unwrap(), part(9..11).unwrap()];
+        let err = TokenWindows::from_streams(short, 3, 100)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("2 tokens do not fill one window of 4"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -4,8 +4,9 @@
 use anyhow::{bail, Result};
 use weft_parallel::pipeline::partition;
 
+use crate::flags::TokenSource;
 use crate::flags::{GptDefaults, RunArgs};
-use crate::language_model::LanguageModel;
+use crate::language_model::{DataVocab, LanguageModel};
 use crate::optim_setup::OptimizerSettings;
 
 pub use crate::flags::{PipelineBalance, PipelineSchedule};
@@ -41,10 +42,19 @@ impl GptArgs {
         self.optim.settings(total_steps, (false, None))
     }
 
-    /// The model these flags name (vocabulary 256 for text data read as bytes).
+    /// The model these flags name (a fresh one with the vocabulary its data need: 256 for text
+    /// read as bytes, the tokenizer's for tokenized text).
     pub fn model_config(&self) -> Result<LanguageModel> {
-        let bytes = self.data.data.starts_with("text:");
-        LanguageModel::from_flags(&self.model, self.training.seed, bytes)
+        let vocab = match (self.data.source()?, &self.data.tokenizer) {
+            (TokenSource::Text(_), None) => DataVocab::Bytes,
+            (TokenSource::Text(_), Some(spec)) => {
+                let tokenizer = weft_data::Tokenizer::from_spec(spec)
+                    .map_err(|e| anyhow::anyhow!("--tokenizer {spec}: {e}"))?;
+                DataVocab::Tokenizer(tokenizer.vocab_size())
+            }
+            _ => DataVocab::Model,
+        };
+        LanguageModel::from_flags(&self.model, self.training.seed, vocab)
     }
 
     /// Tokens per sequence: `--seq-len` or the model's context.

@@ -16,6 +16,17 @@ use weft_tensor::{BlockModel, ParamStore};
 
 use crate::flags::GptFlags;
 
+/// The vocabulary the data need of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataVocab {
+    /// The model's own (synthetic tokens, pre-tokenized shards: checked token by token).
+    Model,
+    /// A text file's bytes: 256 tokens.
+    Bytes,
+    /// A tokenizer's `n` tokens.
+    Tokenizer(usize),
+}
+
 /// A model `train-gpt` builds.
 #[derive(Debug, Clone)]
 pub enum LanguageModel {
@@ -26,9 +37,9 @@ pub enum LanguageModel {
 impl LanguageModel {
     /// The model the flags name, initialised from `seed`: `--model-config`'s `config.json`, else
     /// the `config.json` of an `--init-from` folder when `--model` is not given, else `--model`
-    /// (default `gpt-tiny`). `byte_vocab`: the data are bytes (a vocabulary of 256, unless the
-    /// weights come from `--init-from`, whose vocabulary stays).
-    pub fn from_flags(flags: &GptFlags, seed: u64, byte_vocab: bool) -> Result<Self> {
+    /// (default `gpt-tiny`). A fresh model takes the vocabulary `vocab` the data need (bytes'
+    /// 256, a tokenizer's); weights from `--init-from` keep theirs, which must cover it.
+    pub fn from_flags(flags: &GptFlags, seed: u64, vocab: DataVocab) -> Result<Self> {
         let shape_file = match (&flags.model, &flags.model_config, &flags.init_from) {
             (Some(name), Some(_), _) => {
                 bail!("--model {name} and --model-config: give one of them")
@@ -43,12 +54,33 @@ impl LanguageModel {
             Some(path) => Self::Llama(read_hf_config(&path)?),
             None => Self::from_name(flags.model.as_deref().unwrap_or(MODEL_NAMES[0]))?,
         };
+        let needed = match vocab {
+            DataVocab::Model => None,
+            DataVocab::Bytes => Some(256),
+            DataVocab::Tokenizer(n) => Some(n),
+        };
+        if let (Some(path), Some(needed)) = (&flags.init_from, needed) {
+            let has = model.vocab_size();
+            let reads = match vocab {
+                DataVocab::Bytes => {
+                    "--data text: reads bytes (give --tokenizer for the model's tokens)"
+                }
+                _ => "--tokenizer gives",
+            };
+            if (vocab == DataVocab::Bytes && has != needed) || has < needed {
+                bail!(
+                    "--init-from {}: the model's vocabulary has {has} tokens; {reads} {needed}",
+                    path.display()
+                );
+            }
+        }
+        let fresh = needed.filter(|_| flags.init_from.is_none());
         let model = match model {
             Self::Gpt(config) => {
                 let config = config.with_seed(seed).with_dropout(flags.dropout);
-                match byte_vocab {
-                    true => Self::Gpt(config.with_vocab_size(256)),
-                    false => Self::Gpt(config),
+                match fresh {
+                    Some(n) => Self::Gpt(config.with_vocab_size(n)),
+                    None => Self::Gpt(config),
                 }
             }
             Self::Llama(mut config) => {
@@ -58,8 +90,8 @@ impl LanguageModel {
                         flags.dropout
                     );
                 }
-                if byte_vocab && flags.init_from.is_none() {
-                    config.vocab_size = 256;
+                if let Some(n) = fresh {
+                    config.vocab_size = n;
                 }
                 Self::Llama(config.with_seed(seed))
             }

@@ -80,15 +80,22 @@ impl GptFlags {
     }
 }
 
-/// The tokens a GPT trains and validates on.
+/// The tokens a language model trains and validates on.
 #[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Data")]
 #[serde(rename_all = "kebab-case")]
 pub struct TokenDataFlags {
     /// synthetic (a seeded Markov chain over the model's vocabulary, learnable to 1.1097 nats per
-    /// token) | text:PATH (the file's bytes as tokens, vocabulary 256; the last tenth validates)
+    /// token) | text:PATH (the file's bytes as tokens, vocabulary 256, or its --tokenizer
+    /// tokens; the last tenth validates) | tokens:PATTERN (pre-tokenized shards in llm.c's
+    /// format, memory-mapped; `*` in the file name matches any run; files named with `val`
+    /// validate, the others train; written by `cargo xtask tokenize`)
     #[arg(long, default_value = "synthetic")]
     pub data: String,
+    /// gpt2 (GPT-2's BPE, built in) | PATH of a Hugging Face tokenizer.json: --data text:PATH is
+    /// tokenized with it (and a fresh model takes its vocabulary); bytes without it
+    #[arg(long)]
+    pub tokenizer: Option<String>,
     /// Training tokens of the synthetic data
     #[arg(long, default_value_t = 1 << 20)]
     pub synthetic_tokens: usize,
@@ -100,14 +107,40 @@ pub struct TokenDataFlags {
     pub seq_len: Option<usize>,
 }
 
+/// What `--data` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource<'a> {
+    Synthetic,
+    Text(&'a str),
+    Shards(&'a str),
+}
+
 impl TokenDataFlags {
-    /// Checks `--data`: synthetic, or text:PATH naming a file.
-    pub fn validate(&self) -> Result<()> {
-        match self.data.split_once(':') {
-            None if self.data == "synthetic" => Ok(()),
-            Some(("text", path)) if std::path::Path::new(path).is_file() => Ok(()),
+    /// `--data` parsed: synthetic, text:PATH naming a file or tokens:PATTERN; `--tokenizer`
+    /// only with text.
+    pub fn source(&self) -> Result<TokenSource<'_>> {
+        let source = match self.data.split_once(':') {
+            None if self.data == "synthetic" => TokenSource::Synthetic,
+            Some(("text", path)) if std::path::Path::new(path).is_file() => TokenSource::Text(path),
             Some(("text", path)) => bail!("--data {}: {path} is not a file", self.data),
-            _ => bail!("--data {}: expected synthetic or text:PATH", self.data),
+            Some(("tokens", pattern)) if !pattern.is_empty() => TokenSource::Shards(pattern),
+            _ => bail!(
+                "--data {}: expected synthetic, text:PATH or tokens:PATTERN",
+                self.data
+            ),
+        };
+        if let (Some(tokenizer), false) = (&self.tokenizer, matches!(source, TokenSource::Text(_)))
+        {
+            bail!(
+                "--tokenizer {tokenizer}: tokenizes --data text:PATH, not --data {}",
+                self.data
+            );
         }
+        Ok(source)
+    }
+
+    /// Checks `--data` and `--tokenizer`.
+    pub fn validate(&self) -> Result<()> {
+        self.source().map(|_| ())
     }
 }

@@ -12,7 +12,7 @@ mod precision;
 mod resnet;
 mod training;
 
-pub use gpt::{GptDefaults, GptFlags, TokenDataFlags};
+pub use gpt::{GptDefaults, GptFlags, TokenDataFlags, TokenSource};
 pub use optimizer::{LrScheduleName, OptimizerFlags, OptimizerKind};
 pub use parallel::{Compression, ParallelFlags, PipelineBalance, PipelineSchedule};
 pub use precision::{Precision, PrecisionFlags};
