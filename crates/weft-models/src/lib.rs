@@ -5,8 +5,9 @@
 //!   [`weft_tensor::BlockModel`]s (stem, residual blocks, head).
 //! - [`mod@gpt`]: a decoder-only transformer with GPT-2's architecture, Hugging Face's
 //!   parameter names and initialisation, presets from `gpt-tiny` to `gpt2-large`.
-//! - [`mod@llama`]: the Llama family's configurations (presets, Hugging Face `config.json`) and
-//!   rotary frequencies; its blocks are the next part.
+//! - [`mod@llama`]: the Llama family (Llama 3, SmolLM, Phi-3) with Hugging Face's names:
+//!   presets and `config.json` shapes, the model and its pipeline stages, checkpoints in and
+//!   out.
 //! - [`layers`]: Conv2d, BatchNorm2d (PyTorch semantics), Linear, Conv1D, LayerNorm.
 //! - [`loss`]: cross-entropy, top-1 accuracy and next-token cross-entropy.
 
@@ -16,6 +17,7 @@ pub mod layers;
 pub mod llama;
 pub mod loss;
 pub mod resnet;
+mod stages;
 #[cfg(test)]
 mod test_support;
 

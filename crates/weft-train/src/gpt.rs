@@ -114,6 +114,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
                 .clone()
                 .zip(split_layers.as_ref().map(TensorParallelLayers::splits)),
             pipeline: mesh.pipeline_parallel().cloned(),
+            tied_table: config.tied_table(),
             zero3_shard,
             cuda_graph: args.parallel.cuda_graph && args.training.micro_batches == 1,
         },

@@ -72,7 +72,7 @@ impl GptArgs {
         self.parallel.validate(&self.training.device)?;
         self.checkpoints.validate(self.model.init_from.is_some())?;
         let (tp, pp, zero) = (self.parallel.tp, self.parallel.pp, self.parallel.zero);
-        config.check_layout(tp, pp)?;
+        config.check_layout(tp)?;
         if pp > config.num_blocks() {
             bail!(
                 "--pp {pp} exceeds the {} blocks of {} (embeddings, {} layers of two halves, head)",

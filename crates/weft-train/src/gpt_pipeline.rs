@@ -8,7 +8,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Shape, Tensor};
 use weft_collectives::Communicator;
 use weft_data::TokenWindows;
-use weft_models::gpt::{self, GptConfig};
+use weft_models::gpt::Dense;
 use weft_models::loss::NextToken;
 use weft_parallel::pipeline::measured_block_times;
 use weft_parallel::TensorCollectives;
@@ -21,7 +21,7 @@ use crate::language_model::LanguageModel;
 /// Each pipeline stage's blocks: `--pp-split`, or balanced by parameter count, or (with
 /// `--pp-balance time`) by each block's measured forward and backward: the embeddings, one
 /// layer's attention and MLP halves (standing for every layer's: they are alike) and the head
-/// of a one-layer GPT, timed on
+/// of the model with one layer, timed on
 /// `device` on the first `rows` training sequences and averaged over the job's ranks, so that
 /// every rank cuts alike.
 pub fn stage_blocks(
@@ -32,27 +32,24 @@ pub fn stage_blocks(
     rows: usize,
     ctx: &RankContext,
 ) -> Result<Vec<Range<usize>>> {
-    let config = match config.as_gpt() {
-        Some(config) if args.parallel.pp > 1 => config,
-        _ => return args.stage_blocks(None),
-    };
-    if args.parallel.pp_split.is_some() || args.parallel.pp_balance == PipelineBalance::Params {
+    if args.parallel.pp == 1
+        || args.parallel.pp_split.is_some()
+        || args.parallel.pp_balance == PipelineBalance::Params
+    {
         return args.stage_blocks(None);
     }
-    let one_layer = GptConfig {
-        n_layer: 1,
-        ..config.clone()
-    };
-    let model = gpt::gpt(&one_layer, DType::F32, device)?;
+    let one_layer = config.one_layer();
+    let model = one_layer.build(DType::F32, device, &Dense, 0..one_layer.num_blocks())?;
     let indices: Vec<usize> = (0..rows.min(train.len())).collect();
     let (inputs, targets) = train.batch(&indices, device)?;
     let objective = NextToken {
-        vocab_size: config.vocab_size,
+        vocab_size: config.vocab_size(),
     };
     let loss = |output: &Tensor| Ok(objective.loss(output, &targets)?.loss);
     let times = measured_block_times(&model, &inputs, loss, 3)?;
+    let layers = (config.num_blocks() - 2) / 2;
     let mut weights = vec![times[0] as f64];
-    for _ in 0..config.n_layer {
+    for _ in 0..layers {
         weights.extend([times[1] as f64, times[2] as f64]);
     }
     weights.push(times[3] as f64);

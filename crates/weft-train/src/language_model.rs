@@ -1,8 +1,8 @@
 //! The language models `train-gpt` trains — the GPT-2 family and the Llama family (Llama,
 //! SmolLM, Phi-3) — behind one description that the trainer's parts ask for what differs
 //! between them: the shape's sizes, the model's construction, Hugging Face import and export,
-//! and the layouts each family has a `parallelize` for (tensor-parallel splits and pipeline
-//! stages are the GPT's alone so far; the Llama trains under DDP and ZeRO 1/2/3).
+//! and the layouts each family has a `parallelize` for (tensor-parallel splits are the GPT's
+//! alone so far; the Llama trains under DDP, ZeRO 1/2/3 and pipeline stages).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -162,22 +162,45 @@ impl LanguageModel {
         }
     }
 
-    /// Refuses, in one line, a tensor-parallel degree or pipeline depth the model cannot be
-    /// split into.
-    pub fn check_layout(&self, tp: usize, pp: usize) -> Result<()> {
+    /// Refuses, in one line, a tensor-parallel degree the model cannot be split into.
+    pub fn check_layout(&self, tp: usize) -> Result<()> {
         match self {
             Self::Gpt(config) => crate::gpt_parallel::check_layout(config, tp),
-            Self::Llama(config) if tp > 1 || pp > 1 => bail!(
-                "--tp {tp} --pp {pp}: {} (the Llama family) trains with data parallelism and ZeRO \
-                 for now; its tensor-parallel and pipeline splits are not built yet",
+            Self::Llama(config) if tp > 1 => bail!(
+                "--tp {tp}: {} (the Llama family) trains with data parallelism, ZeRO and \
+                 pipeline stages for now; its tensor-parallel split is not built yet",
                 config.name
             ),
             Self::Llama(_) => Ok(()),
         }
     }
 
-    /// The blocks `blocks` of the model in `dtype` on `device`, a GPT's parts built by
-    /// `layers` (a Llama is built whole: [`Self::check_layout`] refuses its splits).
+    /// The token table a tied head multiplies by, which the first and last pipeline stage
+    /// both hold: its name, or `None` for an untied head.
+    pub fn tied_table(&self) -> Option<&'static str> {
+        match self {
+            Self::Gpt(_) => Some("transformer.wte.weight"),
+            Self::Llama(c) => c.tie_word_embeddings.then_some("model.embed_tokens.weight"),
+        }
+    }
+
+    /// The same model with one layer (a pipeline's measured balance times its blocks).
+    pub fn one_layer(&self) -> Self {
+        match self {
+            Self::Gpt(c) => Self::Gpt(GptConfig {
+                n_layer: 1,
+                ..c.clone()
+            }),
+            Self::Llama(c) => Self::Llama(LlamaConfig {
+                num_hidden_layers: 1,
+                ..c.clone()
+            }),
+        }
+    }
+
+    /// The blocks `blocks` of the model in `dtype` on `device` (a pipeline stage's), a GPT's
+    /// parts built by `layers` (a Llama's are whole: [`Self::check_layout`] refuses its
+    /// tensor-parallel split).
     pub fn build(
         &self,
         dtype: DType,
@@ -187,10 +210,7 @@ impl LanguageModel {
     ) -> Result<BlockModel> {
         match self {
             Self::Gpt(config) => Ok(gpt::gpt_stage(config, dtype, device, layers, blocks)?),
-            Self::Llama(config) if blocks == (0..config.num_blocks()) => {
-                Ok(llama::llama(config, dtype, device)?)
-            }
-            Self::Llama(config) => bail!("{}: blocks {blocks:?} of a Llama", config.name),
+            Self::Llama(config) => Ok(llama::llama_stage(config, dtype, device, blocks)?),
         }
     }
 

@@ -82,8 +82,10 @@ pub struct GptParallelism {
     /// was built by [`crate::gpt_parallel::TensorParallelLayers`]).
     pub tensor: Option<(TensorParallelGroup, Vec<(EntryId, Split)>)>,
     /// The pipeline axis, when the model is one stage of several (built by
-    /// `weft_models::gpt::gpt_stage`).
+    /// `weft_models::gpt::gpt_stage` or `weft_models::llama::llama_stage`), and the name of the
+    /// token table the first and last stage both hold (a tied head's), if any.
     pub pipeline: Option<Arc<dyn Communicator>>,
+    pub tied_table: Option<&'static str>,
     /// Under ZeRO-3, this rank's shard of a model built by a sharded initialisation.
     pub zero3_shard: Option<Tensor>,
     /// Replay the step from a CUDA graph where the strategy allows it (not under a pipeline,
@@ -121,9 +123,9 @@ pub fn gpt(
     }
     if let Some(stages) = &plan.pipeline {
         let store = trainer.model().store();
-        let tied = store
-            .id("transformer.wte.weight")
-            .ok()
+        let tied = plan
+            .tied_table
+            .and_then(|name| store.id(name).ok())
             .and_then(|id| trainer.grads().layout().slot_of(id))
             .map(|slot| slot.range());
         strategy = Box::new(PipelineStage::new(strategy, stages.clone(), tied)?);

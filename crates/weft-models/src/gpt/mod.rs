@@ -29,7 +29,7 @@ pub use parts::{
     ProjectionRole, TokenEmbedding,
 };
 
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::layers::{Init, LayerNorm};
 
 /// Builds the GPT of `config` with every part whole.
@@ -64,12 +64,7 @@ pub fn gpt_stage(
 ) -> Result<BlockModel> {
     config.validate()?;
     let total = config.num_blocks();
-    if blocks.is_empty() || blocks.end > total {
-        return Err(ModelError::Config(format!(
-            "{}: blocks {blocks:?} are not a non-empty range of its {total} blocks",
-            config.name
-        )));
-    }
+    crate::stages::check_blocks(&config.name, &blocks, total)?;
     let keep = |block: usize| blocks.contains(&block);
     let (c, std) = (config.n_embd, config.init_std);
     let residual_std = std / (2.0 * config.n_layer as f64).sqrt();

@@ -16,7 +16,7 @@ pub mod rope;
 
 pub use blocks::{AttentionBlock, Embeddings, Head, MlpBlock};
 pub use config::{Architecture, Llama3Scaling, LlamaConfig, LLAMA_NAMES};
-pub use model::llama;
+pub use model::{llama, llama_stage};
 pub use norm::RmsNorm;
 
 #[cfg(test)]

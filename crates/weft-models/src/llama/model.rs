@@ -6,6 +6,8 @@
 //! fused projections hold exactly the separate projections a Llama model of the same shape and
 //! seed holds.
 
+use std::ops::Range;
+
 use candle_core::{DType, Device, Tensor, Var};
 use weft_tensor::ops::PackedHeads;
 use weft_tensor::{Block, BlockModel, Scope};
@@ -19,7 +21,25 @@ use crate::layers::Init;
 
 /// Builds the model `config` describes, in `dtype` on `device`.
 pub fn llama(config: &LlamaConfig, dtype: DType, device: &Device) -> Result<BlockModel> {
+    llama_stage(config, dtype, device, 0..config.num_blocks())
+}
+
+/// The blocks `blocks` of the model (a pipeline stage's: 0 the embeddings, 2i + 1 and 2i + 2
+/// layer i's halves, the last the head), with the whole model's names and the values the
+/// whole model built from the same seed has (the other blocks' values are drawn and dropped,
+/// one tensor at a time). A stage with a tied head but not the embeddings keeps its own copy of
+/// the token table, `model.embed_tokens.weight`, owned by the head (as the GPT's stages: the
+/// copies stay equal because their gradients are summed across the first and last stage).
+pub fn llama_stage(
+    config: &LlamaConfig,
+    dtype: DType,
+    device: &Device,
+    blocks: Range<usize>,
+) -> Result<BlockModel> {
     config.validate()?;
+    let total = config.num_blocks();
+    crate::stages::check_blocks(&config.name, &blocks, total)?;
+    let keep = |block: usize| blocks.contains(&block);
     let (c, d) = (config.hidden_size, config.head_dim);
     let (q_rows, kv_rows) = (
         config.num_attention_heads * d,
@@ -39,16 +59,21 @@ pub fn llama(config: &LlamaConfig, dtype: DType, device: &Device) -> Result<Bloc
     };
 
     let mut store = weft_tensor::ParamStore::new(device, dtype);
-    let mut blocks: Vec<Box<dyn Block>> = Vec::new();
-    let table = normal(&[config.vocab_size, c])?;
+    let mut parts: Vec<Box<dyn Block>> = Vec::new();
+    let table_values = normal(&[config.vocab_size, c])?;
     let mut root = store.scope("model");
-    let start = root.store_len();
-    let table = root.sub("embed_tokens").parameter("weight", table)?;
-    let table_id = start;
-    blocks.push(Box::new(Embeddings {
-        table: table.clone(),
-        entries: start..root.store_len(),
-    }));
+    let mut table = None;
+    if keep(0) {
+        let start = root.store_len();
+        let var = root
+            .sub("embed_tokens")
+            .parameter("weight", table_values.clone())?;
+        parts.push(Box::new(Embeddings {
+            table: var.clone(),
+            entries: start..root.store_len(),
+        }));
+        table = Some((var, start));
+    }
     for i in 0..config.num_hidden_layers {
         let [q, k, v, o] = [
             normal(&[q_rows, c])?,
@@ -62,72 +87,84 @@ pub fn llama(config: &LlamaConfig, dtype: DType, device: &Device) -> Result<Bloc
             normal(&[c, inner])?,
         ];
         let mut layer = root.sub(&format!("layers.{i}"));
-        let start = layer.store_len();
-        let norm = RmsNorm::new(&mut layer.sub("input_layernorm"), c, config.rms_norm_eps)?;
-        let mut attn = layer.sub("self_attn");
-        let qkv = match fused {
-            true => Qkv::Fused(weight(&mut attn, "qkv_proj", Tensor::cat(&[q, k, v], 0)?)?),
-            false => Qkv::Separate {
-                q: weight(&mut attn, "q_proj", q)?,
-                k: weight(&mut attn, "k_proj", k)?,
-                v: weight(&mut attn, "v_proj", v)?,
-            },
+        if keep(2 * i + 1) {
+            let start = layer.store_len();
+            let norm = RmsNorm::new(&mut layer.sub("input_layernorm"), c, config.rms_norm_eps)?;
+            let mut attn = layer.sub("self_attn");
+            let qkv = match fused {
+                true => Qkv::Fused(weight(&mut attn, "qkv_proj", Tensor::cat(&[q, k, v], 0)?)?),
+                false => Qkv::Separate {
+                    q: weight(&mut attn, "q_proj", q)?,
+                    k: weight(&mut attn, "k_proj", k)?,
+                    v: weight(&mut attn, "v_proj", v)?,
+                },
+            };
+            let o_proj = weight(&mut attn, "o_proj", o)?;
+            parts.push(Box::new(AttentionBlock {
+                name: format!("layers.{i}.attn"),
+                norm,
+                qkv,
+                o_proj,
+                heads,
+                inverse_frequencies: inverse.clone(),
+                max_positions: config.max_position_embeddings,
+                entries: start..layer.store_len(),
+            }));
+        }
+        if keep(2 * i + 2) {
+            let start = layer.store_len();
+            let norm = RmsNorm::new(
+                &mut layer.sub("post_attention_layernorm"),
+                c,
+                config.rms_norm_eps,
+            )?;
+            let mut mlp = layer.sub("mlp");
+            let gate_up = match fused {
+                true => GateUp::Fused(weight(
+                    &mut mlp,
+                    "gate_up_proj",
+                    Tensor::cat(&[gate, up], 0)?,
+                )?),
+                false => GateUp::Separate {
+                    gate: weight(&mut mlp, "gate_proj", gate)?,
+                    up: weight(&mut mlp, "up_proj", up)?,
+                },
+            };
+            let down_proj = weight(&mut mlp, "down_proj", down)?;
+            parts.push(Box::new(MlpBlock {
+                name: format!("layers.{i}.mlp"),
+                norm,
+                gate_up,
+                down_proj,
+                entries: start..layer.store_len(),
+            }));
+        }
+    }
+    if keep(total - 1) {
+        let start = root.store_len();
+        // A tied head without the embeddings on its stage owns a copy of the table.
+        let copy = match (config.tie_word_embeddings, &table) {
+            (true, None) => Some(root.sub("embed_tokens").parameter("weight", table_values)?),
+            _ => None,
         };
-        let o_proj = weight(&mut attn, "o_proj", o)?;
-        blocks.push(Box::new(AttentionBlock {
-            name: format!("layers.{i}.attn"),
-            norm,
-            qkv,
-            o_proj,
-            heads,
-            inverse_frequencies: inverse.clone(),
-            max_positions: config.max_position_embeddings,
-            entries: start..layer.store_len(),
-        }));
-        let start = layer.store_len();
-        let norm = RmsNorm::new(
-            &mut layer.sub("post_attention_layernorm"),
-            c,
-            config.rms_norm_eps,
-        )?;
-        let mut mlp = layer.sub("mlp");
-        let gate_up = match fused {
-            true => GateUp::Fused(weight(
-                &mut mlp,
-                "gate_up_proj",
-                Tensor::cat(&[gate, up], 0)?,
-            )?),
-            false => GateUp::Separate {
-                gate: weight(&mut mlp, "gate_proj", gate)?,
-                up: weight(&mut mlp, "up_proj", up)?,
-            },
+        let norm = RmsNorm::new(&mut root.sub("norm"), c, config.rms_norm_eps)?;
+        drop(root);
+        let (lm_head, tied) = match (config.tie_word_embeddings, table, copy) {
+            (true, Some((table, id)), _) => (table, Some(id)),
+            (true, None, Some(copy)) => (copy, None),
+            _ => {
+                let values = normal(&[config.vocab_size, c])?;
+                (store.scope("lm_head").parameter("weight", values)?, None)
+            }
         };
-        let down_proj = weight(&mut mlp, "down_proj", down)?;
-        blocks.push(Box::new(MlpBlock {
-            name: format!("layers.{i}.mlp"),
+        parts.push(Box::new(Head {
             norm,
-            gate_up,
-            down_proj,
-            entries: start..layer.store_len(),
+            lm_head,
+            tied,
+            entries: start..store.len(),
         }));
     }
-    let start = root.store_len();
-    let norm = RmsNorm::new(&mut root.sub("norm"), c, config.rms_norm_eps)?;
-    drop(root);
-    let (lm_head, tied) = match config.tie_word_embeddings {
-        true => (table, Some(table_id)),
-        false => {
-            let values = normal(&[config.vocab_size, c])?;
-            (store.scope("lm_head").parameter("weight", values)?, None)
-        }
-    };
-    blocks.push(Box::new(Head {
-        norm,
-        lm_head,
-        tied,
-        entries: start..store.len(),
-    }));
-    Ok(BlockModel::new(store, blocks)?)
+    Ok(BlockModel::new(store, parts)?)
 }
 
 /// Registers the projection `name`'s `weight` in `scope`.

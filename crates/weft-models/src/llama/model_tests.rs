@@ -242,3 +242,33 @@ fn too_long_a_sequence_is_an_error_naming_the_limit() {
         "{err}"
     );
 }
+
+/// Pipeline stages hold the whole model's values under its names; a last stage with a tied
+/// head but no embeddings holds its own copy of the token table.
+#[test]
+fn stages_hold_the_whole_models_values() {
+    for tied in [true, false] {
+        let mut config = tiny(8);
+        config.tie_word_embeddings = tied;
+        let whole = llama(&config, DType::F32, &Device::Cpu).unwrap();
+        let total = config.num_blocks();
+        let mut names = Vec::new();
+        for blocks in [0..2, 2..total - 1, total - 1..total] {
+            let stage = llama_stage(&config, DType::F32, &Device::Cpu, blocks.clone()).unwrap();
+            assert_eq!(stage.blocks().len(), blocks.len());
+            for entry in stage.store().entries() {
+                let expected = whole.store().get(&entry.name).unwrap().tensor();
+                let diff = (entry.tensor() - expected).unwrap().abs().unwrap();
+                let diff = diff.max_all().unwrap().to_scalar::<f32>().unwrap();
+                assert_eq!(diff, 0.0, "{}", entry.name);
+                names.push(entry.name.clone());
+            }
+        }
+        let copies = names
+            .iter()
+            .filter(|n| *n == "model.embed_tokens.weight")
+            .count();
+        assert_eq!(copies, if tied { 2 } else { 1 }, "tied {tied}");
+        assert!(llama_stage(&config, DType::F32, &Device::Cpu, 3..3).is_err());
+    }
+}
