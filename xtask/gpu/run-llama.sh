@@ -9,12 +9,16 @@
 #            loads RUN/hf/ and computes the validation loss on the same windows (f32, TF32 off)
 #   bench    train-gpt --model MODEL (llama-3.2-1b) in bf16-mixed at BATCH x SEQ (8 x 2048)
 #            through the training loop, beside PyTorch bf16 eager and torch.compile
+#   benchgpt bench-gpt --model MODEL beside PyTorch bf16 eager and torch.compile (weft's step
+#            from a CUDA graph, launched ahead; random tokens), then GPT-2 small at 16 x 1024
+#            beside PyTorch bf16 eager (the GPT's figure through the same bench)
 #   trace    weft's 6 steps (--cuda-graph false) and PyTorch eager's 5 traced by kernel_trace.so
 #            (CUPTI), device time summed by kernel (xtask/python/kernel_totals.py); weft's totals
 #            include its first step and the validation
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
+export WEFT_ANCHOR_PYTHON=python3
 OUT=${OUT:-/tmp/weft-gpu-out}
 mkdir -p "$OUT"
 X=$B/xtask
@@ -82,6 +86,16 @@ print('weft median tokens/s, steps 3-:', round(statistics.median(l['tokens_per_s
       --steps 10 --warmup 3 --precision bf16 $mode 2>&1 | grep -v Warning | tail -1
   done
 fi
+if want benchgpt; then
+  B1="--device cuda --precision bf16-mixed --cuda-graph --launch-ahead --warmup 3"
+  echo "== bench-gpt --model $MODEL $BATCH x $SEQ, anchors bf16,bf16-compile"
+  timeout 400 "$X" bench-gpt --model "$MODEL" --batch-size "$BATCH" --seq-len "$SEQ" $B1 --steps 10 \
+    --anchors bf16,bf16-compile 2>&1 | grep -v -E "Warning|attention"
+  echo "== bench-gpt --model gpt2 16 x 1024, anchor bf16"
+  timeout 200 "$X" bench-gpt --model gpt2 --batch-size 16 --seq-len 1024 $B1 --steps 20 \
+    --anchors bf16 2>&1 | grep -v -E "Warning|attention"
+fi
+
 if want trace; then
   include=$(dirname "$(ls "$site_packages"/nvidia/*/include/cupti.h 2>/dev/null | head -1)")
   cc -shared -fPIC -O2 -I"$include" -I"$B/inc" -o /tmp/kernel_trace.so "$(dirname "$0")/kernel_trace.c" \

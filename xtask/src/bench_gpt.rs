@@ -1,7 +1,8 @@
-//! `cargo xtask bench-gpt`: tokens per second, model FLOP utilisation and peak memory of GPT
-//! training steps (forward, backward, AdamW) on random tokens, beside PyTorch with the same
+//! `cargo xtask bench-gpt`: tokens per second, model FLOP utilisation and peak memory of a
+//! language model's training steps (forward, backward, AdamW) on random tokens — a GPT-2 or a
+//! Llama-family shape, built as `train-gpt` builds it — beside PyTorch with the same
 //! architecture in the same call (eager and `torch.compile`; fp32, TF32 or bf16 autocast;
-//! flash attention through `F.scaled_dot_product_attention`; fused AdamW).
+//! attention through `F.scaled_dot_product_attention`; fused AdamW).
 
 use std::process::Command;
 use std::time::Instant;
@@ -9,19 +10,22 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Args;
-use weft_models::gpt::{gpt, GptConfig};
+use weft_models::gpt::Dense;
 use weft_models::loss::NextToken;
 use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups};
 use weft_parallel::{SingleProcess, Trainer};
 use weft_precision::PrecisionPolicy;
 use weft_tensor::Checkpointing;
+use weft_train::language_model::LanguageModel;
 
 use crate::python;
 
 /// Flags of `cargo xtask bench-gpt`.
 #[derive(Debug, Args)]
 pub struct BenchGptArgs {
-    /// gpt-tiny | gpt2 | gpt2-medium | gpt2-large
+    /// gpt-tiny | gpt2 | gpt2-medium | gpt2-large | llama-tiny | smollm-135m | llama-3.2-1b |
+    /// phi-3-mini (PyTorch anchors for the Llama shapes: `xtask/python/llama_anchor.py`, bf16
+    /// or fp32)
     #[arg(long, default_value = "gpt-tiny")]
     model: String,
     #[arg(long, default_value_t = 8)]
@@ -60,30 +64,22 @@ pub struct BenchGptArgs {
 /// figures such as llm.c's and nanoGPT's).
 const BF16_PEAK: f64 = 989e12;
 
-/// Training FLOPs per token: `6 · N + 12 · layers · width · seq_len` (PaLM's estimate, as
-/// nanoGPT's and llm.c's), N the parameters outside the position table (the tied head counted
-/// once; LayerNorms and biases, a fraction of a percent, included).
-fn flops_per_token(config: &GptConfig, seq_len: usize) -> f64 {
-    let params = config.num_parameters() - config.context * config.n_embd;
-    6.0 * params as f64 + 12.0 * (config.n_layer * config.n_embd * seq_len) as f64
-}
-
 struct Measured {
     tokens_per_sec: f64,
     peak_bytes: Option<u64>,
 }
 
 pub fn run(args: &BenchGptArgs) -> Result<()> {
-    let config = GptConfig::from_name(&args.model)?;
-    let seq_len = args.seq_len.unwrap_or(config.context);
-    if seq_len == 0 || seq_len > config.context {
+    let config = LanguageModel::preset(&args.model)?;
+    let seq_len = args.seq_len.unwrap_or(config.context());
+    if seq_len == 0 || seq_len > config.context() {
         bail!(
             "--seq-len {seq_len}: must be 1 to the context of {}",
-            config.context
+            config.context()
         );
     }
     let device = weft_train::device::parse_device(&args.device)?.open()?;
-    let flops = flops_per_token(&config, seq_len);
+    let flops = config.flops_per_token(seq_len);
     println!(
         "bench-gpt: {} ({} parameters), batch {} x {seq_len} tokens, AdamW, {}, on {}",
         args.model,
@@ -93,6 +89,13 @@ pub fn run(args: &BenchGptArgs) -> Result<()> {
         args.device
     );
     let weft = measure_weft(args, &config, seq_len, &device)?;
+    // The trainer is gone: its memory back to the device before the anchors run beside this
+    // process (the pool keeps freed memory, and the graph's until trimmed).
+    #[cfg(feature = "cuda")]
+    {
+        weft_tensor::cuda_runtime::release_graph_memory(&device)?;
+        weft_tensor::cuda_runtime::release_cached_memory(&device)?;
+    }
     #[cfg(feature = "cudnn")]
     for line in weft_tensor::ops::fused_attention_plans() {
         println!("bench-gpt: attention {line}");
@@ -148,12 +151,12 @@ fn random_tokens(n: usize, vocab: usize, seed: u64, device: &Device) -> Result<T
 
 fn measure_weft(
     args: &BenchGptArgs,
-    config: &GptConfig,
+    config: &LanguageModel,
     seq_len: usize,
     device: &Device,
 ) -> Result<Measured> {
     let policy = PrecisionPolicy::from_name(&args.precision)?;
-    let model = gpt(config, policy.param, device)?;
+    let model = config.build(policy.param, device, &Dense, 0..config.num_blocks())?;
     let optimizer = ModelOptimizer::new(
         OptimizerConfig::AdamW(AdamWConfig {
             lr: 3e-4,
@@ -165,7 +168,7 @@ fn measure_weft(
         policy.updated_dtype(),
     )?;
     let objective = NextToken {
-        vocab_size: config.vocab_size,
+        vocab_size: config.vocab_size(),
     };
     let trainer = Trainer::new(model, Box::new(objective), optimizer, Checkpointing::None)?;
     let trainer = weft_train::optim_setup::with_step_settings(trainer, None, &policy)?;
@@ -177,10 +180,9 @@ fn measure_weft(
         trainer = trainer.with_cuda_graph();
     }
     let n = args.batch_size * seq_len;
-    let ids =
-        random_tokens(n, config.vocab_size, 1, device)?.reshape((args.batch_size, seq_len))?;
-    let targets =
-        random_tokens(n, config.vocab_size, 2, device)?.reshape((args.batch_size, seq_len))?;
+    let vocab = config.vocab_size();
+    let ids = random_tokens(n, vocab, 1, device)?.reshape((args.batch_size, seq_len))?;
+    let targets = random_tokens(n, vocab, 2, device)?.reshape((args.batch_size, seq_len))?;
     let check = |i: usize, loss: f64| match loss.is_finite() {
         true => Ok(()),
         false => Err(anyhow::anyhow!("weft: step {i} gave loss {loss}")),
@@ -241,7 +243,7 @@ fn measure_weft(
 
 fn measure_torch(
     args: &BenchGptArgs,
-    config: &GptConfig,
+    config: &LanguageModel,
     seq_len: usize,
     anchor: &str,
 ) -> Result<Measured> {
@@ -260,28 +262,38 @@ fn measure_torch(
         );
     }
     let mut cmd = Command::new(python::torch_python()?);
-    cmd.arg(python::script("gpt_anchor.py"));
-    for (flag, value) in [
-        ("--vocab", config.vocab_size),
-        ("--context", config.context),
-        ("--width", config.n_embd),
-        ("--layers", config.n_layer),
-        ("--heads", config.n_head),
+    let mut sizes = vec![
         ("--batch-size", args.batch_size),
         ("--seq-len", seq_len),
         ("--steps", args.steps),
         ("--warmup", args.warmup),
-    ] {
+    ];
+    match config {
+        LanguageModel::Gpt(c) => {
+            cmd.arg(python::script("gpt_anchor.py"));
+            sizes.extend([
+                ("--vocab", c.vocab_size),
+                ("--context", c.context),
+                ("--width", c.n_embd),
+                ("--layers", c.n_layer),
+                ("--heads", c.n_head),
+            ]);
+            cmd.args(["--device", &args.device, "--sdpa", sdpa]);
+        }
+        LanguageModel::Llama(c) => {
+            if sdpa != "default" || precision == "tf32" {
+                bail!(
+                    "--anchors {anchor}: the Llama anchor takes bf16 or fp32, optionally -compile"
+                );
+            }
+            cmd.arg(python::script("llama_anchor.py"));
+            cmd.args(["--model", &c.name]);
+        }
+    }
+    for (flag, value) in sizes {
         cmd.args([flag, &value.to_string()]);
     }
-    cmd.args([
-        "--device",
-        &args.device,
-        "--precision",
-        precision,
-        "--sdpa",
-        sdpa,
-    ]);
+    cmd.args(["--precision", precision]);
     if compile {
         cmd.arg("--compile");
     }

@@ -52,7 +52,7 @@ impl LanguageModel {
         };
         let model = match shape_file {
             Some(path) => Self::Llama(read_hf_config(&path)?),
-            None => Self::from_name(flags.model.as_deref().unwrap_or(MODEL_NAMES[0]))?,
+            None => Self::preset(flags.model.as_deref().unwrap_or(MODEL_NAMES[0]))?,
         };
         let needed = match vocab {
             DataVocab::Model => None,
@@ -100,7 +100,7 @@ impl LanguageModel {
     }
 
     /// A preset by name: a GPT-2 shape or a Llama-family one.
-    fn from_name(name: &str) -> Result<Self> {
+    pub fn preset(name: &str) -> Result<Self> {
         if LLAMA_NAMES.contains(&name) {
             return Ok(Self::Llama(LlamaConfig::from_name(name)?));
         }
@@ -127,6 +127,33 @@ impl LanguageModel {
             Self::Gpt(c) => c.vocab_size,
             Self::Llama(c) => c.vocab_size,
         }
+    }
+
+    /// Trainable values (a tied head counted once).
+    pub fn num_parameters(&self) -> usize {
+        match self {
+            Self::Gpt(c) => c.num_parameters(),
+            Self::Llama(c) => c.num_parameters(),
+        }
+    }
+
+    /// Training FLOPs per token at `seq_len`: `6 N + 12 L H d T` (PaLM's estimate, as nanoGPT's
+    /// and llm.c's), N the parameters outside a position table (the tied head counted once;
+    /// norms and biases, a fraction of a percent, included).
+    pub fn flops_per_token(&self, seq_len: usize) -> f64 {
+        let (params, layers, width) = match self {
+            Self::Gpt(c) => (
+                c.num_parameters() - c.context * c.n_embd,
+                c.n_layer,
+                c.n_embd,
+            ),
+            Self::Llama(c) => (
+                c.num_parameters(),
+                c.num_hidden_layers,
+                c.num_attention_heads * c.head_dim,
+            ),
+        };
+        6.0 * params as f64 + 12.0 * (layers * width * seq_len) as f64
     }
 
     /// The longest sequence the model takes.

@@ -1,10 +1,12 @@
-//! `cargo xtask fuzz --seconds N`: runs each fuzz target of `fuzz/` (cargo-fuzz, libFuzzer, on
-//! the nightly toolchain; release code with debug assertions on) for N seconds, from a corpus
-//! seeded with valid inputs and with the inputs kept under `fuzz/regressions/<target>/`. Each
-//! target hands its inputs to the check of the same name in `weft-fuzz-checks`, whose test
-//! replays the kept inputs on stable. The first finding stops it with one line naming the
-//! target; the input is copied into `fuzz/regressions/<target>/`, so that once the code is
-//! fixed the CI suite replays it for good.
+//! `cargo xtask fuzz --seconds N`: runs each fuzz target of `fuzz/` (cargo-fuzz, libFuzzer;
+//! release code with debug assertions on) for N seconds, from a corpus seeded with valid inputs
+//! and with the inputs kept under `fuzz/regressions/<target>/`. cargo-fuzz needs nightly
+//! compiler flags: the nightly toolchain when rustup has one, else the stable one with
+//! `RUSTC_BOOTSTRAP=1` (which accepts them). Each target hands its inputs to the check of the
+//! same name in `weft-fuzz-checks`, whose test replays the kept inputs on stable. The first
+//! finding stops it with one line naming the target; the input, minimised by `cargo fuzz tmin`,
+//! is copied into `fuzz/regressions/<target>/`, so that once the code is fixed the CI suite
+//! replays it for good.
 
 mod seeds;
 
@@ -49,29 +51,15 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
             );
         }
     }
-    let installed = Command::new("cargo")
-        .args(["+nightly", "fuzz", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !installed {
-        bail!("cargo-fuzz on the nightly toolchain is missing: rustup toolchain install nightly && cargo install cargo-fuzz");
-    }
+    let toolchain = Toolchain::find()?;
     for (target, max_len) in TARGETS {
         if !args.targets.is_empty() && !args.targets.iter().any(|t| t == target) {
             continue;
         }
         let corpus = seed_corpus(&root, target)?;
         println!("fuzz {target} for {} s", args.seconds);
-        let status = Command::new("cargo")
-            .current_dir(&root)
-            .args([
-                "+nightly",
-                "fuzz",
-                "run",
-                target,
-                "--release",
-                "--debug-assertions",
-            ])
+        let status = toolchain
+            .cargo_fuzz(&root, &["run", target, "--release", "--debug-assertions"])
             .arg(&corpus)
             .arg("--")
             .arg(format!("-max_total_time={}", args.seconds))
@@ -79,7 +67,7 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
             .status()
             .with_context(|| format!("fuzz target {target}: cargo fuzz did not start"))?;
         if !status.success() {
-            let kept = keep_finding(&root, target)?;
+            let kept = keep_finding(&root, target, &toolchain)?;
             bail!(
                 "fuzz target {target}: an input fails ({status}); kept as {} — fix the code, then the CI suite replays it (weft-fuzz-checks' regressions test)",
                 kept.display()
@@ -89,17 +77,61 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
     Ok(())
 }
 
-/// Copies the newest input cargo-fuzz saved for `target` (fuzz/artifacts/<target>/) into
+/// How cargo-fuzz gets its nightly flags: the nightly toolchain, or stable told to accept them.
+enum Toolchain {
+    Nightly,
+    StableBootstrap,
+}
+
+impl Toolchain {
+    /// Nightly when rustup has it, else stable with `RUSTC_BOOTSTRAP=1`; cargo-fuzz must be
+    /// installed either way.
+    fn find() -> Result<Self> {
+        let works = |args: &[&str]| {
+            Command::new("cargo")
+                .args(args)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if works(&["+nightly", "fuzz", "--version"]) {
+            return Ok(Self::Nightly);
+        }
+        if works(&["fuzz", "--version"]) {
+            return Ok(Self::StableBootstrap);
+        }
+        bail!("cargo-fuzz is missing: cargo install cargo-fuzz (it runs on nightly, or on stable with RUSTC_BOOTSTRAP=1)")
+    }
+
+    /// `cargo [+nightly] fuzz ARGS` in `root`.
+    fn cargo_fuzz(&self, root: &Path, args: &[&str]) -> Command {
+        let mut command = Command::new("cargo");
+        command.current_dir(root);
+        match self {
+            Self::Nightly => command.arg("+nightly"),
+            Self::StableBootstrap => command.env("RUSTC_BOOTSTRAP", "1"),
+        };
+        command.arg("fuzz").args(args);
+        command
+    }
+}
+
+/// Minimises the newest input cargo-fuzz saved for `target` (fuzz/artifacts/<target>/) with
+/// `cargo fuzz tmin` and copies the result (the original if minimising fails) into
 /// fuzz/regressions/<target>/; its new path.
-fn keep_finding(root: &Path, target: &str) -> Result<PathBuf> {
+fn keep_finding(root: &Path, target: &str, toolchain: &Toolchain) -> Result<PathBuf> {
     let artifacts = root.join("fuzz/artifacts").join(target);
-    let newest = std::fs::read_dir(&artifacts)
-        .with_context(|| format!("{}: no saved input to keep", artifacts.display()))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .max()
-        .map(|(_, path)| path)
+    let (_, newest) = newest_file(&artifacts, |_| true)
         .with_context(|| format!("{}: no saved input to keep", artifacts.display()))?;
+    // libFuzzer writes the minimised input beside it as `minimized-from-<hash>`.
+    let started = std::time::SystemTime::now();
+    let args = ["tmin", target, "--release", "--debug-assertions"];
+    let tmin = toolchain.cargo_fuzz(root, &args).arg(&newest).status();
+    let minimised = newest_file(&artifacts, |name| name.starts_with("minimized-from-"))
+        .filter(|(modified, _)| *modified >= started);
+    let newest = match (tmin, minimised) {
+        (Ok(status), Some((_, path))) if status.success() => path,
+        _ => newest,
+    };
     let kept = root
         .join("fuzz/regressions")
         .join(target)
@@ -108,6 +140,19 @@ fn keep_finding(root: &Path, target: &str) -> Result<PathBuf> {
     std::fs::copy(&newest, &kept)
         .with_context(|| format!("{}: cannot copy to {}", newest.display(), kept.display()))?;
     Ok(kept)
+}
+
+/// The most recently modified file of `dir` whose name passes `wanted`, with its time.
+fn newest_file(
+    dir: &Path,
+    wanted: impl Fn(&str) -> bool,
+) -> Option<(std::time::SystemTime, PathBuf)> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| wanted(&e.file_name().to_string_lossy()))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()
 }
 
 /// `fuzz/corpus/<target>`, with the seed inputs and the kept regression inputs written into it.
