@@ -55,7 +55,8 @@ pub(crate) fn build_model(
             (Some(layers), Some(group), Some(config)) => {
                 let splits = layers.splits();
                 let (rank, size) = (group.rank(), group.size());
-                hf::load_hf_safetensors_sliced(model.store(), config, path, |id, full| {
+                let file = crate::language_model::weights_file(path);
+                hf::load_hf_safetensors_sliced(model.store(), config, &file, |id, full| {
                     slice_of(&splits, id, full, rank, size).map_err(|e| {
                         weft_models::ModelError::Config(format!("{}: {e}", path.display()))
                     })

@@ -36,7 +36,8 @@ pub enum LanguageModel {
 
 impl LanguageModel {
     /// The model the flags name, initialised from `seed`: `--model-config`'s `config.json`, else
-    /// the `config.json` of an `--init-from` folder when `--model` is not given, else `--model`
+    /// the Hugging Face `config.json` of an `--init-from` folder when `--model` is not given
+    /// (a GPT run folder's own `config.json` is weft's run configuration: skipped), else `--model`
     /// (default `gpt-tiny`). A fresh model takes the vocabulary `vocab` the data need (bytes'
     /// 256, a tokenizer's); weights from `--init-from` keep theirs, which must cover it.
     pub fn from_flags(flags: &GptFlags, seed: u64, vocab: DataVocab) -> Result<Self> {
@@ -45,7 +46,7 @@ impl LanguageModel {
                 bail!("--model {name} and --model-config: give one of them")
             }
             (_, Some(path), _) => Some(path.clone()),
-            (None, None, Some(dir)) if dir.join("config.json").is_file() => {
+            (None, None, Some(dir)) if is_hf_config(&dir.join("config.json")) => {
                 Some(dir.join("config.json"))
             }
             _ => None,
@@ -241,10 +242,15 @@ impl LanguageModel {
         }
     }
 
-    /// Loads Hugging Face weights at `path` into `store`, the whole model.
+    /// Loads Hugging Face weights at `path` (a file, or a folder holding `model.safetensors`;
+    /// a Llama's also sharded) into `store`, the whole model.
     pub fn load_hf(&self, store: &ParamStore, path: &Path) -> Result<()> {
         match self {
-            Self::Gpt(config) => Ok(gpt::hf::load_hf_safetensors(store, config, path)?),
+            Self::Gpt(config) => Ok(gpt::hf::load_hf_safetensors(
+                store,
+                config,
+                &weights_file(path),
+            )?),
             Self::Llama(config) => Ok(llama::hf::load_hf(store, config, path)?),
         }
     }
@@ -266,6 +272,24 @@ impl LanguageModel {
             }
         }
     }
+}
+
+/// The weights' file of `path`: the file itself, or a folder's `model.safetensors`.
+pub fn weights_file(path: &Path) -> PathBuf {
+    match path.is_dir() {
+        true => path.join(weft_tensor::hf_checkpoint::WEIGHTS),
+        false => path.to_path_buf(),
+    }
+}
+
+/// Whether `path` is a Hugging Face `config.json` (it names `model_type` or `architectures`),
+/// not, say, the run configuration a weft run folder holds.
+fn is_hf_config(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    json.get("model_type").is_some() || json.get("architectures").is_some()
 }
 
 /// A Llama-family shape from a Hugging Face `config.json`.

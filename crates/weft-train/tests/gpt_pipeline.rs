@@ -156,8 +156,9 @@ fn train_gpt_pp2_logs_the_losses_of_pp1() {
     let moved = (a[1]["loss"].as_f64().unwrap() - b[1]["loss"].as_f64().unwrap()).abs();
     assert!(moved > 1e-3, "dropout changed nothing");
     // The gathered checkpoint initialises each stage with its blocks (and the last stage's copy
-    // of the token table) as it initialises the whole model.
-    let init = out.join("pp2-1f1b/model.safetensors");
+    // of the token table) as it initialises the whole model; the run folder stands for its
+    // `model.safetensors` (its own `config.json` is weft's, not a Hugging Face shape).
+    let init = out.join("pp2-1f1b");
     let init = init.to_str().unwrap();
     let from = [&micro[..], &["--init-from", init]].concat();
     weft_train::gpt::run(&flags(out, "from-pp1", &from)).unwrap();

@@ -47,9 +47,10 @@ pub struct GptFlags {
     /// fused cuDNN attention runs without dropout)
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f64,
-    /// Initialise from Hugging Face safetensors: a file (e.g. the hub's model.safetensors), or
-    /// a folder of a Llama-family model (its config.json then gives the shape without --model;
-    /// sharded weights are read through their index)
+    /// Initialise from Hugging Face safetensors: a file (e.g. the hub's model.safetensors), a
+    /// folder holding model.safetensors (a GPT run folder), or a Llama-family model's folder
+    /// (its config.json then gives the shape without --model; sharded weights are read through
+    /// their index)
     #[arg(long)]
     pub init_from: Option<PathBuf>,
 }
