@@ -7,6 +7,9 @@ use std::path::Path;
 
 use crate::DataError;
 
+/// GPT-2's tokens (r50k_base: 50,256 ranks and `<|endoftext|>` at 50,256).
+pub const GPT2_VOCAB: usize = 50_257;
+
 /// A tokenizer: GPT-2's or a `tokenizer.json`'s.
 pub enum Tokenizer {
     Gpt2(Box<tiktoken_rs::CoreBPE>),
@@ -41,11 +44,19 @@ impl Tokenizer {
         Ok(Self::HuggingFace(Box::new(tokenizer)))
     }
 
+    /// [`Self::vocab_size`] of the tokenizer `spec` names, without building GPT-2's (its ranks
+    /// take a moment to load; a `tokenizer.json` is read).
+    pub fn vocab_size_of(spec: &str) -> Result<usize, DataError> {
+        match spec {
+            "gpt2" => Ok(GPT2_VOCAB),
+            _ => Ok(Self::from_spec(spec)?.vocab_size()),
+        }
+    }
+
     /// Tokens the tokenizer can produce (its added tokens included): ids `0..vocab_size()`.
     pub fn vocab_size(&self) -> usize {
         match self {
-            // r50k_base: 50,256 ranks and `<|endoftext|>` at 50,256.
-            Self::Gpt2(_) => 50_257,
+            Self::Gpt2(_) => GPT2_VOCAB,
             Self::HuggingFace(t) => t.get_vocab_size(true),
         }
     }
@@ -97,6 +108,7 @@ mod tests {
     fn gpt2_round_trips_non_ascii_text_with_its_known_ids() {
         let gpt2 = Tokenizer::from_spec("gpt2").unwrap();
         assert_eq!(gpt2.vocab_size(), 50_257);
+        assert_eq!(Tokenizer::vocab_size_of("gpt2").unwrap(), gpt2.vocab_size());
         // "Hello world" in GPT-2's BPE, as transformers' GPT2Tokenizer gives it.
         assert_eq!(gpt2.encode("Hello world").unwrap(), [15496, 995]);
         let tokens = gpt2.encode(TEXT).unwrap();
@@ -137,6 +149,8 @@ mod tests {
         let path = dir.path().join("tokenizer.json");
         tokenizer.save(&path, false).unwrap();
         let loaded = Tokenizer::from_spec(path.to_str().unwrap()).unwrap();
+        let size = Tokenizer::vocab_size_of(path.to_str().unwrap()).unwrap();
+        assert_eq!(size, loaded.vocab_size());
         let tokens = loaded.encode(TEXT).unwrap();
         assert!(tokens.iter().all(|&t| (t as usize) < loaded.vocab_size()));
         assert_eq!(loaded.decode(&tokens).unwrap(), TEXT);

@@ -48,9 +48,9 @@ impl GptArgs {
         let vocab = match (self.data.source()?, &self.data.tokenizer) {
             (TokenSource::Text(_), None) => DataVocab::Bytes,
             (TokenSource::Text(_), Some(spec)) => {
-                let tokenizer = weft_data::Tokenizer::from_spec(spec)
+                let tokens = weft_data::Tokenizer::vocab_size_of(spec)
                     .map_err(|e| anyhow::anyhow!("--tokenizer {spec}: {e}"))?;
-                DataVocab::Tokenizer(tokenizer.vocab_size())
+                DataVocab::Tokenizer(tokens)
             }
             _ => DataVocab::Model,
         };

@@ -204,32 +204,30 @@ impl Keys<'_> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
-    fn usize(&self, key: &str, default: usize) -> std::result::Result<usize, String> {
+    /// The value of `key` read by `read` (`what` it must be), `default` when absent or null.
+    fn read<T>(
+        &self,
+        key: &str,
+        default: T,
+        (read, what): (fn(&Value) -> Option<T>, &str),
+    ) -> std::result::Result<T, String> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| format!("{key}: {v} is not a count")),
+            Some(v) => read(v).ok_or_else(|| format!("{key}: {v} is not {what}")),
         }
+    }
+
+    fn usize(&self, key: &str, default: usize) -> std::result::Result<usize, String> {
+        let count = |v: &Value| v.as_u64().and_then(|n| usize::try_from(n).ok());
+        self.read(key, default, (count, "a count"))
     }
 
     fn f64(&self, key: &str, default: f64) -> std::result::Result<f64, String> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v
-                .as_f64()
-                .ok_or_else(|| format!("{key}: {v} is not a number")),
-        }
+        self.read(key, default, (Value::as_f64, "a number"))
     }
 
     fn bool(&self, key: &str, default: bool) -> std::result::Result<bool, String> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| format!("{key}: {v} is not true or false")),
-        }
+        self.read(key, default, (Value::as_bool, "true or false"))
     }
 
     fn required_f64(&self, key: &str) -> std::result::Result<f64, String> {

@@ -19,23 +19,7 @@ use super::storage::{run_kernel, uses_kernels_with_half, Arg, CpuKernel, Float};
 /// `qkv` with its query and key heads rotated by their rows' positions, differentiable;
 /// `inverse` holds the `d / 2` inverse frequencies in f32 on `qkv`'s device.
 pub fn rotary_packed(qkv: &Tensor, heads: PackedHeads, inverse: &Tensor) -> Result<Tensor> {
-    let (_, _, width) = qkv.dims3()?;
-    if width != heads.row_width() || inverse.dims() != [heads.head_dim / 2] {
-        bail!(
-            "rotary_packed: rows of {width} and {:?} inverse frequencies for {heads:?}",
-            inverse.dims()
-        );
-    }
-    if inverse.dtype() != DType::F32 || !heads.head_dim.is_multiple_of(2) {
-        bail!("rotary_packed: f32 inverse frequencies and an even head width, for {heads:?}");
-    }
-    let on_cpu = qkv.device().is_cpu();
-    match uses_kernels_with_half(&[qkv]) && (on_cpu || qkv.dtype() != DType::F64) {
-        true => qkv
-            .contiguous()?
-            .apply_op2(inverse, Rotary { heads, sign: 1.0 }),
-        false => rotary_packed_reference(qkv, heads, inverse),
-    }
+    rotate(qkv, heads, inverse, 1.0)
 }
 
 /// The gradient of [`rotary_packed`]'s input from its output's gradient `d_out`, without an
@@ -45,7 +29,28 @@ pub fn rotary_packed_backward(
     heads: PackedHeads,
     inverse: &Tensor,
 ) -> Result<Tensor> {
-    rotary_packed(&d_out.detach(), heads, &inverse.neg()?)
+    rotate(&d_out.detach(), heads, inverse, -1.0)
+}
+
+/// `x` rotated by `sign` (±1) times its positions' angles: the fused op where it applies (any
+/// float type on the CPU; f32 and 16-bit on CUDA), else the reference.
+fn rotate(x: &Tensor, heads: PackedHeads, inverse: &Tensor, sign: f32) -> Result<Tensor> {
+    let (_, _, width) = x.dims3()?;
+    if width != heads.row_width() || inverse.dims() != [heads.head_dim / 2] {
+        bail!(
+            "rotary_packed: rows of {width} and {:?} inverse frequencies for {heads:?}",
+            inverse.dims()
+        );
+    }
+    if inverse.dtype() != DType::F32 || !heads.head_dim.is_multiple_of(2) {
+        bail!("rotary_packed: f32 inverse frequencies and an even head width, for {heads:?}");
+    }
+    let on_cpu = x.device().is_cpu();
+    match uses_kernels_with_half(&[x]) && (on_cpu || x.dtype() != DType::F64) {
+        true => x.contiguous()?.apply_op2(inverse, Rotary { heads, sign }),
+        false if sign < 0.0 => rotary_packed_reference(x, heads, &inverse.neg()?),
+        false => rotary_packed_reference(x, heads, inverse),
+    }
 }
 
 /// The same through Candle's ops: the cosines and sines of the angles (f32; the tables in f32
@@ -89,7 +94,7 @@ pub fn rotary_packed_reference(
     Tensor::cat(&[&out.reshape((b, t, rotated_heads * d))?, &values], 2)
 }
 
-/// The op: rotation by `sign` times the angles (−1: the backward).
+/// The op: rotation by `sign` times the angles (−1: the backward, the inverse rotation).
 struct Rotary {
     heads: PackedHeads,
     sign: f32,
@@ -170,13 +175,7 @@ impl CustomOp2 for Rotary {
         _out: &Tensor,
         d_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let inverse_rotation = Rotary {
-            heads: self.heads,
-            sign: -self.sign,
-        };
-        let d_qkv = d_out
-            .contiguous()?
-            .apply_op2_no_bwd(inverse, &inverse_rotation)?;
+        let d_qkv = rotate(&d_out.detach(), self.heads, inverse, -self.sign)?;
         Ok((Some(d_qkv), None))
     }
 }
