@@ -10,7 +10,6 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Args;
-use weft_models::gpt::Dense;
 use weft_models::loss::NextToken;
 use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups};
 use weft_parallel::{SingleProcess, Trainer};
@@ -156,7 +155,7 @@ fn measure_weft(
     device: &Device,
 ) -> Result<Measured> {
     let policy = PrecisionPolicy::from_name(&args.precision)?;
-    let model = config.build(policy.param, device, &Dense, 0..config.num_blocks())?;
+    let model = config.build(policy.param, device, None, 0..config.num_blocks())?;
     let optimizer = ModelOptimizer::new(
         OptimizerConfig::AdamW(AdamWConfig {
             lr: 3e-4,

@@ -58,7 +58,10 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let seq_len = args.seq_len()?;
     let data = open_data(args, &config, seq_len)?;
     let policy = args.precision.policy()?;
-    let split_layers = mesh.tp.clone().map(TensorParallelLayers::new);
+    let split_layers = mesh
+        .tp
+        .clone()
+        .map(|g| Arc::new(TensorParallelLayers::new(g)));
     let micro_rows = args.training.batch_size / mesh.dp_size / args.training.micro_batches;
     let stages = stage_blocks(args, &config, &device, &data.train, micro_rows, ctx)?;
     let blocks = stages[mesh.stage].clone();
@@ -112,7 +115,7 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
             tensor: mesh
                 .tp
                 .clone()
-                .zip(split_layers.as_ref().map(TensorParallelLayers::splits)),
+                .zip(split_layers.as_ref().map(|layers| layers.splits())),
             pipeline: mesh.pipeline_parallel().cloned(),
             tied_table: config.tied_table(),
             zero3_shard,

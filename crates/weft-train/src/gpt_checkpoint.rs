@@ -20,7 +20,7 @@ use weft_parallel::zero::ShardLayout;
 use weft_parallel::Trainer;
 use weft_tensor::EntryId;
 
-use crate::gpt_parallel::{regroup_columns, GptMesh, Split};
+use crate::gpt_parallel::{GptMesh, Split};
 use crate::run_dir::write_atomically;
 
 const FORMAT: &str = "weft-tensor-parallel-v1";
@@ -110,7 +110,7 @@ pub fn prepare_tensor_parallel(
             size: group.size(),
             splits: splits
                 .iter()
-                .map(|&(id, split)| (entries[id].name.clone(), split))
+                .map(|(id, split)| (entries[*id].name.clone(), split.clone()))
                 .collect(),
         };
         (staging, dir.to_path_buf(), manifest)
@@ -273,17 +273,12 @@ pub(crate) fn join_slices(
             .map(|p| p.get(name).cloned())
             .collect::<Option<Vec<_>>>()
             .with_context(|| format!("{}: a rank's slices lack {name}", dir.display()))?;
-        let split = manifest
-            .splits
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, s)| *s);
+        let split = manifest.splits.iter().find(|(n, _)| n == name);
         let whole = match split {
             None => first.clone(),
-            Some(Split::Rows) => Tensor::cat(&slices, 0)?,
-            Some(Split::Columns { groups }) => {
-                let side_by_side = Tensor::cat(&slices, first.rank() - 1)?;
-                regroup_columns(&side_by_side, groups, manifest.size)?
+            Some((_, split)) => {
+                let side_by_side = Tensor::cat(&slices, split.dim(first.rank()))?;
+                split.join(&side_by_side, manifest.size)?
             }
         };
         full.insert(name.clone(), whole);

@@ -2,16 +2,17 @@
 //! `--init-from`), its objective, the layout its checkpoints are cut in, validation, and the
 //! final export of the whole model with Hugging Face's names.
 
+use std::sync::Arc;
+
 use anyhow::Result;
 use candle_core::{Device, Tensor};
 use weft_data::TokenWindows;
-use weft_models::gpt::{hf, Dense, GptLayers};
 use weft_models::loss::NextToken;
 use weft_parallel::tensor::VocabParallelNextToken;
 use weft_parallel::zero::ShardLayout;
 use weft_precision::PrecisionPolicy;
 use weft_tensor::sharded_init::ShardedInit;
-use weft_tensor::{BlockModel, Objective};
+use weft_tensor::{BlockModel, Objective, TensorError};
 
 use crate::distributed::RankContext;
 use crate::fit::{FitSummary, Stepper};
@@ -31,14 +32,10 @@ pub(crate) fn build_model(
     policy: &PrecisionPolicy,
     device: &Device,
     mesh: &GptMesh,
-    split_layers: &Option<TensorParallelLayers>,
+    split_layers: &Option<Arc<TensorParallelLayers>>,
     blocks: std::ops::Range<usize>,
 ) -> Result<(BlockModel, Option<Tensor>)> {
-    let layers: &dyn GptLayers = match &split_layers {
-        Some(layers) => layers,
-        None => &Dense,
-    };
-    let build = || config.build(policy.param, device, layers, blocks.clone());
+    let build = || config.build(policy.param, device, split_layers.as_ref(), blocks.clone());
     // Under ZeRO-3 over several replicas each rank builds only its shard of the parameters
     // (counted in a first pass); loading --init-from needs the whole model.
     let (model, zero3_shard) =
@@ -51,14 +48,14 @@ pub(crate) fn build_model(
             false => (build()?, None),
         };
     if let Some(path) = &args.model.init_from {
-        match (&split_layers, &mesh.tp, config.as_gpt()) {
-            (Some(layers), Some(group), Some(config)) => {
+        match (&split_layers, &mesh.tp) {
+            (Some(layers), Some(group)) => {
                 let splits = layers.splits();
                 let (rank, size) = (group.rank(), group.size());
-                let file = crate::language_model::weights_file(path);
-                hf::load_hf_safetensors_sliced(model.store(), config, &file, |id, full| {
-                    slice_of(&splits, id, full, rank, size).map_err(|e| {
-                        weft_models::ModelError::Config(format!("{}: {e}", path.display()))
+                config.load_hf_sliced(model.store(), path, |id, full| {
+                    slice_of(&splits, id, full, rank, size).map_err(|e| TensorError::Block {
+                        block: path.display().to_string(),
+                        message: e.to_string(),
                     })
                 })?
             }
@@ -70,13 +67,13 @@ pub(crate) fn build_model(
 
 /// The next-token objective: over the vocabulary slices of the tensor-parallel group, or whole.
 pub(crate) fn objective(mesh: &GptMesh, config: &LanguageModel) -> Box<dyn Objective> {
-    match (&mesh.tp, config.as_gpt()) {
-        (Some(group), Some(config)) => Box::new(VocabParallelNextToken {
-            vocab_size: config.vocab_size,
-            start: group.rank() * config.padded_vocab() / group.size(),
+    match &mesh.tp {
+        Some(group) => Box::new(VocabParallelNextToken {
+            vocab_size: config.vocab_size(),
+            start: group.rank() * config.vocab_rows() / group.size(),
             group: group.clone(),
         }),
-        _ => Box::new(NextToken {
+        None => Box::new(NextToken {
             vocab_size: config.vocab_size(),
         }),
     }
@@ -86,7 +83,7 @@ pub(crate) fn objective(mesh: &GptMesh, config: &LanguageModel) -> Box<dyn Objec
 /// one (`zero_shards`) or the first replica's whole state otherwise.
 pub(crate) fn checkpoint_layout<'m>(
     mesh: &'m GptMesh,
-    split_layers: &Option<TensorParallelLayers>,
+    split_layers: &Option<Arc<TensorParallelLayers>>,
     zero_shards: Option<ShardLayout>,
 ) -> resume::Layout<'m> {
     match split_layers {
@@ -140,7 +137,7 @@ pub(crate) fn validate(
 /// the job), with `summary` (a run that went on from step `start`).
 pub(crate) fn export(
     stepper: &mut Stepper,
-    (mesh, split_layers): (&GptMesh, &Option<TensorParallelLayers>),
+    (mesh, split_layers): (&GptMesh, &Option<Arc<TensorParallelLayers>>),
     config: &LanguageModel,
     run: &RunFolder,
     (summary, start): (&FitSummary, usize),

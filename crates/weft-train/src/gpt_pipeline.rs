@@ -8,7 +8,6 @@ use anyhow::Result;
 use candle_core::{DType, Device, Shape, Tensor};
 use weft_collectives::Communicator;
 use weft_data::TokenWindows;
-use weft_models::gpt::Dense;
 use weft_models::loss::NextToken;
 use weft_parallel::pipeline::measured_block_times;
 use weft_parallel::TensorCollectives;
@@ -39,7 +38,7 @@ pub fn stage_blocks(
         return args.stage_blocks(None);
     }
     let one_layer = config.one_layer();
-    let model = one_layer.build(DType::F32, device, &Dense, 0..one_layer.num_blocks())?;
+    let model = one_layer.build(DType::F32, device, None, 0..one_layer.num_blocks())?;
     let indices: Vec<usize> = (0..rows.min(train.len())).collect();
     let (inputs, targets) = train.batch(&indices, device)?;
     let objective = NextToken {

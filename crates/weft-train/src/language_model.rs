@@ -1,20 +1,22 @@
 //! The language models `train-gpt` trains — the GPT-2 family and the Llama family (Llama,
 //! SmolLM, Phi-3) — behind one description that the trainer's parts ask for what differs
 //! between them: the shape's sizes, the model's construction, Hugging Face import and export,
-//! and the layouts each family has a `parallelize` for (tensor-parallel splits are the GPT's
-//! alone so far; the Llama trains under DDP, ZeRO 1/2/3 and pipeline stages).
+//! and the layouts each family's `parallelize` splits it into.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
 use candle_core::{DType, Device};
 use weft_models::gpt::MODEL_NAMES;
-use weft_models::gpt::{self, GptConfig, GptLayers};
-use weft_models::llama::{self, LlamaConfig, LLAMA_NAMES};
-use weft_tensor::{BlockModel, ParamStore};
+use weft_models::gpt::{self, Dense, GptConfig, GptLayers};
+use weft_models::llama::{self, LlamaConfig, LlamaSplit, LLAMA_NAMES};
+use weft_tensor::{BlockModel, EntryId, ParamStore};
 
 use crate::flags::GptFlags;
+use crate::gpt_parallel::TensorParallelLayers;
 
 /// The vocabulary the data need of a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +132,15 @@ impl LanguageModel {
         }
     }
 
+    /// The rows of the token table and the head's logits: the GPT's padded vocabulary, the
+    /// Llama's own.
+    pub fn vocab_rows(&self) -> usize {
+        match self {
+            Self::Gpt(c) => c.padded_vocab(),
+            Self::Llama(c) => c.vocab_size,
+        }
+    }
+
     /// Trainable values (a tied head counted once).
     pub fn num_parameters(&self) -> usize {
         match self {
@@ -181,25 +192,11 @@ impl LanguageModel {
         }
     }
 
-    /// The GPT's configuration, for what only the GPT has (tensor-parallel parts, measured
-    /// pipeline balance).
-    pub fn as_gpt(&self) -> Option<&GptConfig> {
-        match self {
-            Self::Gpt(c) => Some(c),
-            Self::Llama(_) => None,
-        }
-    }
-
     /// Refuses, in one line, a tensor-parallel degree the model cannot be split into.
     pub fn check_layout(&self, tp: usize) -> Result<()> {
         match self {
             Self::Gpt(config) => crate::gpt_parallel::check_layout(config, tp),
-            Self::Llama(config) if tp > 1 => bail!(
-                "--tp {tp}: {} (the Llama family) trains with data parallelism, ZeRO and \
-                 pipeline stages for now; its tensor-parallel split is not built yet",
-                config.name
-            ),
-            Self::Llama(_) => Ok(()),
+            Self::Llama(config) => crate::llama_parallel::check_layout(config, tp),
         }
     }
 
@@ -226,19 +223,27 @@ impl LanguageModel {
         }
     }
 
-    /// The blocks `blocks` of the model in `dtype` on `device` (a pipeline stage's), a GPT's
-    /// parts built by `layers` (a Llama's are whole: [`Self::check_layout`] refuses its
-    /// tensor-parallel split).
+    /// The blocks `blocks` of the model in `dtype` on `device` (a pipeline stage's), whole or
+    /// as this rank's parts of the tensor-parallel split `split`.
     pub fn build(
         &self,
         dtype: DType,
         device: &Device,
-        layers: &dyn GptLayers,
+        split: Option<&Arc<TensorParallelLayers>>,
         blocks: Range<usize>,
     ) -> Result<BlockModel> {
         match self {
-            Self::Gpt(config) => Ok(gpt::gpt_stage(config, dtype, device, layers, blocks)?),
-            Self::Llama(config) => Ok(llama::llama_stage(config, dtype, device, blocks)?),
+            Self::Gpt(config) => {
+                let layers: &dyn GptLayers = match split {
+                    Some(split) => split.as_ref(),
+                    None => &Dense,
+                };
+                Ok(gpt::gpt_stage(config, dtype, device, layers, blocks)?)
+            }
+            Self::Llama(config) => {
+                let split = split.map(|s| s.clone() as Arc<dyn LlamaSplit>);
+                Ok(llama::llama_stage(config, dtype, device, blocks, split)?)
+            }
         }
     }
 
@@ -252,6 +257,25 @@ impl LanguageModel {
                 &weights_file(path),
             )?),
             Self::Llama(config) => Ok(llama::hf::load_hf(store, config, path)?),
+        }
+    }
+
+    /// [`Self::load_hf`] into a store of this rank's parts: `part(id, full)` cuts entry `id`'s
+    /// part from the full value.
+    pub fn load_hf_sliced(
+        &self,
+        store: &ParamStore,
+        path: &Path,
+        part: impl Fn(EntryId, &Tensor) -> weft_tensor::Result<Tensor>,
+    ) -> Result<()> {
+        match self {
+            Self::Gpt(config) => Ok(gpt::hf::load_hf_safetensors_sliced(
+                store,
+                config,
+                &weights_file(path),
+                |id, full| Ok(part(id, full)?),
+            )?),
+            Self::Llama(config) => Ok(llama::hf::load_hf_sliced(store, config, path, part)?),
         }
     }
 

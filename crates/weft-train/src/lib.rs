@@ -23,6 +23,7 @@ pub mod gpt_parallel;
 mod gpt_parts;
 pub mod gpt_pipeline;
 pub mod language_model;
+pub mod llama_parallel;
 pub mod logging;
 pub mod memory_plan;
 pub mod memory_report;

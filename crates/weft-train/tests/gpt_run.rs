@@ -68,7 +68,10 @@ fn tiny_run_logs_tokens_per_second_and_writes_a_hugging_face_checkpoint() {
     assert!(config["model"].is_null(), "{config}");
 
     // The checkpoint has Hugging Face's layout and loads into a fresh model.
-    let model_config = run.model_config().unwrap().as_gpt().unwrap().clone();
+    let weft_train::language_model::LanguageModel::Gpt(model_config) = run.model_config().unwrap()
+    else {
+        panic!("train-gpt's default model is a GPT");
+    };
     let saved =
         candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
     assert_eq!(saved["transformer.wte.weight"].dims(), [256, 64]);

@@ -24,16 +24,6 @@ fn tokens(seed: u32) -> Tensor {
     Tensor::from_vec(v, (2, 8), &Device::Cpu).unwrap()
 }
 
-fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-    let d = (a.to_dtype(DType::F64).unwrap() - b.to_dtype(DType::F64).unwrap()).unwrap();
-    d.abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f64>()
-        .unwrap()
-}
-
 /// The whole model in f64, its logits and loss on `ids`/`targets`, and the loss's gradients.
 struct Whole {
     model: weft_tensor::BlockModel,
@@ -138,31 +128,21 @@ fn split_layers_differentiate_themselves_as_the_whole_model() {
             "rank {rank}: a split layer fell back to the graph"
         );
         for checkpointing in [Checkpointing::None, Checkpointing::All] {
-            let tape = tape::forward(&model, &ids, Mode::TRAIN, &checkpointing).unwrap();
-            if checkpointing == Checkpointing::None {
-                let bytes = tape.saved_activation_bytes();
-                assert!(
-                    bytes < whole_bytes,
-                    "rank {rank}: {bytes} of {whole_bytes} bytes"
-                );
-            }
             let objective = VocabParallelNextToken {
                 vocab_size: 13,
                 start: rank * 8,
                 group: group.clone(),
             };
-            let ours = objective.loss(tape.output(), &targets).unwrap().loss;
+            let batch = (&ids, &targets);
+            let (bytes, ours) = tape_gradients(&model, batch, &objective, &checkpointing);
+            if checkpointing == Checkpointing::None {
+                assert!(
+                    bytes < whole_bytes,
+                    "rank {rank}: {bytes} of {whole_bytes} bytes"
+                );
+            }
             let mut grad_store = ParamStore::new(&Device::Cpu, DType::F64);
-            let mut ready = Vec::new();
-            tape.backward(&ours, &model, |block| {
-                ready.extend(block.grads);
-                Ok::<(), weft_tensor::TensorError>(())
-            })
-            .unwrap();
-            ready.sort_by_key(|(id, _)| *id);
-            for ((id, grad), entry) in ready.into_iter().zip(model.store().entries()) {
-                assert_eq!(id, grad_store.entries().len());
-                let g = grad.expect("every parameter has a gradient");
+            for (g, entry) in ours.into_iter().zip(model.store().entries()) {
                 grad_store
                     .register(&entry.name, EntryKind::Parameter, g)
                     .unwrap();
@@ -205,6 +185,7 @@ fn split_initialisation_gathers_to_the_whole_one() {
 }
 
 mod support;
+use support::{max_diff, tape_gradients};
 
 /// Runs `train-gpt` with `args` as a job of two thread ranks.
 fn run_on_two_thread_ranks(args: &GptArgs) {

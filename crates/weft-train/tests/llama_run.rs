@@ -2,23 +2,13 @@
 //! thread ranks under DDP and ZeRO 1/2/3 follow one process, and so do pipeline stages (tied
 //! and untied heads, 1F1B and GPipe, a data × pipeline mesh); a ZeRO-3 run resumed from its
 //! checkpoint logs the uninterrupted losses; the exported Hugging Face folder initialises a run
-//! by itself (no `--model`); the split not built yet (tensor parallelism) is a one-line
-//! refusal.
-
-use std::collections::HashMap;
-use std::path::Path;
+//! by itself (no `--model`); layouts the shape cannot take are one-line refusals. Tensor
+//! parallelism: `llama_tensor_parallel.rs`.
 
 use candle_core::Device;
-use weft_train::GptArgs;
 
 mod support;
-use support::{run, values};
-
-fn flags(out: &Path, extra: &[&str]) -> GptArgs {
-    let out = out.to_str().unwrap();
-    let base = ["--model", "llama-tiny", "--out", out];
-    support::tiny(&[&base[..], extra].concat())
-}
+use support::{llama_tiny as flags, losses_and_export, run, values};
 
 /// Two replicas of two sequences each compute the one process's step on four: the same
 /// losses within f32 rounding (1e-5 relative: the gradients are summed over ranks in another
@@ -43,13 +33,6 @@ fn data_parallel_and_zero_follow_one_process() {
             );
         }
     }
-}
-
-/// The losses of each step line of the run `name`, and its exported weights.
-fn run_outcome(out: &Path, name: &str) -> (Vec<f64>, HashMap<String, candle_core::Tensor>) {
-    let weights = out.join(name).join("hf/model.safetensors");
-    let weights = candle_core::safetensors::load(weights, &Device::Cpu).unwrap();
-    (values(&out.join(name), "loss"), weights)
 }
 
 /// Pipeline stages log the one-process losses and end with its weights, within 1e-4 (f32: the
@@ -107,8 +90,8 @@ fn pipeline_stages_follow_one_process() {
         }
         run(&whole, 1);
         run(&split, ranks);
-        let (expected, weights) = run_outcome(out.path(), &format!("{name}-one"));
-        let (got, split_weights) = run_outcome(out.path(), name);
+        let (expected, weights) = losses_and_export(out.path(), &format!("{name}-one"));
+        let (got, split_weights) = losses_and_export(out.path(), name);
         assert_eq!(got.len(), 4, "{name}");
         for (step, (g, e)) in got.iter().zip(&expected).enumerate() {
             assert!(
@@ -179,13 +162,16 @@ fn the_exported_folder_initialises_a_run_by_itself() {
 }
 
 #[test]
-fn splits_not_built_yet_and_bad_shapes_are_one_line_refusals() {
+fn splits_the_shape_cannot_take_and_bad_shapes_are_one_line_refusals() {
     let out = tempfile::tempdir().unwrap();
     let config = out.path().join("config.json");
     std::fs::write(&config, r#"{"model_type": "gpt2"}"#).unwrap();
     let config = config.to_str().unwrap();
     for (extra, expected) in [
-        (&["--nproc", "2", "--tp", "2"][..], "--tp 2: llama-tiny"),
+        (
+            &["--nproc", "4", "--tp", "4"][..],
+            "--tp 4 does not divide the 2 key/value heads",
+        ),
         (&["--dropout", "0.1"][..], "--dropout 0.1: the Llama family"),
         (
             &["--model-config", config][..],

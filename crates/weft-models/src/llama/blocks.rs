@@ -1,7 +1,9 @@
 //! The blocks of a Llama-family decoder: the token embeddings, two blocks per layer (its
 //! attention half `layers.{i}.attn` and its MLP half `layers.{i}.mlp`, so that a pipeline can
 //! cut between them) and the head (the final RMSNorm and the language-model head, the token
-//! table itself when tied). Projections are bias-free `nn.Linear`s, weights `[out, in]`.
+//! table itself when tied). Projections are bias-free `nn.Linear`s, weights `[out, in]`. Under
+//! a tensor-parallel [`super::split`] each block holds its rank's heads, MLP features and
+//! vocabulary rows and sums its part over the ranks where Megatron does.
 
 use std::ops::Range;
 
@@ -10,6 +12,7 @@ use weft_tensor::ops::{self, project, PackedHeads};
 use weft_tensor::{Block, EntryId, ExplicitBackward, Mode, Result, TensorError};
 
 use super::norm::RmsNorm;
+use super::split::{enter, partial_lookup, reduce, vocab_start, Split};
 use crate::gpt::lookup;
 
 /// `x Wᵀ` for an `nn.Linear` weight `W` `[out, in]`.
@@ -17,10 +20,22 @@ pub(super) fn linear(x: &Tensor, weight: &Var) -> Result<Tensor> {
     project(x, &weight.as_tensor().t()?)
 }
 
-/// The token table looked up: `[B, T]` ids to `[B, T, width]`.
+/// The token table looked up: `[B, T]` ids to `[B, T, width]` (split: this rank's rows of
+/// the table looked up, zeros for the other ranks' ids, summed over the ranks).
 pub struct Embeddings {
     pub(super) table: Var,
     pub(super) entries: Range<EntryId>,
+    pub(super) split: Split,
+}
+
+impl Embeddings {
+    /// The first id this rank's table holds (0 for a whole table).
+    pub(super) fn start(&self) -> Result<usize> {
+        Ok(match &self.split {
+            Some(split) => vocab_start(split.as_ref(), self.table.dim(0)?),
+            None => 0,
+        })
+    }
 }
 
 impl Block for Embeddings {
@@ -33,7 +48,13 @@ impl Block for Embeddings {
     }
 
     fn forward(&self, ids: &Tensor, _mode: Mode) -> Result<Tensor> {
-        lookup(self.table.as_tensor(), ids)
+        match &self.split {
+            None => lookup(self.table.as_tensor(), ids),
+            Some(_) => {
+                let partial = partial_lookup(self.table.as_tensor(), ids, self.start()?)?;
+                reduce(&self.split, partial)
+            }
+        }
     }
 
     fn entries(&self) -> Range<EntryId> {
@@ -62,6 +83,7 @@ pub struct AttentionBlock {
     pub(super) inverse_frequencies: Tensor,
     pub(super) max_positions: usize,
     pub(super) entries: Range<EntryId>,
+    pub(super) split: Split,
 }
 
 impl Block for AttentionBlock {
@@ -76,7 +98,7 @@ impl Block for AttentionBlock {
     fn forward(&self, x: &Tensor, _mode: Mode) -> Result<Tensor> {
         let (b, t, c) = x.dims3()?;
         self.check_length(t)?;
-        let h = self.norm.forward(&x.reshape((b * t, c))?)?;
+        let h = enter(&self.split, self.norm.forward(&x.reshape((b * t, c))?)?)?;
         let qkv = match &self.qkv {
             Qkv::Separate { q, k, v } => {
                 let stacked = Tensor::cat(&[q.as_tensor(), k.as_tensor(), v.as_tensor()], 0)?;
@@ -88,8 +110,8 @@ impl Block for AttentionBlock {
         let qkv = ops::rotary_packed(&qkv, self.heads, &self.inverse_frequencies)?;
         let attended = ops::packed_attention(&qkv, self.heads)?;
         let rows = attended.reshape((b * t, self.heads.out_width()))?;
-        let out = linear(&rows, &self.o_proj)?.reshape((b, t, c))?;
-        Ok((x + out)?)
+        let out = reduce(&self.split, linear(&rows, &self.o_proj)?)?;
+        Ok((x + out.reshape((b, t, c))?)?)
     }
 
     fn entries(&self) -> Range<EntryId> {
@@ -128,6 +150,7 @@ pub struct MlpBlock {
     pub(super) gate_up: GateUp,
     pub(super) down_proj: Var,
     pub(super) entries: Range<EntryId>,
+    pub(super) split: Split,
 }
 
 impl Block for MlpBlock {
@@ -141,7 +164,7 @@ impl Block for MlpBlock {
 
     fn forward(&self, x: &Tensor, _mode: Mode) -> Result<Tensor> {
         let (b, t, c) = x.dims3()?;
-        let h = self.norm.forward(&x.reshape((b * t, c))?)?;
+        let h = enter(&self.split, self.norm.forward(&x.reshape((b * t, c))?)?)?;
         let (gate, up) = match &self.gate_up {
             GateUp::Separate { gate, up } => (linear(&h, gate)?, linear(&h, up)?),
             GateUp::Fused(w) => {
@@ -150,7 +173,10 @@ impl Block for MlpBlock {
                 (both.narrow(1, 0, inner)?, both.narrow(1, inner, inner)?)
             }
         };
-        let down = linear(&ops::swiglu(&gate, &up)?, &self.down_proj)?;
+        let down = reduce(
+            &self.split,
+            linear(&ops::swiglu(&gate, &up)?, &self.down_proj)?,
+        )?;
         Ok((x + down.reshape((b, t, c))?)?)
     }
 
@@ -160,13 +186,15 @@ impl Block for MlpBlock {
 }
 
 /// The final RMSNorm and the language-model head: `lm_head`, or the token table when the
-/// weights are tied (then owned by the embeddings block of the same model).
+/// weights are tied (then owned by the embeddings block of the same model). Split, the logits
+/// are this rank's block of the vocabulary, which a vocabulary-parallel loss consumes.
 pub struct Head {
     pub(super) norm: RmsNorm,
     pub(super) lm_head: Var,
     /// The table's entry when the head reuses it.
     pub(super) tied: Option<EntryId>,
     pub(super) entries: Range<EntryId>,
+    pub(super) split: Split,
 }
 
 impl Block for Head {
@@ -179,7 +207,7 @@ impl Block for Head {
     }
 
     fn forward(&self, h: &Tensor, _mode: Mode) -> Result<Tensor> {
-        linear(&self.norm.forward(h)?, &self.lm_head)
+        linear(&enter(&self.split, self.norm.forward(h)?)?, &self.lm_head)
     }
 
     fn entries(&self) -> Range<EntryId> {

@@ -6,13 +6,16 @@
 //! the backward is written out, each gradient computed once (Candle's autograd adds every
 //! intermediate gradient into a zero-filled accumulator first). The separate q, k and v
 //! weights are stacked into one product each way; the attention keeps each query row's
-//! log-sum-exp, never the weights.
+//! log-sum-exp, never the weights. Split over a tensor-parallel group, the forward sums the
+//! output projections' terms and the backward the normalised input's gradient over the ranks
+//! (the lookup's rows too: each rank looks up the ids its block of the table holds).
 
 use candle_core::{DType, Tensor};
 use weft_tensor::{ops, ExplicitBackward, ExplicitGrads, Mode, Result, Saved, TensorError};
 
 use super::blocks::{AttentionBlock, Embeddings, GateUp, Head, MlpBlock, Qkv};
 use super::norm::RmsNorm;
+use super::split::{local_ids, partial_lookup, sum};
 use crate::gpt::lookup;
 
 /// `x Wᵀ` over rows for an `nn.Linear` weight `W` `[out, in]`.
@@ -60,13 +63,25 @@ impl ExplicitBackward for Embeddings {
         if ids.dtype() != DType::U32 {
             return Ok(None);
         }
-        let rows = lookup(&self.table.detach(), ids)?;
+        let table = self.table.detach();
+        let rows = match &self.split {
+            None => lookup(&table, ids)?,
+            Some(_) => sum(&self.split, partial_lookup(&table, ids, self.start()?)?)?,
+        };
         Ok(Some((rows, vec![ids.clone()])))
     }
 
     fn backward(&self, saved: Saved, dy: &Tensor, _input_grad: bool) -> Result<ExplicitGrads> {
         let [ids] = unpack(saved, "embeddings")?;
-        let d_table = ops::lookup_backward(&ids, dy, self.table.dim(0)?)?;
+        let rows = self.table.dim(0)?;
+        let d_table = match &self.split {
+            None => ops::lookup_backward(&ids, dy, rows)?,
+            Some(_) => {
+                // The other ranks' ids land on one row past the block, then dropped.
+                let (local, _) = local_ids(&ids, self.start()?, rows, rows as u32, dy.dtype())?;
+                ops::lookup_backward(&local, dy, rows + 1)?.narrow(0, 0, rows)?
+            }
+        };
         Ok(ExplicitGrads {
             input: None,
             params: vec![(self.table.id(), d_table)],
@@ -94,7 +109,8 @@ impl ExplicitBackward for AttentionBlock {
         let rotated = ops::rotary_packed(&qkv, self.heads, &self.inverse_frequencies)?;
         let (attended, lse) = ops::packed_causal_attention(&rotated, self.heads)?;
         let attended = attended.reshape((b * t, ()))?;
-        let out = ops::residual_add(&h, &linear(&attended, &self.o_proj.detach())?)?;
+        let projected = sum(&self.split, linear(&attended, &self.o_proj.detach())?)?;
+        let out = ops::residual_add(&h, &projected)?;
         let saved = vec![h, normed, rotated, attended, lse];
         Ok(Some((out.reshape((b, t, c))?, saved)))
     }
@@ -115,6 +131,7 @@ impl ExplicitBackward for AttentionBlock {
         let d_qkv = ops::rotary_packed_backward(&d_rotated, self.heads, &self.inverse_frequencies)?
             .reshape((b * t, ()))?;
         let (d_normed, d_qkv_w) = linear_backward(&normed, &self.qkv_weight()?, &d_qkv)?;
+        let d_normed = sum(&self.split, d_normed)?;
         let (d_x, d_norm) = through_norm(&self.norm, &h, &d_normed, &d_out)?;
         let mut params = vec![(self.norm.weight().id(), d_norm)];
         match &self.qkv {
@@ -154,7 +171,8 @@ impl ExplicitBackward for MlpBlock {
             }
         };
         let act = ops::swiglu(&gate, &up)?;
-        let out = ops::residual_add(&h, &linear(&act, &self.down_proj.detach())?)?;
+        let projected = sum(&self.split, linear(&act, &self.down_proj.detach())?)?;
+        let out = ops::residual_add(&h, &projected)?;
         Ok(Some((
             out.reshape((b, t, c))?,
             vec![h, normed, gate, up, act],
@@ -183,6 +201,7 @@ impl ExplicitBackward for MlpBlock {
                 d_normed
             }
         };
+        let d_normed = sum(&self.split, d_normed)?;
         let (d_x, d_norm) = through_norm(&self.norm, &h, &d_normed, &d_out)?;
         params.insert(0, (self.norm.weight().id(), d_norm));
         params.push((self.down_proj.id(), d_down));
@@ -205,6 +224,7 @@ impl ExplicitBackward for Head {
         let (b, t, vocab) = dy.dims3()?;
         let d_logits = dy.reshape((b * t, vocab))?.contiguous()?;
         let (d_normed, d_head) = linear_backward(&normed, &self.lm_head.detach(), &d_logits)?;
+        let d_normed = sum(&self.split, d_normed)?;
         let (d_h, d_norm) =
             ops::rms_norm_backward(&h, &self.norm.weight().detach(), &d_normed, self.norm.eps())?;
         let input = input_grad.then(|| d_h.reshape((b, t, ()))).transpose()?;

@@ -5,10 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::DType;
+use candle_core::{DType, Tensor};
 use weft_tensor::hf_checkpoint::{load_weights, save_weights};
 use weft_tensor::state_dict::load_tensors;
-use weft_tensor::{ParamStore, TensorError};
+use weft_tensor::{EntryId, ParamStore, TensorError};
 
 use super::config::LlamaConfig;
 use crate::error::Result;
@@ -27,12 +27,24 @@ fn is_ignored(key: &str, config: &LlamaConfig) -> bool {
 /// every parameter must be there with its shape, and every key must be a parameter; values
 /// are converted to the store's dtype. Errors name the file and the key.
 pub fn load_hf(store: &ParamStore, config: &LlamaConfig, path: &Path) -> Result<()> {
+    load_hf_sliced(store, config, path, |_, full| Ok(full.clone()))
+}
+
+/// [`load_hf`] into a store holding parts of the parameters (a tensor-parallel rank's):
+/// `part(id, full)` gives entry `id`'s part of the full value, which must then have the
+/// entry's shape.
+pub fn load_hf_sliced(
+    store: &ParamStore,
+    config: &LlamaConfig,
+    path: &Path,
+    part: impl Fn(EntryId, &Tensor) -> weft_tensor::Result<Tensor>,
+) -> Result<()> {
     let mut loaded = load_weights(path, store.device())?;
     loaded.retain(|key, _| !is_ignored(key, config));
     let file = weights_file(path);
     let entries = store.entries();
     load_tensors(store, &file, &loaded, |id, value| {
-        Ok(value.to_dtype(entries[id].var.dtype())?)
+        Ok(part(id, value)?.to_dtype(entries[id].var.dtype())?)
     })?;
     Ok(())
 }

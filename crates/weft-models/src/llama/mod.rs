@@ -2,7 +2,8 @@
 //! MLP and grouped-query attention, with Hugging Face's names, free of parallelism as the
 //! GPT is: the configurations ([`LlamaConfig`]: presets and Hugging Face `config.json` files),
 //! the rotary frequencies ([`rope`]), the model ([`llama`]) as a block model whose blocks
-//! Candle's autograd differentiates, and Hugging Face checkpoints in and out ([`hf`]).
+//! Candle's autograd differentiates, its tensor-parallel parts ([`LlamaSplit`], implemented by
+//! a trainer's `parallelize`), and Hugging Face checkpoints in and out ([`hf`]).
 
 pub mod attention;
 mod blocks;
@@ -13,11 +14,13 @@ mod hf_config;
 mod model;
 mod norm;
 pub mod rope;
+mod split;
 
 pub use blocks::{AttentionBlock, Embeddings, Head, MlpBlock};
 pub use config::{Architecture, Llama3Scaling, LlamaConfig, LLAMA_NAMES};
-pub use model::{llama, llama_stage};
+pub use model::{llama, llama_split, llama_stage};
 pub use norm::RmsNorm;
+pub use split::{Cut, LlamaSplit};
 
 #[cfg(test)]
 mod hf_tests;

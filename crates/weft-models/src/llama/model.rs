@@ -4,9 +4,10 @@
 //! initialisation (every projection and the table normal with std `initializer_range`, the
 //! RMSNorms at one). The values are drawn in one order for every architecture: a Phi-3 model's
 //! fused projections hold exactly the separate projections a Llama model of the same shape and
-//! seed holds.
+//! seed holds. A split model ([`LlamaSplit`]) keeps its rank's parts of the same values.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
 use weft_tensor::ops::PackedHeads;
@@ -16,12 +17,47 @@ use super::blocks::{AttentionBlock, Embeddings, GateUp, Head, MlpBlock, Qkv};
 use super::config::{Architecture, LlamaConfig};
 use super::norm::RmsNorm;
 use super::rope::inverse_frequencies;
-use crate::error::Result;
+use super::split::{parameter, Cut, LlamaSplit, Split};
+use crate::error::{ModelError, Result};
 use crate::layers::Init;
 
 /// Builds the model `config` describes, in `dtype` on `device`.
 pub fn llama(config: &LlamaConfig, dtype: DType, device: &Device) -> Result<BlockModel> {
-    llama_stage(config, dtype, device, 0..config.num_blocks())
+    llama_stage(config, dtype, device, 0..config.num_blocks(), None)
+}
+
+/// The model `config` describes as this rank's parts under `split` (attention by heads, the
+/// MLP by features, the table and head by vocabulary rows; RMSNorms whole).
+pub fn llama_split(
+    config: &LlamaConfig,
+    dtype: DType,
+    device: &Device,
+    split: Arc<dyn LlamaSplit>,
+) -> Result<BlockModel> {
+    llama_stage(config, dtype, device, 0..config.num_blocks(), Some(split))
+}
+
+/// Refuses a split whose ranks do not divide the heads, key/value heads, MLP features or
+/// vocabulary of `config`.
+fn check_split(config: &LlamaConfig, split: &Split) -> Result<usize> {
+    let Some(split) = split else {
+        return Ok(1);
+    };
+    let size = split.size();
+    for (what, count) in [
+        ("attention heads", config.num_attention_heads),
+        ("key/value heads", config.num_key_value_heads),
+        ("MLP features", config.intermediate_size),
+        ("vocabulary rows", config.vocab_size),
+    ] {
+        if size == 0 || !count.is_multiple_of(size) {
+            return Err(ModelError::Config(format!(
+                "{}: {size} tensor-parallel ranks do not divide its {count} {what}",
+                config.name
+            )));
+        }
+    }
+    Ok(size)
 }
 
 /// The blocks `blocks` of the model (a pipeline stage's: 0 the embeddings, 2i + 1 and 2i + 2
@@ -30,13 +66,16 @@ pub fn llama(config: &LlamaConfig, dtype: DType, device: &Device) -> Result<Bloc
 /// one tensor at a time). A stage with a tied head but not the embeddings keeps its own copy of
 /// the token table, `model.embed_tokens.weight`, owned by the head (as the GPT's stages: the
 /// copies stay equal because their gradients are summed across the first and last stage).
+/// With `split`, each weight is this rank's part of it.
 pub fn llama_stage(
     config: &LlamaConfig,
     dtype: DType,
     device: &Device,
     blocks: Range<usize>,
+    split: Split,
 ) -> Result<BlockModel> {
     config.validate()?;
+    let ranks = check_split(config, &split)?;
     let total = config.num_blocks();
     crate::stages::check_blocks(&config.name, &blocks, total)?;
     let keep = |block: usize| blocks.contains(&block);
@@ -52,10 +91,21 @@ pub fn llama_stage(
     let inverse = inverse_frequencies(d, config.rope_theta, config.rope_scaling.as_ref());
     let inverse: Vec<f32> = inverse.iter().map(|&f| f as f32).collect();
     let inverse = Tensor::from_vec(inverse, d / 2, device)?;
+    // This rank's heads (all of them, whole).
     let heads = PackedHeads {
-        heads: config.num_attention_heads,
-        kv_heads: config.num_key_value_heads,
+        heads: config.num_attention_heads / ranks,
+        kv_heads: config.num_key_value_heads / ranks,
         head_dim: d,
+    };
+    let vocab = [config.vocab_size];
+    let weight = |scope: &mut Scope, name: &str, value: Tensor, cut: Cut| -> Result<Var> {
+        Ok(parameter(
+            &split,
+            &mut scope.sub(name),
+            "weight",
+            value,
+            cut,
+        )?)
     };
 
     let mut store = weft_tensor::ParamStore::new(device, dtype);
@@ -65,12 +115,16 @@ pub fn llama_stage(
     let mut table = None;
     if keep(0) {
         let start = root.store_len();
-        let var = root
-            .sub("embed_tokens")
-            .parameter("weight", table_values.clone())?;
+        let var = weight(
+            &mut root,
+            "embed_tokens",
+            table_values.clone(),
+            Cut::Rows(&vocab),
+        )?;
         parts.push(Box::new(Embeddings {
             table: var.clone(),
             entries: start..root.store_len(),
+            split: split.clone(),
         }));
         table = Some((var, start));
     }
@@ -92,14 +146,18 @@ pub fn llama_stage(
             let norm = RmsNorm::new(&mut layer.sub("input_layernorm"), c, config.rms_norm_eps)?;
             let mut attn = layer.sub("self_attn");
             let qkv = match fused {
-                true => Qkv::Fused(weight(&mut attn, "qkv_proj", Tensor::cat(&[q, k, v], 0)?)?),
+                true => {
+                    let packed = Tensor::cat(&[q, k, v], 0)?;
+                    let groups = Cut::Rows(&[q_rows, kv_rows, kv_rows]);
+                    Qkv::Fused(weight(&mut attn, "qkv_proj", packed, groups)?)
+                }
                 false => Qkv::Separate {
-                    q: weight(&mut attn, "q_proj", q)?,
-                    k: weight(&mut attn, "k_proj", k)?,
-                    v: weight(&mut attn, "v_proj", v)?,
+                    q: weight(&mut attn, "q_proj", q, Cut::Rows(&[q_rows]))?,
+                    k: weight(&mut attn, "k_proj", k, Cut::Rows(&[kv_rows]))?,
+                    v: weight(&mut attn, "v_proj", v, Cut::Rows(&[kv_rows]))?,
                 },
             };
-            let o_proj = weight(&mut attn, "o_proj", o)?;
+            let o_proj = weight(&mut attn, "o_proj", o, Cut::Columns)?;
             parts.push(Box::new(AttentionBlock {
                 name: format!("layers.{i}.attn"),
                 norm,
@@ -109,6 +167,7 @@ pub fn llama_stage(
                 inverse_frequencies: inverse.clone(),
                 max_positions: config.max_position_embeddings,
                 entries: start..layer.store_len(),
+                split: split.clone(),
             }));
         }
         if keep(2 * i + 2) {
@@ -120,23 +179,24 @@ pub fn llama_stage(
             )?;
             let mut mlp = layer.sub("mlp");
             let gate_up = match fused {
-                true => GateUp::Fused(weight(
-                    &mut mlp,
-                    "gate_up_proj",
-                    Tensor::cat(&[gate, up], 0)?,
-                )?),
+                true => {
+                    let packed = Tensor::cat(&[gate, up], 0)?;
+                    let groups = Cut::Rows(&[inner, inner]);
+                    GateUp::Fused(weight(&mut mlp, "gate_up_proj", packed, groups)?)
+                }
                 false => GateUp::Separate {
-                    gate: weight(&mut mlp, "gate_proj", gate)?,
-                    up: weight(&mut mlp, "up_proj", up)?,
+                    gate: weight(&mut mlp, "gate_proj", gate, Cut::Rows(&[inner]))?,
+                    up: weight(&mut mlp, "up_proj", up, Cut::Rows(&[inner]))?,
                 },
             };
-            let down_proj = weight(&mut mlp, "down_proj", down)?;
+            let down_proj = weight(&mut mlp, "down_proj", down, Cut::Columns)?;
             parts.push(Box::new(MlpBlock {
                 name: format!("layers.{i}.mlp"),
                 norm,
                 gate_up,
                 down_proj,
                 entries: start..layer.store_len(),
+                split: split.clone(),
             }));
         }
     }
@@ -144,7 +204,12 @@ pub fn llama_stage(
         let start = root.store_len();
         // A tied head without the embeddings on its stage owns a copy of the table.
         let copy = match (config.tie_word_embeddings, &table) {
-            (true, None) => Some(root.sub("embed_tokens").parameter("weight", table_values)?),
+            (true, None) => Some(weight(
+                &mut root,
+                "embed_tokens",
+                table_values,
+                Cut::Rows(&vocab),
+            )?),
             _ => None,
         };
         let norm = RmsNorm::new(&mut root.sub("norm"), c, config.rms_norm_eps)?;
@@ -154,7 +219,9 @@ pub fn llama_stage(
             (true, None, Some(copy)) => (copy, None),
             _ => {
                 let values = normal(&[config.vocab_size, c])?;
-                (store.scope("lm_head").parameter("weight", values)?, None)
+                let mut scope = store.scope("lm_head");
+                let head = parameter(&split, &mut scope, "weight", values, Cut::Rows(&vocab))?;
+                (head, None)
             }
         };
         parts.push(Box::new(Head {
@@ -162,12 +229,8 @@ pub fn llama_stage(
             lm_head,
             tied,
             entries: start..store.len(),
+            split,
         }));
     }
     Ok(BlockModel::new(store, parts)?)
-}
-
-/// Registers the projection `name`'s `weight` in `scope`.
-fn weight(scope: &mut Scope, name: &str, value: Tensor) -> Result<Var> {
-    Ok(scope.sub(name).parameter("weight", value)?)
 }

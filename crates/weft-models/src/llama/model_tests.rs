@@ -254,7 +254,8 @@ fn stages_hold_the_whole_models_values() {
         let total = config.num_blocks();
         let mut names = Vec::new();
         for blocks in [0..2, 2..total - 1, total - 1..total] {
-            let stage = llama_stage(&config, DType::F32, &Device::Cpu, blocks.clone()).unwrap();
+            let stage =
+                llama_stage(&config, DType::F32, &Device::Cpu, blocks.clone(), None).unwrap();
             assert_eq!(stage.blocks().len(), blocks.len());
             for entry in stage.store().entries() {
                 let expected = whole.store().get(&entry.name).unwrap().tensor();
@@ -269,6 +270,6 @@ fn stages_hold_the_whole_models_values() {
             .filter(|n| *n == "model.embed_tokens.weight")
             .count();
         assert_eq!(copies, if tied { 2 } else { 1 }, "tied {tied}");
-        assert!(llama_stage(&config, DType::F32, &Device::Cpu, 3..3).is_err());
+        assert!(llama_stage(&config, DType::F32, &Device::Cpu, 3..3, None).is_err());
     }
 }

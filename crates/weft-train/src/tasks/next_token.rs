@@ -30,7 +30,7 @@ pub struct NextToken<'a> {
     pub micro_batches: usize,
     pub device: Device,
     pub mesh: &'a GptMesh,
-    pub split_layers: &'a Option<TensorParallelLayers>,
+    pub split_layers: &'a Option<std::sync::Arc<TensorParallelLayers>>,
     pub config: &'a LanguageModel,
     /// The step this invocation started from (the export's log line).
     pub start: usize,
@@ -46,7 +46,7 @@ impl<'a> NextToken<'a> {
         device: &Device,
         (mesh, split_layers, config): (
             &'a GptMesh,
-            &'a Option<TensorParallelLayers>,
+            &'a Option<std::sync::Arc<TensorParallelLayers>>,
             &'a LanguageModel,
         ),
         start: usize,
