@@ -12,6 +12,7 @@ use weft_models::llama::{LlamaConfig, LLAMA_NAMES};
 use weft_models::{resnet, ResNetConfig};
 use weft_precision::PrecisionPolicy;
 use weft_tensor::{tape, Checkpointing, EntryKind, Mode};
+use weft_train::flags::Recompute;
 use weft_train::memory_plan::{self, ModelShape, PlanSettings, PlannedOptimizer};
 
 #[derive(Debug, Args)]
@@ -66,8 +67,10 @@ pub struct MemoryPlanArgs {
     /// Samples per rank (per micro-batch)
     #[arg(long, default_value_t = 1)]
     batch_size: usize,
-    #[arg(long, default_value_t = false)]
-    checkpoint_activations: bool,
+    /// Recompute during backward: full (the flag alone) or attention (a transformer's
+    /// attention halves only)
+    #[arg(long, value_enum, num_args = 0..=1, default_value = "none", default_missing_value = "full")]
+    checkpoint_activations: Recompute,
     /// The device's memory, e.g. 80GB, 80GiB or 8e10: says whether the plan fits
     #[arg(long)]
     gpu_memory: Option<String>,

@@ -46,6 +46,9 @@ impl TrainArgs {
                 self.parallel.pp
             );
         }
+        if self.training.checkpoint_activations == crate::flags::Recompute::Attention {
+            bail!("--checkpoint-activations attention: {model} has no attention (give full)");
+        }
         let (batch, ranks) = (self.training.batch_size, self.ranks());
         if !batch.is_multiple_of(ranks) {
             bail!("--batch-size {batch} is not divisible by the {ranks} ranks (--nproc)");

@@ -13,7 +13,7 @@ use weft_data::DistributedSampler;
 use weft_parallel::pipeline::PipelineTrainer;
 use weft_parallel::zero::ShardLayout;
 use weft_parallel::{BufferBroadcast, Trainer};
-use weft_tensor::{Checkpointing, Timeline};
+use weft_tensor::Timeline;
 
 use crate::distributed::RankContext;
 use crate::fit::{fit, FitPlan, FitSummary, Session, Stepper};
@@ -92,14 +92,12 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let schedule = build_schedule(&flags, total_steps)?;
     let timeline = Arc::new(Timeline::new(ctx.rank));
     timeline.time_on_device(&device);
+    let checkpointing = args.training.checkpoint_activations.plan(&model);
     let mut trainer = Trainer::new(
         model,
         objective(&mesh, &config),
         build_optimizer(&flags, &device, policy.updated_dtype())?,
-        match args.training.checkpoint_activations {
-            true => Checkpointing::All,
-            false => Checkpointing::None,
-        },
+        checkpointing,
     )?
     .with_timeline(timeline.clone())
     .with_dropout_seed(args.training.seed);

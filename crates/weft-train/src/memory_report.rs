@@ -10,7 +10,9 @@ use anyhow::{Context, Result};
 use weft_parallel::{MemorySample, Trainer};
 use weft_precision::PrecisionPolicy;
 
-use crate::flags::{OptimizerFlags, OptimizerKind, ParallelFlags, TaskDefaults, TrainingFlags};
+use crate::flags::{
+    OptimizerFlags, OptimizerKind, ParallelFlags, Recompute, TaskDefaults, TrainingFlags,
+};
 use crate::memory_plan::{self, Device, PlanSettings, PlannedOptimizer};
 
 /// The plan's settings for a run's flags, `world` being the ranks the model states are
@@ -42,7 +44,10 @@ pub fn plan_settings<D: TaskDefaults>(
             OptimizerKind::Adamw => PlannedOptimizer::AdamW,
         },
         batch_size: (training.batch_size / world.max(1)).max(1),
-        checkpoint_activations: checkpointing && training.checkpoint_activations,
+        checkpoint_activations: match checkpointing {
+            true => training.checkpoint_activations,
+            false => Recompute::None,
+        },
         grad_dtype: None,
         state_dtype: None,
     }

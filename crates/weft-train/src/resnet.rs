@@ -12,7 +12,7 @@ use weft_data::DistributedSampler;
 use weft_models::loss::Classification;
 use weft_models::ResNetConfig;
 use weft_parallel::{BufferBroadcast, Trainer};
-use weft_tensor::{Checkpointing, Timeline};
+use weft_tensor::Timeline;
 
 use crate::args::TrainArgs;
 use crate::data;
@@ -87,11 +87,7 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     let total_steps = args.training.total_steps(steps_per_epoch);
     let settings = args.optimizer_settings(total_steps)?;
     let schedule = build_schedule(&settings, total_steps)?;
-    let checkpointing = if args.training.checkpoint_activations {
-        Checkpointing::All
-    } else {
-        Checkpointing::None
-    };
+    let checkpointing = args.training.checkpoint_activations.plan(&model);
     let timeline = Arc::new(Timeline::new(ctx.rank));
     timeline.time_on_device(&device);
     let mut trainer = Trainer::new(

@@ -144,11 +144,14 @@ fn train_gpt_pp2_logs_the_losses_of_pp1() {
     let staged = [&dropped[..], &["--pp", "2"]].concat();
     run_on_thread_ranks(2, &flags(out, "pp2-dropout", &staged));
     assert_same_run(out, "pp1-dropout", "pp2-dropout");
-    // Recomputed activations (checkpointed blocks draw their masks again from the seed) change
-    // nothing, in a pipeline too.
+    // Recomputed activations (checkpointed blocks draw their masks again from the seed), of
+    // every block or of the attention halves alone, change nothing, in a pipeline too.
     let recomputed = [&staged[..], &["--checkpoint-activations"]].concat();
     run_on_thread_ranks(2, &flags(out, "pp2-dropout-recomputed", &recomputed));
     assert_same_run(out, "pp2-dropout", "pp2-dropout-recomputed");
+    let selective = [&staged[..], &["--checkpoint-activations", "attention"]].concat();
+    run_on_thread_ranks(2, &flags(out, "pp2-dropout-attention", &selective));
+    assert_same_run(out, "pp2-dropout", "pp2-dropout-attention");
     let (a, b) = (
         step_lines(&out.join("pp1")),
         step_lines(&out.join("pp1-dropout")),

@@ -20,6 +20,15 @@ fn data_parallel_and_zero_follow_one_process() {
     let expected = values(&out.path().join("one"), "loss");
     assert_eq!(expected.len(), 5);
     assert!(expected[4] < expected[0], "{expected:?}");
+    // Recomputing the attention halves changes nothing (bit for bit).
+    let selective = [
+        "--name",
+        "attention",
+        "--checkpoint-activations",
+        "attention",
+    ];
+    run(&flags(out.path(), &selective), 1);
+    assert_eq!(values(&out.path().join("attention"), "loss"), expected);
     for zero in ["0", "1", "2", "3"] {
         let name = format!("zero{zero}");
         let layout = ["--nproc", "2", "--zero", zero, "--name", &name];

@@ -10,6 +10,7 @@ use weft_parallel::{DdpConfig, DistributedDataParallel, Strategy, Trainer};
 use weft_precision::PrecisionPolicy;
 use weft_tensor::Checkpointing;
 use weft_testing::{image_batches, on_thread_ranks, tiny_resnet};
+use weft_train::flags::Recompute;
 use weft_train::memory_plan::{
     self, Device as PlanDevice, ModelShape, PlanSettings, PlannedOptimizer,
 };
@@ -25,7 +26,7 @@ fn settings(precision: &str, world: usize, zero: u8) -> PlanSettings {
         precision: PrecisionPolicy::from_name(precision).unwrap(),
         optimizer: PlannedOptimizer::AdamW,
         batch_size: 2,
-        checkpoint_activations: false,
+        checkpoint_activations: Recompute::None,
         grad_dtype: None,
         state_dtype: None,
     }
@@ -237,7 +238,7 @@ fn llama_shapes_count_their_parameters_and_saved_tensors() {
     let (b, s) = (2usize, 16usize);
     let ids: Vec<u32> = (0..b * s).map(|i| (i * 37 % 256) as u32).collect();
     let ids = candle_core::Tensor::from_vec(ids, (b, s), &Device::Cpu).unwrap();
-    let planned = |checkpointing: bool| {
+    let planned = |checkpointing: Recompute| {
         let tiny = PlanSettings {
             batch_size: b,
             checkpoint_activations: checkpointing,
@@ -253,10 +254,21 @@ fn llama_shapes_count_their_parameters_and_saved_tensors() {
     };
     let (token_ids, rows) = (4 * (b * s) as u64, 4 * (b * s * config.hidden_size) as u64);
     let kept = measured(&Checkpointing::None);
-    assert_eq!(planned(false) + token_ids, kept);
+    assert_eq!(planned(Recompute::None) + token_ids, kept);
     // Recomputing, the tape keeps each block's input; the plan adds the peak of backward: one
     // layer recomputed, and the head's normalised rows.
     let layer = (kept - token_ids - 2 * rows) / config.num_hidden_layers as u64;
     let inputs = measured(&Checkpointing::All);
-    assert_eq!(planned(true) + token_ids, inputs + layer + rows);
+    assert_eq!(Recompute::Full.plan(&model), Checkpointing::All);
+    assert_eq!(planned(Recompute::Full) + token_ids, inputs + layer + rows);
+    // Recomputing the attention halves (blocks 1, 3: `layers.{i}.attn`), the tape keeps their
+    // inputs and the MLP halves' tensors; the plan adds one attention half recomputed.
+    let selective = Recompute::Attention.plan(&model);
+    assert_eq!(selective, Checkpointing::Blocks(vec![1, 3]));
+    let kept_selectively = measured(&selective);
+    let attention = (kept - kept_selectively) / config.num_hidden_layers as u64 + rows;
+    assert_eq!(
+        planned(Recompute::Attention) + token_ids,
+        kept_selectively + attention
+    );
 }

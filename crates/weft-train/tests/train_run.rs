@@ -213,8 +213,12 @@ fn init_from_loads_the_weights() {
 
 #[test]
 fn bad_flags_fail_before_any_work_naming_the_flag() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["--model", "resnet7"], "--model resnet7"),
+        (
+            &["--checkpoint-activations", "attention"],
+            "--checkpoint-activations attention: resnet",
+        ),
         (&["--batch-size", "0"], "--batch-size"),
         (&["--data", "cifar10:/no/such/folder"], "/no/such/folder"),
         (&["--nproc", "3"], "not divisible by the 3 ranks"),

@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use super::*;
-use crate::flags::{OptimizerKind, Precision};
+use crate::flags::{OptimizerKind, Precision, Recompute};
 use crate::{GptArgs, TrainArgs};
 
 #[derive(Parser)]
@@ -61,7 +61,19 @@ fn toml_keys_set_flags_at_the_top_level_and_in_sections() {
     assert_eq!(args.optim.optimizer, OptimizerKind::Sgd);
     assert_eq!(args.parallel.pp_split, Some(vec![2, 2]));
     assert!(!args.parallel.cuda_graph);
-    assert!(args.training.checkpoint_activations);
+    // A run folder's config.json of before the recompute modes said `true`.
+    assert_eq!(args.training.checkpoint_activations, Recompute::Full);
+    let (_dir, path) = write("checkpoint-activations = \"attention\"\n", "run.toml");
+    let args = gpt(&["xtask", "train-gpt", "--config", &path]);
+    assert_eq!(args.training.checkpoint_activations, Recompute::Attention);
+    let args = gpt(&[
+        "xtask",
+        "train-gpt",
+        "--checkpoint-activations",
+        "--steps",
+        "3",
+    ]);
+    assert_eq!(args.training.checkpoint_activations, Recompute::Full);
 }
 
 #[test]

@@ -19,7 +19,7 @@ pub use precision::{Precision, PrecisionFlags};
 pub use resnet::{
     Augment, ChannelsLast, ConvStatsFlag, ImageDataFlags, ResnetDefaults, ResnetFlags,
 };
-pub use training::TrainingFlags;
+pub use training::{Recompute, TrainingFlags};
 
 /// Every section of one trainer's flags: its task's model and data sections and the shared
 /// ones (`--help` lists them in this order).

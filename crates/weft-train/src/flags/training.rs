@@ -3,12 +3,50 @@
 use std::marker::PhantomData;
 
 use anyhow::{bail, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde::Serialize;
+use weft_tensor::{BlockModel, Checkpointing};
 
 use super::TaskDefaults;
 
 /// How a run trains: batch, length, accumulation, recomputation, seed and device.
+/// What the backward recomputes instead of keeping (`--checkpoint-activations`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every block's activations.
+    #[default]
+    #[value(alias = "false")]
+    None,
+    /// Recompute every block (each keeps its input).
+    #[value(alias = "true")]
+    Full,
+    /// Recompute the attention half of each transformer layer (keeping its input), keep the
+    /// MLP halves' activations.
+    Attention,
+}
+
+impl Recompute {
+    /// Which blocks of `model` recompute: an attention half is a block named `….attn`.
+    pub fn plan(self, model: &BlockModel) -> Checkpointing {
+        match self {
+            Recompute::None => Checkpointing::None,
+            Recompute::Full => Checkpointing::All,
+            Recompute::Attention => Checkpointing::Blocks(
+                (model.blocks().iter().enumerate())
+                    .filter(|(_, block)| block.name().ends_with(".attn"))
+                    .map(|(i, _)| i)
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Whether anything is recomputed.
+    pub fn any(self) -> bool {
+        self != Recompute::None
+    }
+}
+
 #[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Training")]
 #[serde(rename_all = "kebab-case")]
@@ -33,10 +71,12 @@ pub struct TrainingFlags<D: TaskDefaults> {
     /// through the pipeline)
     #[arg(long, default_value_t = 1)]
     pub micro_batches: usize,
-    /// Recompute each block's forward during backward instead of storing its activations (the
-    /// same dropout masks: they derive from the seed, not from a generator's state)
-    #[arg(long, default_value_t = false)]
-    pub checkpoint_activations: bool,
+    /// Recompute blocks' forward during backward instead of storing their activations (the
+    /// same dropout masks: they derive from the seed, not from a generator's state): `full`
+    /// (the flag alone) every block, `attention` a transformer's attention halves only
+    /// (selective: their activations freed, the MLP halves' kept)
+    #[arg(long, value_enum, num_args = 0..=1, default_value = "none", default_missing_value = "full")]
+    pub checkpoint_activations: Recompute,
     /// Under fp16-mixed, end the run when more than this many steps in a row are skipped for
     /// inf/NaN gradients (each halves the loss scale); without loss scaling a non-finite loss
     /// ends the run at once

@@ -3,13 +3,16 @@
 //! bytes of 16-bit activations (dropout masks included), s·b·h·(10 + 24/t + 5·a·s/(h·t))
 //! under t-way tensor parallelism; with full recomputation only the layer's 16-bit input,
 //! 2·s·b·h, plus one layer's activations while it is recomputed. The logits and their
-//! gradient add 4·s·b·V/t bytes (fp32, for the loss). Under 1F1B the first of p stages holds
+//! gradient add 4·s·b·V/t bytes (fp32, for the loss). Recomputing the attention halves only
+//! keeps their input instead of their activations (and one half's while it is recomputed).
+//! Under 1F1B the first of p stages holds
 //! p micro-batches in flight, so a stage of L/p layers keeps L layers' worth of one
 //! micro-batch. A Llama-family model counts the tensors weft's layers keep ([`llama`]). For a
 //! built-in CNN the bytes per sample are measured: one sample's forward pass on the CPU,
 //! counting what the block-wise tape keeps for backward.
 
 use super::{ModelShape, PlanSettings, Row};
+use crate::flags::Recompute;
 
 /// The activation row for one rank.
 pub(super) fn row(settings: &PlanSettings, model: &ModelShape) -> Row {
@@ -30,10 +33,9 @@ pub(super) fn row(settings: &PlanSettings, model: &ModelShape) -> Row {
         } => {
             let compute = settings.precision.compute.size_in_bytes() as u64;
             let per_sample = activation_bytes_per_sample * compute / 4;
-            let checkpointed = settings.checkpoint_activations;
-            let note = match checkpointed {
-                true => " (--checkpoint-activations is not planned for CNNs: not counted)",
-                false => "",
+            let note = match settings.checkpoint_activations {
+                Recompute::None => "",
+                _ => " (--checkpoint-activations is not planned for CNNs: not counted)",
             };
             Row::new(
                 "activations",
@@ -65,17 +67,26 @@ fn transformer(
     // Layers whose activations one rank keeps for one micro-batch: all L under 1F1B's first
     // stage (L/p layers × p micro-batches), L without pipelining.
     let kept_layers = layers.div_ceil(p) * p.min(layers);
+    // The attention half (its LayerNorm included) and the MLP half of a layer.
+    let attention = match t {
+        1 => sbh * 13 + 5 * a * s * s * b,
+        _ => sbh * 5 + sbh * 8 / t + 5 * a * s * s * b / t,
+    };
     let (bytes, formula) = match settings.checkpoint_activations {
-        false => (
+        Recompute::None => (
             kept_layers * full_layer + logits,
             match t {
                 1 => "L·s·b·h·(34 + 5·a·s/h) + 4·s·b·V",
                 _ => "L·s·b·h·(10 + 24/t + 5·a·s/(h·t)) + 4·s·b·V/t",
             },
         ),
-        true => (
+        Recompute::Full => (
             kept_layers * 2 * sbh + full_layer + logits,
             "L·2·s·b·h (layer inputs) + one layer recomputed + 4·s·b·V/t",
+        ),
+        Recompute::Attention => (
+            kept_layers * (full_layer - attention + 2 * sbh) + attention + logits,
+            "L·s·b·h·(7 + 16/t) (attention inputs, MLP halves) + one attention half recomputed (s·b·h·(13 or 5 + 8/t) + 5·a·s²·b/t) + 4·s·b·V/t",
         ),
     };
     Row::new("activations", bytes, formula.to_string())
@@ -112,13 +123,17 @@ fn llama(settings: &PlanSettings, model: &ModelShape, b: u64) -> Row {
     let head = e * sb * (2 * h + 2 * vocab / t);
     let kept_layers = layers.div_ceil(p) * p.min(layers);
     let (bytes, formula) = match settings.checkpoint_activations {
-        false => (
+        Recompute::None => (
             kept_layers * layer + head,
             "L·s·b·(e·(4h + (2a + 2kv)·d/t + 3·ffn/t) + 4a/t) + e·s·b·(2h + 2V/t)",
         ),
-        true => (
+        Recompute::Full => (
             kept_layers * 2 * e * sb * h + layer + head,
             "L·2·e·s·b·h (the halves' inputs) + one layer recomputed + e·s·b·(2h + 2V/t)",
+        ),
+        Recompute::Attention => (
+            kept_layers * (e * sb * h + mlp) + attention + head,
+            "L·s·b·e·(3h + 3·ffn/t) (attention inputs, MLP halves) + one attention half recomputed + e·s·b·(2h + 2V/t)",
         ),
     };
     Row::new("activations", bytes, formula.to_string())

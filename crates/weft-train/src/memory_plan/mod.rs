@@ -14,6 +14,8 @@ mod runtime;
 use anyhow::{bail, Result};
 use weft_precision::PrecisionPolicy;
 
+use crate::flags::Recompute;
+
 pub use report::MemoryPlan;
 
 /// Bytes.
@@ -173,7 +175,8 @@ pub struct PlanSettings {
     pub optimizer: PlannedOptimizer,
     /// Samples per rank (per micro-batch).
     pub batch_size: usize,
-    pub checkpoint_activations: bool,
+    /// What the backward recomputes (the plan keeps the recomputed blocks' inputs only).
+    pub checkpoint_activations: Recompute,
     /// The gradients' dtype where it differs from weft's (e.g. fp16, as the ZeRO paper counts).
     pub grad_dtype: Option<candle_core::DType>,
     /// The optimizer states' dtype where it differs from the precision preset's.

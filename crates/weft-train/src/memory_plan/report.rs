@@ -6,6 +6,7 @@ use std::fmt::Write;
 use serde_json::{json, Map, Value};
 
 use super::{model_states, plan, Bytes, ModelShape, PlanSettings, Row};
+use crate::flags::Recompute;
 
 /// The planned memory of one rank.
 #[derive(Debug, Clone)]
@@ -75,7 +76,11 @@ impl MemoryPlan {
             },
             s.batch_size,
             if s.offload_optimizer { ", optimizer offloaded" } else { "" },
-            if s.checkpoint_activations { ", activations checkpointed" } else { "" },
+            match s.checkpoint_activations {
+                Recompute::None => "",
+                Recompute::Full => ", activations checkpointed",
+                Recompute::Attention => ", attention recomputed",
+            },
         );
         let _ = writeln!(out, "{:<18} {:>12}  formula", "category", "bytes");
         for row in &self.rows {
@@ -198,11 +203,11 @@ impl MemoryPlan {
                 },
             ));
         }
-        if !s.checkpoint_activations {
+        if s.checkpoint_activations != Recompute::Full {
             tries.push((
                 "--checkpoint-activations".into(),
                 PlanSettings {
-                    checkpoint_activations: true,
+                    checkpoint_activations: Recompute::Full,
                     ..s.clone()
                 },
             ));
