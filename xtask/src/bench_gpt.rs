@@ -11,11 +11,11 @@ use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::Args;
 use weft_models::loss::NextToken;
-use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups};
-use weft_parallel::{SingleProcess, Trainer};
+use weft_parallel::SingleProcess;
 use weft_precision::PrecisionPolicy;
-use weft_tensor::Checkpointing;
 use weft_train::language_model::LanguageModel;
+use weft_train::optim_setup::OptimizerSettings;
+use weft_train::step_engine::{self, StepSettings};
 
 use crate::python;
 
@@ -156,21 +156,11 @@ fn measure_weft(
 ) -> Result<Measured> {
     let policy = PrecisionPolicy::from_name(&args.precision)?;
     let model = config.build(policy.param, device, None, 0..config.num_blocks())?;
-    let optimizer = ModelOptimizer::new(
-        OptimizerConfig::AdamW(AdamWConfig {
-            lr: 3e-4,
-            weight_decay: 0.1,
-            ..AdamWConfig::default()
-        }),
-        ParamGroups::default(),
-        device,
-        policy.updated_dtype(),
-    )?;
     let objective = NextToken {
         vocab_size: config.vocab_size(),
     };
-    let trainer = Trainer::new(model, Box::new(objective), optimizer, Checkpointing::None)?;
-    let trainer = weft_train::optim_setup::with_step_settings(trainer, None, &policy)?;
+    let step = StepSettings::new(OptimizerSettings::adamw(3e-4, 0.1), policy);
+    let trainer = step_engine::assemble(model, Box::new(objective), &step)?;
     let single = SingleProcess::new(trainer.model(), false);
     let mut trainer = trainer
         .with_strategy(Box::new(single))?

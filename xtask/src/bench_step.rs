@@ -8,16 +8,17 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use clap::Args;
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
-use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
-use weft_parallel::{StepTimings, Trainer};
+use weft_optim::AdamWConfig;
+use weft_parallel::StepTimings;
 use weft_precision::PrecisionPolicy;
-use weft_tensor::Checkpointing;
 use weft_train::args::ConvStatsFlag;
 use weft_train::args::OptimizerKind;
+use weft_train::optim_setup::OptimizerSettings;
+use weft_train::step_engine::{self, StepSettings};
 
 use crate::python;
 
@@ -282,44 +283,20 @@ fn measure_weft(args: &BenchStepArgs, policy: &PrecisionPolicy) -> Result<Measur
     }
     let config = config.with_channels_last(args.channels_last);
     let model = resnet(&config, policy.param, &device)?;
-    // As the trainer does: the CPU rule over a master copy on the CPU, the CUDA kernels on a
-    // GPU. The anchor uses the same hyperparameters.
-    let config = match args.optimizer {
-        OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
-            lr: 0.1,
-            momentum: 0.9,
-            weight_decay: 1e-4,
-            ..SgdConfig::default()
-        }),
-        OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig {
-            lr: 1e-3,
-            ..AdamWConfig::default()
-        }),
+    // As the trainer does (the step engine assembled by weft-train): the CPU rule over a master
+    // copy on the CPU, the CUDA kernels on a GPU. The anchor uses the same hyperparameters.
+    let optimizer = match args.optimizer {
+        OptimizerKind::Sgd => OptimizerSettings::sgd(0.1, 0.9, 1e-4),
+        OptimizerKind::Adamw => OptimizerSettings::adamw(1e-3, AdamWConfig::default().weight_decay),
     };
-    let optimizer_device = match args.offload_optimizer {
-        true => Device::Cpu,
-        false => device.clone(),
+    let optimizer = OptimizerSettings {
+        offload_optimizer: args.offload_optimizer,
+        delayed_update_from: args.delayed_update_from,
+        ..optimizer
     };
-    let optimizer = ModelOptimizer::new(
-        config,
-        ParamGroups::default(),
-        &optimizer_device,
-        policy.updated_dtype(),
-    )?;
-    let trainer = Trainer::new(
-        model,
-        Box::new(Classification),
-        optimizer,
-        Checkpointing::None,
-    )?
-    .with_synchronized_timings();
-    let mut trainer = weft_train::optim_setup::with_step_settings(trainer, None, policy)?;
-    if let Some(from) = args.delayed_update_from {
-        if !args.offload_optimizer {
-            bail!("--delayed-update-from overlaps an offloaded step: it needs --offload-optimizer");
-        }
-        trainer = trainer.with_delayed_update(from)?;
-    }
+    let step = StepSettings::new(optimizer, *policy);
+    let mut trainer =
+        step_engine::assemble(model, Box::new(Classification), &step)?.with_synchronized_timings();
     if args.cuda_graph {
         trainer = trainer.with_cuda_graph();
     }

@@ -12,7 +12,7 @@ use candle_core::Device;
 use weft_data::DistributedSampler;
 use weft_parallel::pipeline::PipelineTrainer;
 use weft_parallel::zero::ShardLayout;
-use weft_parallel::{BufferBroadcast, Trainer};
+use weft_parallel::BufferBroadcast;
 use weft_tensor::Timeline;
 
 use crate::distributed::RankContext;
@@ -24,11 +24,12 @@ use crate::gpt_parts::{build_model, checkpoint_layout, objective};
 use crate::gpt_pipeline::stage_blocks;
 use crate::logging;
 use crate::memory_report;
-use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
+use crate::optim_setup::build_schedule;
 use crate::parallelize::{self, GptParallelism};
 use crate::resume;
 use crate::run_checkpoints::Stage;
 use crate::run_dir::{default_run_name, RunFolder};
+use crate::step_engine::{self, StepSettings};
 use crate::tasks;
 
 /// What a finished run reached.
@@ -92,16 +93,14 @@ pub fn run_in(args: &GptArgs, ctx: &RankContext, device: &Device) -> Result<GptR
     let schedule = build_schedule(&flags, total_steps)?;
     let timeline = Arc::new(Timeline::new(ctx.rank));
     timeline.time_on_device(&device);
-    let checkpointing = args.training.checkpoint_activations.plan(&model);
-    let mut trainer = Trainer::new(
-        model,
-        objective(&mesh, &config),
-        build_optimizer(&flags, &device, policy.updated_dtype())?,
-        checkpointing,
-    )?
-    .with_timeline(timeline.clone())
-    .with_dropout_seed(args.training.seed);
-    trainer = with_step_settings(trainer, args.optim.clip_grad_norm, &policy)?;
+    let step = StepSettings {
+        recompute: args.training.checkpoint_activations,
+        clip_grad_norm: args.optim.clip_grad_norm,
+        ..StepSettings::new(flags.clone(), policy)
+    };
+    let trainer = step_engine::assemble(model, objective(&mesh, &config), &step)?
+        .with_timeline(timeline.clone())
+        .with_dropout_seed(args.training.seed);
     // The plan is a temporary: the shard it carries lives in the strategy alone.
     let trainer = parallelize::gpt(
         trainer,

@@ -39,7 +39,11 @@ impl GptArgs {
 
     /// The optimizer settings of a run of `total_steps`.
     pub fn optimizer_settings(&self, total_steps: usize) -> Result<OptimizerSettings> {
-        self.optim.settings(total_steps, (false, None))
+        let offload = (
+            self.parallel.offload_optimizer,
+            self.parallel.delayed_update_from,
+        );
+        self.optim.settings(total_steps, offload)
     }
 
     /// The model these flags name (a fresh one with the vocabulary its data need: 256 for text
@@ -84,9 +88,6 @@ impl GptArgs {
         self.stage_blocks(None)?;
         if self.parallel.sync_bn {
             bail!("--sync-bn: a GPT has no batch norm to synchronise");
-        }
-        if self.parallel.offload_optimizer {
-            bail!("--offload-optimizer is not supported by train-gpt yet (train-resnet has it)");
         }
         let replicas = self.data_parallel();
         let batch = self.training.batch_size;

@@ -36,6 +36,7 @@ pub mod resume;
 pub mod resume_config;
 pub mod run_checkpoints;
 pub mod run_dir;
+pub mod step_engine;
 mod step_report;
 pub mod tasks;
 pub mod traces;

@@ -7,9 +7,6 @@ use weft_optim::{
     ScheduleParams, SgdConfig,
 };
 
-use weft_parallel::Trainer;
-use weft_precision::{DynamicLossScaler, PrecisionPolicy, ScalerConfig};
-
 use crate::flags::{LrScheduleName, OptimizerKind};
 
 /// A run's optimizer and schedule, resolved from its flags
@@ -24,22 +21,6 @@ pub struct OptimizerSettings {
     pub delayed_update_from: Option<u64>,
     pub lr_schedule: LrScheduleName,
     pub warmup_steps: usize,
-}
-
-/// Gradient clipping to `clip_grad_norm` (if given) and, for a policy that needs it, dynamic
-/// loss scaling: the step settings both trainers take from their flags.
-pub fn with_step_settings(
-    mut trainer: Trainer,
-    clip_grad_norm: Option<f64>,
-    policy: &PrecisionPolicy,
-) -> Result<Trainer> {
-    if let Some(max_norm) = clip_grad_norm {
-        trainer = trainer.with_clip_grad_norm(max_norm)?;
-    }
-    if policy.needs_loss_scaling() {
-        trainer = trainer.with_loss_scaler(DynamicLossScaler::new(ScalerConfig::default())?);
-    }
-    Ok(trainer)
 }
 
 /// The optimizer named by `--optimizer`, with `--lr`, `--momentum`, `--weight-decay`, for

@@ -11,7 +11,7 @@ use candle_core::Device;
 use weft_data::DistributedSampler;
 use weft_models::loss::Classification;
 use weft_models::ResNetConfig;
-use weft_parallel::{BufferBroadcast, Trainer};
+use weft_parallel::BufferBroadcast;
 use weft_tensor::Timeline;
 
 use crate::args::TrainArgs;
@@ -20,12 +20,13 @@ use crate::distributed::RankContext;
 use crate::fit::{fit, FitPlan, FitSummary, Session, Stepper};
 use crate::logging;
 use crate::memory_report;
-use crate::optim_setup::{build_optimizer, build_schedule, with_step_settings};
+use crate::optim_setup::build_schedule;
 use crate::parallelize::{self, ResNetParallelism};
 use crate::resnet_parts::{build_model, checkpoint_layout};
 use crate::resume;
 use crate::run_checkpoints::Stage;
 use crate::run_dir::{default_run_name, RunFolder};
+use crate::step_engine::{self, StepSettings};
 use crate::tasks;
 
 /// What a finished run reached.
@@ -87,20 +88,15 @@ pub fn run_in(args: &TrainArgs, ctx: &RankContext, device: &Device) -> Result<Ru
     let total_steps = args.training.total_steps(steps_per_epoch);
     let settings = args.optimizer_settings(total_steps)?;
     let schedule = build_schedule(&settings, total_steps)?;
-    let checkpointing = args.training.checkpoint_activations.plan(&model);
     let timeline = Arc::new(Timeline::new(ctx.rank));
     timeline.time_on_device(&device);
-    let mut trainer = Trainer::new(
-        model,
-        Box::new(Classification),
-        build_optimizer(&settings, &device, policy.updated_dtype())?,
-        checkpointing,
-    )?
-    .with_timeline(timeline.clone());
-    trainer = with_step_settings(trainer, args.optim.clip_grad_norm, &policy)?;
-    if let Some(from) = args.parallel.delayed_update_from {
-        trainer = trainer.with_delayed_update(from)?;
-    }
+    let step = StepSettings {
+        recompute: args.training.checkpoint_activations,
+        clip_grad_norm: args.optim.clip_grad_norm,
+        ..StepSettings::new(settings.clone(), policy)
+    };
+    let trainer = step_engine::assemble(model, Box::new(Classification), &step)?
+        .with_timeline(timeline.clone());
     // The plan is a temporary: the shard it carries lives in the strategy alone.
     let mut trainer = parallelize::resnet(
         trainer,

@@ -167,7 +167,7 @@ fn bad_flags_are_one_line_errors_naming_the_flag() {
         (&["--sync-bn"][..], "--sync-bn: a GPT has no batch norm"),
         (
             &["--offload-optimizer"][..],
-            "--offload-optimizer is not supported by train-gpt",
+            "--offload-optimizer: the model is on the CPU already",
         ),
     ] {
         let err = args(flags).validate().unwrap_err().to_string();

@@ -154,19 +154,25 @@ fn split_llama_equals_the_whole_model_in_f64() {
 
 /// `--tp 2` logs the one-process losses and exports its weights (gathered into the whole
 /// model's names and shapes) within 1e-4 (f32: the split sums round differently, about 1e-7
-/// relative a step, and AdamW's normalised update passes that on), alone, with two ZeRO-1
-/// replicas (`--nproc 4`), and with two pipeline stages over two micro-batches.
+/// relative a step, and AdamW's normalised update passes that on), alone, with two ZeRO-1 and
+/// two ZeRO-3 replicas (`--nproc 4`), and with two pipeline stages over two micro-batches.
 #[test]
 fn train_gpt_tp2_follows_one_process() {
     let out = tempfile::tempdir().unwrap();
     let micro = ["--micro-batches", "2"];
-    let cases: [(&str, &[&str], usize, &[&str]); 3] = [
+    let cases: [(&str, &[&str], usize, &[&str]); 4] = [
         ("tp2", &[], 2, &["--nproc", "2", "--tp", "2"]),
         (
             "tp2-dp2",
             &[],
             4,
             &["--nproc", "4", "--tp", "2", "--zero", "1"],
+        ),
+        (
+            "tp2-dp2-zero3",
+            &[],
+            4,
+            &["--nproc", "4", "--tp", "2", "--zero", "3"],
         ),
         (
             "tp2-pp2",

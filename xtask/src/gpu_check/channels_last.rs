@@ -7,10 +7,11 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use weft_models::loss::Classification;
 use weft_models::{resnet, ResNetConfig};
-use weft_optim::{ModelOptimizer, OptimizerConfig, ParamGroups, SgdConfig};
-use weft_parallel::Trainer;
+use weft_precision::PrecisionPolicy;
+use weft_tensor::ops;
 use weft_tensor::ops::BatchStats::Local;
-use weft_tensor::{ops, Checkpointing};
+use weft_train::optim_setup::OptimizerSettings;
+use weft_train::step_engine::{self, StepSettings};
 
 use super::half::{graph_free_conv_in, STEM};
 use super::pool_special::{pooled_four_ways, POOL_CASES};
@@ -324,22 +325,10 @@ fn resnet18_step(gpu: &Device) -> Result<(f64, f64)> {
     let labels = Tensor::new(&[1u32, 7, 3, 9, 0, 2, 4, 6, 8, 5, 1, 3, 5, 7, 9, 0], gpu)?;
     let step = |channels_last: bool| -> Result<(f64, Tensor)> {
         let config = ResNetConfig::from_name("resnet18", 10)?.with_channels_last(channels_last);
-        let optimizer = ModelOptimizer::new(
-            OptimizerConfig::Sgd(SgdConfig {
-                lr: 0.01,
-                ..SgdConfig::default()
-            }),
-            ParamGroups::default(),
-            gpu,
-            DType::F32,
-        )?;
         let model = resnet(&config, DType::F32, gpu)?;
-        let mut trainer = Trainer::new(
-            model,
-            Box::new(Classification),
-            optimizer,
-            Checkpointing::None,
-        )?;
+        let sgd = OptimizerSettings::sgd(0.01, 0.0, 0.0);
+        let step = StepSettings::new(sgd, PrecisionPolicy::from_name("fp32")?);
+        let mut trainer = step_engine::assemble(model, Box::new(Classification), &step)?;
         let loss = trainer.step(&images, &labels, 0.01)?.loss;
         Ok((
             loss,

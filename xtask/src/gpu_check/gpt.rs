@@ -13,6 +13,8 @@ use weft_optim::{AdamWConfig, ModelOptimizer, OptimizerConfig, ParamGroups};
 use weft_parallel::{SingleProcess, Trainer};
 use weft_precision::PrecisionPolicy;
 use weft_tensor::{ops, Checkpointing};
+use weft_train::optim_setup::OptimizerSettings;
+use weft_train::step_engine::{self, StepSettings};
 
 fn config() -> Result<GptConfig> {
     let mut config = GptConfig::from_name("gpt-tiny")?;
@@ -88,16 +90,9 @@ fn run_d64(device: &Device, run: D64Run) -> Result<D64Result> {
     let config = config.with_seed(5);
     let policy = PrecisionPolicy::from_name(run.precision)?;
     let model = gpt(&config, policy.param, device)?;
-    let adamw = OptimizerConfig::AdamW(AdamWConfig {
-        lr: 3e-3,
-        weight_decay: 0.1,
-        ..AdamWConfig::default()
-    });
-    let dtype = policy.updated_dtype();
-    let optimizer = ModelOptimizer::new(adamw, ParamGroups::default(), device, dtype)?;
+    let step = StepSettings::new(OptimizerSettings::adamw(3e-3, 0.1), policy);
     let objective = NextToken { vocab_size: 97 };
-    let t = Trainer::new(model, Box::new(objective), optimizer, Checkpointing::None)?;
-    let t = weft_train::optim_setup::with_step_settings(t, None, &policy)?;
+    let t = step_engine::assemble(model, Box::new(objective), &step)?;
     let single = SingleProcess::new(t.model(), false);
     let mut t = t.with_strategy(Box::new(single))?;
     if run.graph {

@@ -199,6 +199,9 @@ impl ParallelFlags {
                 self.last_bucket_cap_mb
             );
         }
+        if self.offload_optimizer && !device.starts_with("cuda") {
+            bail!("--offload-optimizer: the model is on the CPU already (offload is for GPUs)");
+        }
         if self.delayed_update_from.is_some() && !self.offload_optimizer {
             bail!("--delayed-update-from overlaps an offloaded step: it needs --offload-optimizer");
         }
