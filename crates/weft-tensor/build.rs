@@ -5,8 +5,9 @@
 
 use std::path::PathBuf;
 
-const KERNELS: [&str; 21] = [
+const KERNELS: [&str; 22] = [
     "attention",
+    "attention_dropout",
     "batch_norm",
     "batch_norm_nhwc",
     "batch_norm_sync",

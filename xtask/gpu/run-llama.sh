@@ -12,6 +12,9 @@
 #   benchgpt bench-gpt --model MODEL beside PyTorch bf16 eager and torch.compile (weft's step
 #            from a CUDA graph, launched ahead; random tokens), then GPT-2 small at 16 x 1024
 #            beside PyTorch bf16 eager (the GPT's figure through the same bench)
+#   recompute  train-gpt --model MODEL as in bench with --checkpoint-activations none, attention
+#            (the attention halves recomputed) and full, and none without the CUDA graph:
+#            tokens/s and the device's tensor peak
 #   trace    weft's 6 steps (--cuda-graph false) and PyTorch eager's 5 traced by kernel_trace.so
 #            (CUPTI), device time summed by kernel (xtask/python/kernel_totals.py); weft's totals
 #            include its first step and the validation
@@ -94,6 +97,28 @@ if want benchgpt; then
   echo "== bench-gpt --model gpt2 16 x 1024, anchor bf16"
   timeout 200 "$X" bench-gpt --model gpt2 --batch-size 16 --seq-len 1024 $B1 --steps 20 \
     --anchors bf16 2>&1 | grep -v -E "Warning|attention"
+fi
+
+if want recompute; then
+  G="--model $MODEL --device cuda --precision bf16-mixed --batch-size $BATCH --seq-len $SEQ --steps $STEPS"
+  G="$G --synthetic-tokens $((BATCH * SEQ * (STEPS + 1) + 1)) --val-tokens $((SEQ * 2 + 1))"
+  for mode in none attention full eager; do
+    echo "== train-gpt --model $MODEL --checkpoint-activations $mode (eager: none, not replayed from a CUDA graph)"
+    rm -rf "$R/recompute-$mode"
+    F="--checkpoint-activations $mode"
+    [[ $mode == eager ]] && F="--checkpoint-activations none --cuda-graph false"
+    timeout 300 "$X" train-gpt $G $F --out "$R" --name "recompute-$mode" 2>&1 | grep -E "rror" | tail -3
+    python3 - "$R/recompute-$mode" "$mode" <<'EOF'
+import json, statistics, sys
+run, mode = sys.argv[1:]
+steps = [l for l in map(json.loads, open(run + "/metrics.jsonl")) if l["type"] == "step"]
+memory = [json.loads(l) for l in open(run + "/memory-rank0.jsonl")]
+gib = lambda key: max(m.get(key) or 0 for m in memory) / 2**30
+print(f"{mode}: median tokens/s (steps 3+) {statistics.median(l['tokens_per_sec'] for l in steps[3:]):.0f}, "
+      f"losses {[round(l['loss'], 4) for l in steps[::4]]}, device tensors' peak {gib('device_tensors_peak'):.1f} GiB, "
+      f"device in use {gib('device_in_use'):.1f} GiB, CUDA graph pool {gib('cuda_graph_pool'):.1f} GiB")
+EOF
+  done
 fi
 
 if want trace; then

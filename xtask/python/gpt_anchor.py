@@ -3,6 +3,8 @@ pre-LayerNorm blocks, tanh GELU, tied head, vocabulary padded to a multiple of 6
 fused AdamW on random tokens; `F.scaled_dot_product_attention` (flash attention on a GPU).
 Modes: fp32 (no TF32), tf32, bf16 (autocast over fp32 weights); eager or torch.compile; SDPA on
 PyTorch's default backend choice or forced to cuDNN's (`--sdpa cudnn`) or flash (`--sdpa flash`).
+`--dropout p` drops as nanoGPT's model does: the embeddings, the attention weights (SDPA's
+`dropout_p`), and each residual branch's output.
 Prints one JSON line: median step time, tokens per second and peak memory."""
 import argparse
 import json
@@ -18,9 +20,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class Block(nn.Module):
-    def __init__(self, c: int, heads: int):
+    def __init__(self, c: int, heads: int, dropout: float = 0.0):
         super().__init__()
         self.heads = heads
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
         self.ln_1 = nn.LayerNorm(c)
         self.c_attn = nn.Linear(c, 3 * c)
         self.attn_proj = nn.Linear(c, c)
@@ -33,19 +37,24 @@ class Block(nn.Module):
         q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
         shape = (b, t, self.heads, c // self.heads)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        x = x + self.resid_dropout(self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+        mlp = self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + self.resid_dropout(mlp)
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, context: int, c: int, layers: int, heads: int):
+    def __init__(
+        self, vocab: int, context: int, c: int, layers: int, heads: int, dropout: float = 0.0
+    ):
         super().__init__()
         self.vocab = vocab
         padded = (vocab + 63) // 64 * 64
         self.wte = nn.Embedding(padded, c)
         self.wpe = nn.Embedding(context, c)
-        self.h = nn.ModuleList(Block(c, heads) for _ in range(layers))
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(c, heads, dropout) for _ in range(layers))
         self.ln_f = nn.LayerNorm(c)
         for name, p in self.named_parameters():
             if p.dim() == 2:
@@ -54,7 +63,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         t = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(t, device=idx.device)))
         for block in self.h:
             x = block(x)
         logits = self.ln_f(x) @ self.wte.weight.t()
@@ -72,13 +81,15 @@ def main() -> None:
     p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="fp32")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--sdpa", choices=["default", "cudnn", "flash"], default="default")
+    p.add_argument("--dropout", type=float, default=0.0)
     args = p.parse_args()
 
     dev = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = args.precision != "fp32"
     torch.backends.cudnn.allow_tf32 = args.precision != "fp32"
     torch.manual_seed(0)
-    model = GPT(args.vocab, args.context, args.width, args.layers, args.heads).to(dev).train()
+    model = GPT(args.vocab, args.context, args.width, args.layers, args.heads, args.dropout)
+    model = model.to(dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=dev.type == "cuda")
     step_fn = torch.compile(model) if args.compile else model
     idx = torch.randint(0, args.vocab, (args.batch_size, args.seq_len), device=dev)
@@ -116,6 +127,7 @@ def main() -> None:
         "precision": args.precision,
         "compile": args.compile,
         "sdpa": args.sdpa,
+        "dropout": args.dropout,
         "step_s": step,
         "tokens_per_sec": args.batch_size * args.seq_len / step,
         "loss": loss.item(),

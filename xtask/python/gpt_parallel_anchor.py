@@ -247,7 +247,9 @@ def build_pp(args, model, rank: int, world: int, dev):
     return stage, step
 
 
-def worker(rank: int, world: int, args, queue) -> None:
+def worker(rank: int, world: int, args, queue, build=None) -> None:
+    """One rank: joins the group, builds its step (`build`, default this file's GPT steps), times
+    it and puts rank 0's JSON record on `queue`."""
     dev = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
     if args.mode != "single":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -257,7 +259,7 @@ def worker(rank: int, world: int, args, queue) -> None:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world)
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "bf16"
     torch.backends.cudnn.allow_tf32 = args.precision == "bf16"
-    _, step = build_step(args, rank, world, dev)
+    _, step = (build or build_step)(args, rank, world, dev)
 
     def sync():
         if dev.type == "cuda":
@@ -294,8 +296,8 @@ def worker(rank: int, world: int, args, queue) -> None:
                    "precision": args.precision, "sdpa": args.sdpa,
                    "adamw": "fused" if args.precision == "bf16" else "foreach",
                    "batch_size": args.batch_size, "seq_len": args.seq_len,
-                   "schedule": args.schedule if args.mode == "pp" else None,
-                   "micro_batches": args.micro_batches if args.mode == "pp" else None,
+                   "schedule": getattr(args, "schedule", None) if args.mode == "pp" else None,
+                   "micro_batches": getattr(args, "micro_batches", None) if args.mode == "pp" else None,
                    "step_s": step_s, "tokens_per_sec": args.batch_size * args.seq_len / step_s,
                    "loss": stats[-1, 2].item(),
                    "peak_allocated_mib": [round(x / 2**20) for x in stats[:, 0].tolist()],
@@ -320,8 +322,13 @@ def main() -> None:
     world = 1 if args.mode == "single" else args.world
     if args.batch_size % (world if args.mode in ("ddp", "zero1", "fsdp2") else 1):
         p.error(f"--batch-size {args.batch_size} does not split over {world} ranks")
+    spawn(args, world)
+
+
+def spawn(args, world: int, build=None) -> None:
+    """Runs `worker` on `world` processes and prints rank 0's record."""
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(worker, args=(world, args, queue), nprocs=world)
+    mp.spawn(worker, args=(world, args, queue, build), nprocs=world)
     print(json.dumps(queue.get()), flush=True)
 
 

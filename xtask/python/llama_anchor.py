@@ -56,9 +56,10 @@ class Layer(nn.Module):
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
         h = self.input_layernorm(x)
-        q = self.q_proj(h).view(b, t, self.heads, self.d).transpose(1, 2)
-        k = self.k_proj(h).view(b, t, self.kv_heads, self.d).transpose(1, 2)
-        v = self.v_proj(h).view(b, t, self.kv_heads, self.d).transpose(1, 2)
+        # -1 heads: a tensor-parallel rank holds a slice of them
+        q = self.q_proj(h).view(b, t, -1, self.d).transpose(1, 2)
+        k = self.k_proj(h).view(b, t, -1, self.d).transpose(1, 2)
+        v = self.v_proj(h).view(b, t, -1, self.d).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
@@ -79,7 +80,8 @@ class Llama(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, 0.0, 0.02)
 
-    def forward(self, idx, targets):
+    def hidden(self, idx):
+        """The final RMSNorm's output for token ids `idx`."""
         t = idx.shape[1]
         angles = torch.outer(torch.arange(t, device=idx.device, dtype=torch.float32), self.inv_freq)
         angles = torch.cat((angles, angles), dim=-1)
@@ -87,7 +89,10 @@ class Llama(nn.Module):
         x = self.embed_tokens(idx)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        x = self.norm(x)
+        return self.norm(x)
+
+    def forward(self, idx, targets):
+        x = self.hidden(idx)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = (x @ head.t()).float()
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))

@@ -2,7 +2,8 @@
 //! language model's training steps (forward, backward, AdamW) on random tokens — a GPT-2 or a
 //! Llama-family shape, built as `train-gpt` builds it — beside PyTorch with the same
 //! architecture in the same call (eager and `torch.compile`; fp32, TF32 or bf16 autocast;
-//! attention through `F.scaled_dot_product_attention`; fused AdamW).
+//! attention through `F.scaled_dot_product_attention`; fused AdamW), optionally with the GPT's
+//! dropout on both sides.
 
 use std::process::Command;
 use std::time::Instant;
@@ -57,6 +58,14 @@ pub struct BenchGptArgs {
     /// steps
     #[arg(long, default_value_t = false)]
     launch_ahead: bool,
+    /// The GPT's dropout (embeddings, attention weights, residual branches) on both sides, as
+    /// nanoGPT's model drops (PyTorch: SDPA's dropout_p and nn.Dropout)
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
+    /// weft's attention dropout on the unfused path over the full scores, not inside cuDNN's
+    /// fused attention (for comparison)
+    #[arg(long, default_value_t = false)]
+    unfused_attention_dropout: bool,
 }
 
 /// Dense bf16 tensor-core peak of an H100 SXM or an H200 in FLOP/s (the reference of MFU
@@ -69,7 +78,15 @@ struct Measured {
 }
 
 pub fn run(args: &BenchGptArgs) -> Result<()> {
-    let config = LanguageModel::preset(&args.model)?;
+    let config = match LanguageModel::preset(&args.model)? {
+        LanguageModel::Gpt(mut c) => {
+            c.dropout = args.dropout;
+            LanguageModel::Gpt(c)
+        }
+        _ if args.dropout > 0.0 => bail!("--dropout: the GPT's only"),
+        llama => llama,
+    };
+    weft_tensor::ops::set_fused_attention_dropout(!args.unfused_attention_dropout);
     let seq_len = args.seq_len.unwrap_or(config.context());
     if seq_len == 0 || seq_len > config.context() {
         bail!(
@@ -79,8 +96,20 @@ pub fn run(args: &BenchGptArgs) -> Result<()> {
     }
     let device = weft_train::device::parse_device(&args.device)?.open()?;
     let flops = config.flops_per_token(seq_len);
+    let dropout = match args.dropout > 0.0 {
+        true => format!(
+            ", dropout {} (attention's {})",
+            args.dropout,
+            if args.unfused_attention_dropout {
+                "unfused"
+            } else {
+                "fused where cuDNN takes it"
+            }
+        ),
+        false => String::new(),
+    };
     println!(
-        "bench-gpt: {} ({} parameters), batch {} x {seq_len} tokens, AdamW, {}, on {}",
+        "bench-gpt: {} ({} parameters), batch {} x {seq_len} tokens, AdamW, {}, on {}{dropout}",
         args.model,
         config.num_parameters(),
         args.batch_size,
@@ -268,6 +297,7 @@ fn measure_torch(
                 ("--heads", c.n_head),
             ]);
             cmd.args(["--device", &args.device, "--sdpa", sdpa]);
+            cmd.args(["--dropout", &args.dropout.to_string()]);
         }
         LanguageModel::Llama(c) => {
             if sdpa != "default" || precision == "tf32" {

@@ -57,7 +57,7 @@ enum ProjectCommand {
     /// manifest loading, store protocol and server) for a bounded time
     Fuzz(fuzz::FuzzArgs),
     /// The CUDA path against the CPU reference, as a pass/fail table (needs a GPU)
-    GpuCheck,
+    GpuCheck(gpu_check::GpuCheckArgs),
     /// Build the CUDA binaries and write a folder that runs on a GPU machine without Rust
     GpuBundle(gpu_bundle::GpuBundleArgs),
     /// One rank of gpu-check's two-GPU data-parallel rows (started by gpu-check)
@@ -109,9 +109,9 @@ fn project(command: ProjectCommand) -> Result<()> {
             }
         }
         ProjectCommand::BenchPipeline(args) => bench_pipeline::run(&args),
-        ProjectCommand::GpuCheck => match cuda_build::needs_cuda_build("cuda") {
+        ProjectCommand::GpuCheck(args) => match cuda_build::needs_cuda_build("cuda") {
             true => cuda_build::rerun_with_cuda(),
-            false => gpu_check::run(),
+            false => gpu_check::run(&args),
         },
         ProjectCommand::GpuBundle(args) => gpu_bundle::run(&args),
         ProjectCommand::GpuCheckDdp => gpu_check::ddp::run_rank(),

@@ -11,6 +11,12 @@
 //! [`single_ops`] (single operations), [`resnet`] (ResNet-50 end to end) and [`gpt`] (a small
 //! GPT end to end).
 
+#[cfg(feature = "cudnn")]
+mod attention_dropout;
+#[cfg(feature = "cudnn")]
+mod attention_dropout_graph;
+#[cfg(feature = "cudnn")]
+mod attention_dropout_stats;
 mod channels_last;
 #[cfg(feature = "cudnn")]
 mod conv_stats;
@@ -56,10 +62,22 @@ struct Check {
     tolerance: f64,
 }
 
-pub fn run() -> Result<()> {
+/// Flags of `cargo xtask gpu-check`.
+#[derive(Debug, clap::Args)]
+pub struct GpuCheckArgs {
+    /// Run one section's rows alone: attention (cuDNN's fused attention, without and with
+    /// dropout of the weights)
+    #[arg(long)]
+    only: Option<String>,
+}
+
+pub fn run(args: &GpuCheckArgs) -> Result<()> {
     let gpu = Device::new_cuda(0)?;
     #[cfg(feature = "cuda")]
     weft_tensor::cuda_runtime::configure(&gpu, Default::default())?;
+    if let Some(section) = &args.only {
+        return report(&section_rows(section, &gpu)?);
+    }
     // Full fp32 products in the comparisons (cuDNN's TF32 default would blur them).
     #[cfg(feature = "cudnn")]
     ops::set_allow_tf32(false);
@@ -336,6 +354,8 @@ pub fn run() -> Result<()> {
     conv_stats::run(&gpu, &mut checks)?;
     #[cfg(feature = "cudnn")]
     fused_attention::run(&gpu, &mut checks)?;
+    #[cfg(feature = "cudnn")]
+    attention_dropout_rows(&gpu, &mut checks)?;
     synced_batch_norm::run(&gpu, &mut checks)?;
     // Candle's ops, which CUDA tensors of other dtypes take.
     ops::set_cuda_kernels(false);
@@ -560,12 +580,51 @@ pub fn run() -> Result<()> {
         println!("gpu-check: one GPU; the NCCL and two-GPU data-parallel rows need two");
     }
 
+    report(&checks)
+}
+
+/// The rows of one section alone (`--only`).
+fn section_rows(section: &str, gpu: &Device) -> Result<Vec<Check>> {
+    match section {
+        #[cfg(feature = "cudnn")]
+        "attention" => {
+            let mut checks = Vec::new();
+            fused_attention::run(gpu, &mut checks)?;
+            attention_dropout_rows(gpu, &mut checks)?;
+            Ok(checks)
+        }
+        other => {
+            let _ = gpu;
+            bail!("gpu-check --only {other}: expected attention (in a cuDNN build)")
+        }
+    }
+}
+
+/// The rows of cuDNN's fused attention with dropout: statistics, exactness against the
+/// read-out mask, CUDA graph replays (a failing row, the reason printed, where they could not
+/// run).
+#[cfg(feature = "cudnn")]
+fn attention_dropout_rows(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
+    if let Err(e) = attention_dropout::run(gpu, checks) {
+        println!("gpu-check: attention dropout: {e:#}");
+        checks.push(Check {
+            name: "attention dropout (cuDNN): ran".into(),
+            error: 1.0,
+            tolerance: 0.0,
+        });
+    }
+    attention_dropout_graph::run(gpu, checks);
+    Ok(())
+}
+
+/// Prints the table; an error when a row failed.
+fn report(checks: &[Check]) -> Result<()> {
     println!(
         "{:<44} {:>12} {:>10}  result",
         "check", "rel. error", "tolerance"
     );
     let mut failed = 0;
-    for c in &checks {
+    for c in checks {
         let pass = c.error <= c.tolerance;
         failed += usize::from(!pass);
         println!(

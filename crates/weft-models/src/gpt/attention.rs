@@ -2,13 +2,17 @@
 //!
 //! The number of heads is read from the projection's width (`3 × heads × head_dim`), so the
 //! same function serves the whole model and a tensor-parallel rank holding some of the heads.
-//! The heads run weft-tensor's fused attention (the `T × T` scores never materialised); with
-//! dropout of the attention weights they take the reference path over the full scores, the
-//! masks placed among the whole model's heads (a tensor-parallel rank drops what the whole
-//! model drops for its heads).
+//! The heads run weft-tensor's fused attention (the `T × T` scores never materialised). With
+//! dropout of the attention weights, 16-bit data on a GPU runs cuDNN's fused attention with the
+//! dropout drawn inside it (`ops::packed_attention_with_dropout`: cuDNN's own masks, so it
+//! agrees with the other paths in distribution, not bit for bit); everything else (f32, the
+//! CPU, a geometry cuDNN refuses) takes the reference path over the full scores, its masks
+//! placed among the whole model's heads (a tensor-parallel rank drops what the whole model
+//! drops for its heads).
 
 use candle_core::Tensor;
 use weft_tensor::ops::dropout::Dropout;
+use weft_tensor::ops::PackedHeads;
 use weft_tensor::{ops, Result, TensorError};
 
 /// `softmax(q kᵀ / sqrt(head_dim) + causal mask) v` for `qkv` `[B, T, 3W]`, returning
@@ -27,6 +31,16 @@ pub fn causal_self_attention(
     }
     let width = fused / 3;
     let heads = width / head_dim;
+    if let Some(dropout) = dropout {
+        let packed = PackedHeads {
+            heads,
+            kv_heads: heads,
+            head_dim,
+        };
+        if let Some(y) = ops::packed_attention_with_dropout(qkv, packed, dropout)? {
+            return Ok(y);
+        }
+    }
     let split = |i: usize| -> Result<Tensor> {
         Ok(qkv
             .narrow(2, i * width, width)?

@@ -70,6 +70,11 @@ pub(crate) const ATTENTION: Module = Module {
     name: "weft_attention",
     ptx: PTX_ATTENTION,
 };
+#[cfg(feature = "cudnn")]
+pub(crate) const ATTENTION_DROPOUT: Module = Module {
+    name: "weft_attention_dropout",
+    ptx: PTX_ATTENTION_DROPOUT,
+};
 pub(crate) const BIAS: Module = Module {
     name: "weft_bias",
     ptx: PTX_BIAS,

@@ -1,9 +1,9 @@
 //! A cuDNN operation graph described node by node over the backend layer (`cudnn_backend`), as
 //! cudnn-frontend's `Graph` lowers its nodes: tensors (in memory, virtual, or scalars passed by
-//! value), pointwise operations, matrix products, reductions and reshapes, added in the order
-//! they run. cuDNN matches the whole graph against its fused engines (the flash attention's,
-//! `sdpa_graph`), so each node carries exactly the types, shapes and strides the frontend
-//! gives it.
+//! value), pointwise operations, matrix products, reductions, reshapes and random Bernoulli masks,
+//! added in the order they run. cuDNN matches the whole graph against its fused engines (the flash
+//! attention's, `sdpa_graph`), so each node carries exactly the types, shapes and strides the
+//! frontend gives it.
 
 use cudarc::cudnn::result::CudnnResult;
 use cudarc::cudnn::sys;
@@ -223,6 +223,44 @@ impl GraphBuilder {
             Kind::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
             &ports,
             &[],
+        )
+    }
+
+    /// `y`, a Bernoulli mask (1 with probability `keep`, else 0) from cuDNN's Philox generator
+    /// keyed by the `seed` and `offset` tensors (the frontend's `rng` node).
+    pub fn bernoulli(
+        &mut self,
+        keep: f64,
+        seed: &Node,
+        offset: &Node,
+        y: &Node,
+    ) -> CudnnResult<()> {
+        let mut rng = Descriptor::new(Kind::CUDNN_BACKEND_RNG_DESCRIPTOR)?;
+        // SAFETY: RNG_DISTRIBUTION attributes are cudnnRngDistribution_t, the Bernoulli
+        // probability a DOUBLE.
+        unsafe {
+            rng.set(
+                Attr::CUDNN_ATTR_RNG_DISTRIBUTION,
+                Type::CUDNN_TYPE_RNG_DISTRIBUTION,
+                &[sys::cudnnRngDistribution_t::CUDNN_RNG_DISTRIBUTION_BERNOULLI],
+            )?;
+            rng.set(
+                Attr::CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY,
+                Type::CUDNN_TYPE_DOUBLE,
+                &[keep],
+            )?;
+        }
+        let rng = rng.finalize()?;
+        let ports = [
+            (Attr::CUDNN_ATTR_OPERATION_RNG_YDESC, y),
+            (Attr::CUDNN_ATTR_OPERATION_RNG_SEED, seed),
+            (Attr::CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, offset),
+        ];
+        let settings = [(Attr::CUDNN_ATTR_OPERATION_RNG_DESC, &rng)];
+        self.operation(
+            Kind::CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR,
+            &ports,
+            &settings,
         )
     }
 

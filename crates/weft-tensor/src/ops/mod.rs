@@ -19,7 +19,9 @@
 //!   [`rms_norm`] the Llama's RMSNorm through the same 16-bit kernels.
 //! - The Llama's other ops: [`swiglu`] (`silu(gate) · up`, one pass each way),
 //!   [`rotary_packed`] (rotary position embeddings on a packed q | k | v projection) and
-//!   [`packed_attention`] (the packed fused attention as an op of Candle's autograd).
+//!   [`packed_attention`] (the packed fused attention as an op of Candle's autograd);
+//!   [`packed_attention_with_dropout`] the same with dropout of the weights drawn inside
+//!   cuDNN's fused attention (the GPT's attention dropout on 16-bit GPU data).
 //! - [`gelu_tanh`]: GPT-2's GELU with an exact derivative; [`project`]: `x W` over the last
 //!   dimension for `[in, out]` weights.
 //! - [`embed_tokens`]: token plus position embeddings, graph-free, and their backward
@@ -52,6 +54,9 @@ mod attention;
 mod attention_cpu;
 #[cfg(feature = "cuda")]
 mod attention_cuda;
+mod attention_dropout;
+#[cfg(feature = "cudnn")]
+mod attention_dropout_cuda;
 mod batch_norm;
 mod batch_norm_cpu;
 #[cfg(feature = "cuda")]
@@ -151,6 +156,10 @@ mod sdpa_cudnn;
 #[cfg(feature = "cudnn")]
 mod sdpa_graph;
 #[cfg(feature = "cudnn")]
+mod sdpa_graph_backward;
+#[cfg(feature = "cudnn")]
+mod sdpa_support;
+#[cfg(feature = "cudnn")]
 mod space_to_depth_cuda;
 mod storage;
 mod swiglu;
@@ -165,6 +174,10 @@ mod unscale_cuda;
 pub use attention::{
     causal_attention, causal_attention_backward, causal_attention_reference,
     causal_attention_saving, has_cuda_attention,
+};
+pub use attention_dropout::{
+    fused_attention_dropout, packed_attention_with_dropout, set_dropout_step,
+    set_fused_attention_dropout,
 };
 pub use batch_norm::{
     batch_norm_relu_train, batch_norm_train, batch_norm_train_backward, batch_norm_train_forward,
@@ -214,7 +227,7 @@ pub use rotary::{rotary_packed, rotary_packed_backward, rotary_packed_reference}
 pub use running_average::{blend_into, update_running_stats, RunningStats};
 pub use running_update::RunningUpdate;
 #[cfg(feature = "cudnn")]
-pub use sdpa_cudnn::fused_attention_plans;
+pub use sdpa_support::fused_attention_plans;
 pub use storage::{has_kernels, set_cuda_kernels};
 pub use swiglu::{swiglu, swiglu_backward, swiglu_reference};
 pub use unscale::{unscale_and_check, unscale_and_check_by};

@@ -46,7 +46,7 @@ impl PackedHeads {
         [0, self.heads * d, (self.heads + self.kv_heads) * d]
     }
 
-    fn check(&self, qkv: &Tensor) -> Result<(usize, usize)> {
+    pub(crate) fn check(&self, qkv: &Tensor) -> Result<(usize, usize)> {
         let (b, t, width) = qkv.dims3()?;
         let fits = self.kv_heads > 0
             && self.head_dim > 0
@@ -70,7 +70,7 @@ pub fn packed_causal_attention(qkv: &Tensor, heads: PackedHeads) -> Result<(Tens
     heads.check(qkv)?;
     #[cfg(feature = "cudnn")]
     if super::storage::uses_cuda_kernels_with_half(&[qkv]) {
-        if let Some(fused) = super::sdpa_cudnn::forward(&qkv.contiguous()?, heads)? {
+        if let Some(fused) = super::sdpa_cudnn::forward(&qkv.contiguous()?, heads, None)? {
             return Ok(fused);
         }
     }
@@ -106,6 +106,7 @@ pub fn packed_causal_attention_backward(
             &lse.contiguous()?,
             &d_out,
             heads,
+            None,
         )?;
         if let Some(d_qkv) = fused {
             return Ok(d_qkv);

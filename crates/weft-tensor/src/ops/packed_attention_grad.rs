@@ -3,7 +3,8 @@
 //! op of Candle's autograd, for blocks Candle differentiates (the Llama's). The forward runs
 //! graph-free and keeps each query row's log-sum-exp; its output enters the graph through an
 //! op whose backward is [`super::packed_causal_attention_backward`] (the output is copied once
-//! on the way in: Candle's custom ops return storage of their own).
+//! on the way in: Candle's custom ops return storage of their own). [`attended`] enters any
+//! graph-free attention's output with its own backward (the fused one with dropout).
 
 use std::sync::Mutex;
 
@@ -20,23 +21,34 @@ use super::packed_attention::{
 /// differentiable with respect to `qkv`.
 pub fn packed_attention(qkv: &Tensor, heads: PackedHeads) -> Result<Tensor> {
     let (out, lse) = packed_causal_attention(&qkv.detach(), heads)?;
+    let backward = move |qkv: &Tensor, out: &Tensor, d_out: &Tensor| {
+        packed_causal_attention_backward(qkv, out, &lse, d_out, heads)
+    };
+    attended(qkv, out, Box::new(backward))
+}
+
+/// The gradient of `qkv` from `qkv`, the output and the output's gradient.
+pub(crate) type AttentionBackward =
+    Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor> + Send + Sync>;
+
+/// `out`, an attention of `qkv` computed graph-free, as a function of `qkv` in Candle's graph
+/// (when `qkv` is in one), its gradient given by `backward`.
+pub(crate) fn attended(qkv: &Tensor, out: Tensor, backward: AttentionBackward) -> Result<Tensor> {
     if !qkv.track_op() {
         return Ok(out);
     }
     let whole = out.layout().is_contiguous() && out.layout().start_offset() == 0;
     let out = if whole { out } else { out.copy()? };
     qkv.apply_op1(Attended {
-        heads,
         out: Mutex::new(Some(out)),
-        lse,
+        backward,
     })
 }
 
-/// The forward's output (handed over once) and log-sum-exp.
+/// The forward's output (handed over once) and the attention's backward.
 struct Attended {
-    heads: PackedHeads,
     out: Mutex<Option<Tensor>>,
-    lse: Tensor,
+    backward: AttentionBackward,
 }
 
 impl Attended {
@@ -78,7 +90,6 @@ impl CustomOp1 for Attended {
     }
 
     fn bwd(&self, qkv: &Tensor, out: &Tensor, d_out: &Tensor) -> Result<Option<Tensor>> {
-        let d_qkv = packed_causal_attention_backward(qkv, out, &self.lse, d_out, self.heads)?;
-        Ok(Some(d_qkv))
+        Ok(Some((self.backward)(qkv, out, d_out)?))
     }
 }

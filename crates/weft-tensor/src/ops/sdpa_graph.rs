@@ -2,18 +2,26 @@
 //! cudnn-frontend's composite `sdpa` and `sdpa_backward` nodes build for cuDNN 9: scores
 //! `Q Kᵀ · scale` with the causal mask (row index ≥ column index, −∞ elsewhere), the softmax
 //! with its per-row statistics `max + ln Σ exp` kept for the backward, the output `P V`; and the
-//! backward recomputing the weights from those statistics, `Σ dO·O` per row, and `dV = Pᵀ dO`,
-//! `dK = dSᵀ Q`, `dQ = dS K` with `dS = P (dP − Σ dO·O) · scale`. cuDNN recognises the pattern
-//! only when every node has the frontend's types and shapes: intermediates in f32, the weights
-//! in the data's type before the second product, index tensors i32 and the mask boolean.
-//! Grouped-query attention reads each key/value head for its group of query heads (the
-//! products broadcast over the head dimension) and sums the groups' `dK`, `dV`.
+//! backward (`sdpa_graph_backward`) recomputing the weights from those statistics, `Σ dO·O` per
+//! row, and `dV = Pᵀ dO`, `dK = dSᵀ Q`, `dQ = dS K` with `dS = P (dP − Σ dO·O) · scale`.
+//! cuDNN recognises the pattern only when every node has the frontend's types and shapes:
+//! intermediates in f32, the weights in the data's type before the second product, index
+//! tensors i32 and the mask boolean. Grouped-query attention reads each key/value head for its
+//! group of query heads (the products broadcast over the head dimension) and sums the groups'
+//! `dK`, `dV`.
+//!
+//! With dropout of the attention weights the graphs add cudnn-frontend's dropout pattern: a
+//! Bernoulli mask from cuDNN's Philox generator (keep probability `1 − p`, keyed by a seed and
+//! an offset read from device memory, so a graph replay reads new ones) multiplied into the
+//! weights with the scale `1 / (1 − p)` before `P V`; the backward (`sdpa_graph_backward`)
+//! draws the same mask again from the same seed and offset.
 
 use cudarc::cudnn::result::CudnnResult;
 use cudarc::cudnn::sys;
 
 use sys::cudnnDataType_t::{
     CUDNN_DATA_BOOLEAN as BOOLEAN, CUDNN_DATA_FLOAT as FLOAT, CUDNN_DATA_INT32 as INT32,
+    CUDNN_DATA_INT64 as INT64,
 };
 use sys::cudnnPointwiseMode_t as Mode;
 use sys::cudnnReduceTensorOp_t::{CUDNN_REDUCE_TENSOR_ADD as SUM, CUDNN_REDUCE_TENSOR_MAX as MAX};
@@ -39,6 +47,12 @@ pub(crate) mod uid {
     pub const ROW_DOT: i64 = 13;
     /// The backward's f32 accumulator of `dQ` (non-deterministic variant only).
     pub const DQ_ACCUM: i64 = 14;
+    /// Dropout's Philox seed and offset (INT64 `[1, 1, 1, 1]`, in device memory).
+    pub const SEED: i64 = 15;
+    pub const OFFSET: i64 = 16;
+    /// Dropout's scale `1 / (1 − p)` and its inverse `1 − p` (f32, by value).
+    pub const DROPOUT_SCALE: i64 = 17;
+    pub const DROPOUT_SCALE_INV: i64 = 18;
 }
 
 /// The shape of one attention call and where its tensors lie: `[batch, heads, seq, head_dim]`
@@ -57,16 +71,16 @@ pub(crate) struct SdpaGeometry {
 }
 
 impl SdpaGeometry {
-    fn q_dims(&self) -> [i64; 4] {
+    pub(crate) fn q_dims(&self) -> [i64; 4] {
         [self.batch, self.heads, self.seq, self.head_dim]
     }
 
-    fn kv_dims(&self) -> [i64; 4] {
+    pub(crate) fn kv_dims(&self) -> [i64; 4] {
         [self.batch, self.kv_heads, self.seq, self.head_dim]
     }
 
     /// `[batch, heads, seq, seq]`: the scores.
-    fn score_dims(&self) -> [i64; 4] {
+    pub(crate) fn score_dims(&self) -> [i64; 4] {
         [self.batch, self.heads, self.seq, self.seq]
     }
 
@@ -77,7 +91,7 @@ impl SdpaGeometry {
 }
 
 /// A `[.., rows, cols]` tensor's transpose as the same memory (`Kᵀ` from `K`).
-fn swapped(dims: [i64; 4], strides: [i64; 4]) -> ([i64; 4], [i64; 4]) {
+pub(crate) fn swapped(dims: [i64; 4], strides: [i64; 4]) -> ([i64; 4], [i64; 4]) {
     (
         [dims[0], dims[1], dims[3], dims[2]],
         [strides[0], strides[1], strides[3], strides[2]],
@@ -86,7 +100,11 @@ fn swapped(dims: [i64; 4], strides: [i64; 4]) -> ([i64; 4], [i64; 4]) {
 
 /// The causal mask over `scores`: kept where the row index is at least the column index,
 /// `neg_inf` elsewhere (the frontend's top-left diagonal band with right bound 0).
-fn causal_mask(g: &mut GraphBuilder, scores: &Node, neg_inf: &Node) -> CudnnResult<Node> {
+pub(crate) fn causal_mask(
+    g: &mut GraphBuilder,
+    scores: &Node,
+    neg_inf: &Node,
+) -> CudnnResult<Node> {
     let row = g.virt_like(scores, INT32)?;
     g.pointwise(
         Mode::CUDNN_POINTWISE_GEN_INDEX,
@@ -118,7 +136,7 @@ fn causal_mask(g: &mut GraphBuilder, scores: &Node, neg_inf: &Node) -> CudnnResu
 }
 
 /// `out = mode(inputs)` into a new f32 virtual tensor shaped as `like`.
-fn elementwise(
+pub(crate) fn elementwise(
     g: &mut GraphBuilder,
     mode: Mode,
     inputs: &[&Node],
@@ -131,7 +149,7 @@ fn elementwise(
 
 /// `Q Kᵀ · scale` (`[batch, heads, seq, seq]`, f32) from the graph's q and k: the inputs both
 /// passes start from, with the scale and −∞ scalars. Returns (q, kᵀ, scores, scale, −∞).
-fn scaled_scores(
+pub(crate) fn scaled_scores(
     g: &mut GraphBuilder,
     s: &SdpaGeometry,
     io: sys::cudnnDataType_t,
@@ -147,13 +165,25 @@ fn scaled_scores(
     Ok([q, kt, scaled, scale, neg_inf])
 }
 
-/// The forward's plan for `io` data (bf16 or f16) in `geometry` on `handle`, and its
-/// workspace in bytes. Tensors: q, k, v, the scale and −∞ by value; out: o, stats
-/// (`[batch, heads, seq, 1]` f32, packed).
+/// Dropout's keep mask over the scores (f32, 1 with probability `1 − p`): cuDNN's Bernoulli
+/// draw keyed by the seed and offset tensors in memory, as the frontend's `rng` node.
+pub(crate) fn dropout_mask(g: &mut GraphBuilder, s: &SdpaGeometry, p: f64) -> CudnnResult<Node> {
+    let seed = g.memory(uid::SEED, INT64, [1; 4], [1; 4])?;
+    let offset = g.memory(uid::OFFSET, INT64, [1; 4], [1; 4])?;
+    let mask = g.virt(FLOAT, s.score_dims(), packed(s.score_dims()))?;
+    g.bernoulli(1.0 - p, &seed, &offset, &mask)?;
+    Ok(mask)
+}
+
+/// The forward's plan for `io` data (bf16 or f16) in `geometry` on `handle`, with dropout of
+/// probability `dropout` when given, and its workspace in bytes. Tensors: q, k, v, the scale
+/// and −∞ by value (with dropout: the seed and offset in memory, the dropout scale by value);
+/// out: o, stats (`[batch, heads, seq, 1]` f32, packed).
 pub(crate) fn forward_plan(
     handle: sys::cudnnHandle_t,
     io: sys::cudnnDataType_t,
     geometry: &SdpaGeometry,
+    dropout: Option<f64>,
 ) -> CudnnResult<(Descriptor, usize)> {
     let s = geometry;
     let mut g = GraphBuilder::new(100);
@@ -177,7 +207,9 @@ pub(crate) fn forward_plan(
         FLOAT,
         None,
     )?;
-    let weights = g.virt_like(&masked, io)?;
+    // The weights are rounded to the data's type right before `P V`: after dropout's scale
+    // when there is dropout.
+    let weights = g.virt_like(&masked, if dropout.is_some() { FLOAT } else { io })?;
     g.pointwise(
         Mode::CUDNN_POINTWISE_DIV,
         &[&exp, &sum],
@@ -185,124 +217,20 @@ pub(crate) fn forward_plan(
         FLOAT,
         None,
     )?;
+    let weights = match dropout {
+        None => weights,
+        Some(p) => {
+            let mask = dropout_mask(&mut g, s, p)?;
+            let mul = Mode::CUDNN_POINTWISE_MUL;
+            let kept = elementwise(&mut g, mul, &[&weights, &mask], &masked)?;
+            let scale = g.scalar(uid::DROPOUT_SCALE, FLOAT)?;
+            let dropped = g.virt_like(&masked, io)?;
+            g.pointwise(mul, &[&kept, &scale], &dropped, FLOAT, None)?;
+            dropped
+        }
+    };
 
     let o = g.memory(uid::O, io, s.q_dims(), s.out_strides)?;
     g.matmul(&weights, &v, &o)?;
-    first_plan(handle, &g.ops())
-}
-
-/// A key/value gradient: `a b` into `uid` (`[batch, kv_heads, seq, head_dim]` at the k or v
-/// strides), through a full-head product summed over each group of query heads when there are
-/// fewer key/value heads.
-fn kv_gradient(
-    g: &mut GraphBuilder,
-    s: &SdpaGeometry,
-    io: sys::cudnnDataType_t,
-    (a, b): (&Node, &Node),
-    (uid, strides): (i64, [i64; 4]),
-) -> CudnnResult<()> {
-    let out = g.memory(uid, io, s.kv_dims(), strides)?;
-    if s.kv_heads == s.heads {
-        return g.matmul(a, b, &out);
-    }
-    let full = g.virt(io, s.q_dims(), packed(s.q_dims()))?;
-    g.matmul(a, b, &full)?;
-    g.reduction(SUM, &full, &out)
-}
-
-/// The backward's plan for `io` data in `geometry` on `handle`, and its workspace in bytes.
-/// Tensors: q, k, v, o, dO, stats, the scale, −∞ and 1 by value, the per-row `Σ dO·O`
-/// (`[batch, heads, seq, 1]` f32) and, unless `deterministic`, the f32 `dQ` accumulator
-/// (`[batch, heads, seq, head_dim]`, packed): both in scratch memory of the caller's; out: dQ,
-/// dK, dV. `deterministic` takes cuDNN's workspace variant, whose `dQ` is written by one
-/// product (the frontend's `use_dp_workspace`) instead of accumulated across blocks.
-/// `k_view_type` is the type given to the view of K read by the `dQ` product.
-pub(crate) fn backward_plan(
-    handle: sys::cudnnHandle_t,
-    io: sys::cudnnDataType_t,
-    geometry: &SdpaGeometry,
-    deterministic: bool,
-    k_view_type: sys::cudnnDataType_t,
-) -> CudnnResult<(Descriptor, usize)> {
-    let s = geometry;
-    let mut g = GraphBuilder::new(100);
-    let (vt_dims, vt_strides) = swapped(s.kv_dims(), s.qkv_strides[2]);
-    let vt = g.memory(uid::V, io, vt_dims, vt_strides)?;
-    let o = g.memory(uid::O, io, s.q_dims(), s.out_strides)?;
-    let d_o = g.memory(uid::D_O, io, s.q_dims(), s.out_strides)?;
-    let stats = g.memory(uid::STATS, FLOAT, s.row_dims(), packed(s.row_dims()))?;
-    let one = g.scalar(uid::ONE, FLOAT)?;
-
-    // Σ dO·O per row (the frontend's softmax_sum), kept in memory for the dP chain.
-    let [_, h, t, d] = s.q_dims();
-    let products = g.virt(FLOAT, s.q_dims(), [h * t * d, t * d, h * d, 1])?;
-    g.pointwise(
-        Mode::CUDNN_POINTWISE_MUL,
-        &[&d_o, &o],
-        &products,
-        FLOAT,
-        None,
-    )?;
-    let dots = g.virt(FLOAT, s.row_dims(), packed(s.row_dims()))?;
-    g.reduction(SUM, &products, &dots)?;
-    let row_dot = g.memory(uid::ROW_DOT, FLOAT, s.row_dims(), packed(s.row_dims()))?;
-    g.pointwise(
-        Mode::CUDNN_POINTWISE_MUL,
-        &[&dots, &one],
-        &row_dot,
-        FLOAT,
-        None,
-    )?;
-
-    // The weights P again, from the saved statistics; dV = Pᵀ dO. (The operations in the
-    // frontend's order: the Σ dO·O chain first.)
-    let [q, kt, scores, scale, neg_inf] = scaled_scores(&mut g, s, io)?;
-    let centred = elementwise(
-        &mut g,
-        Mode::CUDNN_POINTWISE_SUB,
-        &[&scores, &stats],
-        &scores,
-    )?;
-    let masked = causal_mask(&mut g, &centred, &neg_inf)?;
-    let weights = elementwise(&mut g, Mode::CUDNN_POINTWISE_EXP, &[&masked], &scores)?;
-    let transposed = [h * t * t, t * t, 1, t];
-    let weights_t = g.virt(io, s.score_dims(), transposed)?;
-    g.reshape(&weights, &weights_t)?;
-    kv_gradient(
-        &mut g,
-        s,
-        io,
-        (&weights_t, &d_o),
-        (uid::D_V, s.qkv_strides[2]),
-    )?;
-
-    // dS = P (dO Vᵀ − Σ dO·O) · scale; dK = dSᵀ Q.
-    let d_p = g.virt(FLOAT, s.score_dims(), packed(s.score_dims()))?;
-    g.matmul(&d_o, &vt, &d_p)?;
-    let sub = Mode::CUDNN_POINTWISE_SUB;
-    let d_p = elementwise(&mut g, sub, &[&d_p, &row_dot], &scores)?;
-    let d_p = elementwise(
-        &mut g,
-        Mode::CUDNN_POINTWISE_MUL,
-        &[&d_p, &weights],
-        &scores,
-    )?;
-    let d_s = elementwise(&mut g, Mode::CUDNN_POINTWISE_MUL, &[&d_p, &scale], &scores)?;
-    let d_s_t = g.virt(io, s.score_dims(), transposed)?;
-    g.reshape(&d_s, &d_s_t)?;
-    kv_gradient(&mut g, s, io, (&d_s_t, &q), (uid::D_K, s.qkv_strides[1]))?;
-
-    // dQ = dS K, through an f32 accumulator unless deterministic.
-    let k = g.virt(k_view_type, s.kv_dims(), s.qkv_strides[1])?;
-    g.reshape(&kt, &k)?;
-    let d_q = g.memory(uid::D_Q, io, s.q_dims(), s.qkv_strides[0])?;
-    if deterministic {
-        g.matmul(&d_s, &k, &d_q)?;
-    } else {
-        let accum = g.memory(uid::DQ_ACCUM, FLOAT, s.q_dims(), packed(s.q_dims()))?;
-        g.matmul(&d_s, &k, &accum)?;
-        let identity = Mode::CUDNN_POINTWISE_IDENTITY;
-        g.pointwise(identity, &[&accum], &d_q, FLOAT, None)?;
-    }
     first_plan(handle, &g.ops())
 }

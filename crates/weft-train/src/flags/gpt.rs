@@ -43,8 +43,9 @@ pub struct GptFlags {
     /// Dropout of the embeddings, attention weights and residual branches while training (the
     /// GPT's); the masks derive from --seed, the step, the micro-batch and each element's
     /// place, so every layout (--tp, --pp, micro-batches) drops what one process drops. On a
-    /// GPU, 16-bit attention with dropout takes the unfused path over the full scores (the
-    /// fused cuDNN attention runs without dropout)
+    /// GPU, 16-bit attention drops its weights inside cuDNN's fused attention with cuDNN's own
+    /// masks (seeded from the same values): there it agrees with other layouts in
+    /// distribution, not bit for bit (f32 and the CPU take the unfused path and stay exact)
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f64,
     /// Initialise from Hugging Face safetensors: a file (e.g. the hub's model.safetensors), a
