@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-const KERNELS: [&str; 22] = [
+const KERNELS: [&str; 23] = [
     "attention",
     "attention_dropout",
     "batch_norm",
@@ -13,6 +13,7 @@ const KERNELS: [&str; 22] = [
     "batch_norm_sync",
     "bias",
     "cross_entropy",
+    "dropout",
     "embedding",
     "gelu",
     "hold",

@@ -10,6 +10,9 @@
 #           its attention dropout inside cuDNN's fused attention beside PyTorch bf16 eager and
 #           torch.compile (SDPA's dropout_p, as nanoGPT's model) in the same call, then weft's
 #           unfused attention dropout (UNFUSED_STEPS timed steps after one warm-up: it is slow)
+#   graph   the same dropout run with weft's step replayed from a CUDA graph and launched ahead
+#           (every dropout drawn on the device from the step's value), beside PyTorch bf16 eager
+#           and torch.compile
 #   base    weft's eager step at the same size without dropout (what dropout costs weft)
 #   full    the whole gpu-check (the table in $OUT/gpu-check.txt; failures shown)
 set -uo pipefail
@@ -43,6 +46,12 @@ if want bench; then
     | grep -v Warning
 fi
 
+if want graph; then
+  echo "== bench-gpt $G --steps 20 --warmup 3 --cuda-graph --launch-ahead --anchors bf16,bf16-compile"
+  timeout 420 "$X" bench-gpt $G --steps 20 --warmup 3 --cuda-graph --launch-ahead --anchors bf16,bf16-compile 2>&1 \
+    | grep -v Warning
+fi
+
 if want base; then
   B0="--model gpt2 --device cuda --batch-size $BATCH --seq-len $SEQ --precision bf16-mixed"
   echo "== bench-gpt $B0 --steps $STEPS --warmup 3 (no dropout, eager)"
@@ -53,6 +62,6 @@ if want full; then
   echo "== gpu-check"
   timeout 500 "$X" gpu-check > "$OUT/gpu-check.txt" 2>&1
   echo "exit $?"
-  grep -aE "FAIL|dropout|passed|failed|rror" "$OUT/gpu-check.txt" | head -60
+  grep -aE "FAIL|dropout|offload|passed|failed|rror" "$OUT/gpu-check.txt" | head -60
 fi
 echo "== done"

@@ -21,7 +21,7 @@ OUT=${OUT:-/tmp/weft-gpu-out}
 RUNS=/tmp/weft-multi-llama
 mkdir -p "$OUT/smi" "$RUNS"
 X=$B/xtask
-ANCHOR=$B/python/llama_parallel_anchor.py
+ANCHOR=${ANCHOR:-$B/python/llama_parallel_anchor.py}
 SECTIONS=",${1:-smoke},"
 want() { [[ $SECTIONS == *",$1,"* ]]; }
 exec > >(tee -a "$OUT/multi-llama.log") 2>&1

@@ -85,16 +85,20 @@ class Llama(nn.Module):
         t = idx.shape[1]
         angles = torch.outer(torch.arange(t, device=idx.device, dtype=torch.float32), self.inv_freq)
         angles = torch.cat((angles, angles), dim=-1)
-        cos, sin = angles.cos(), angles.sin()
         x = self.embed_tokens(idx)
+        # In the stream's dtype (bf16 under FSDP2's mixed precision, which casts no buffer)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.norm(x)
 
-    def forward(self, idx, targets):
+    def forward(self, idx, targets=None):
+        """The loss on `targets`, or the logits without them."""
         x = self.hidden(idx)
-        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = (x @ head.t()).float()
+        logits = x @ self.embed_tokens.weight.t() if self.lm_head is None else self.lm_head(x)
+        if targets is None:
+            return logits
+        logits = logits.float()
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 

@@ -97,7 +97,7 @@ def build_step(args, rank: int, world: int, dev):
         if split:
             from torch.distributed.tensor.parallel import loss_parallel
             with loss_parallel():
-                logits = model.lm_head(model.hidden(idx))  # sharded over the vocabulary
+                logits = model(idx)  # sharded over the vocabulary (FSDP2's hooks run)
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten())
                 loss.backward()
         else:

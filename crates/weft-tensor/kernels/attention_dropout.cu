@@ -1,10 +1,10 @@
 // The Philox seeds of the attention dropout drawn inside cuDNN's fused attention, the CUDA side
 // of weft-tensor's `attention_dropout_cuda.rs`. Each fused forward reads its seed from device
 // memory: `mix64(site ^ mix64(step))`, where `site` (a kernel argument, fixed in a captured CUDA
-// graph) names the block, the dropout site and the step as the host saw them, and `step` is the
-// per-device step value that the trainer writes before each step or replay (so a replayed graph
-// draws new masks). The offset is always 0: distinct seeds are distinct Philox keys. SplitMix64's
-// finaliser, as `ops::dropout`'s `mix64`.
+// graph) names the block, the dropout site and the micro-batch, and `step` is the
+// per-device step value (`dropout.cu`'s `dropout_step`) that the trainer writes before each
+// step or replay (so a replayed graph draws new masks). The offset is always 0: distinct seeds
+// are distinct Philox keys. SplitMix64's finaliser, as `ops::dropout`'s `mix64`.
 
 __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
     z += 0x9e3779b97f4a7c15ull;
@@ -20,10 +20,4 @@ extern "C" __global__ void attention_dropout_philox(const unsigned long long* st
     philox[1] = 0;
     philox[2] = 0;
     philox[3] = 0;
-}
-
-// The step value, written on the stream (ordered before the step or replay that reads it).
-extern "C" __global__ void attention_dropout_step(unsigned long long* step,
-                                                  unsigned long long value) {
-    step[0] = value;
 }

@@ -22,9 +22,13 @@ pub struct Mode {
     /// recomputed during backward, so the statistics are updated exactly once per step.
     pub update_running_stats: bool,
     /// The seed this forward's dropout masks derive from (with each block's and site's own
-    /// parts, see [`crate::ops::dropout`]): set per step and micro-batch by the trainer, kept
-    /// when a checkpointed block is recomputed, so that it drops what it dropped before.
+    /// parts, see [`crate::ops::dropout`]): set per micro-batch by the trainer, kept when a
+    /// checkpointed block is recomputed, so that it drops what it dropped before.
     pub dropout_seed: u64,
+    /// The step's dropout value, mixed into every mask's seed: set per step by the trainer,
+    /// which also writes it on the device ([`crate::ops::set_dropout_step`]), where the
+    /// device's masks read it.
+    pub dropout_step: u64,
     /// Whether the forward must be differentiable. False only for inference
     /// ([`Mode::INFER`]), where layers may run graph-free kernels that keep no temporaries.
     pub differentiable: bool,
@@ -41,6 +45,7 @@ impl Mode {
         train: true,
         update_running_stats: true,
         dropout_seed: 0,
+        dropout_step: 0,
         differentiable: true,
     };
     /// Evaluation mode (running statistics), still differentiable: a model may be trained
@@ -49,6 +54,7 @@ impl Mode {
         train: false,
         update_running_stats: false,
         dropout_seed: 0,
+        dropout_step: 0,
         differentiable: true,
     };
     /// Evaluation mode for inference: nothing will be differentiated.
@@ -61,6 +67,14 @@ impl Mode {
     pub fn with_dropout_seed(self, seed: u64) -> Mode {
         Mode {
             dropout_seed: seed,
+            ..self
+        }
+    }
+
+    /// The same mode with the step's dropout value `step` (see [`Mode::dropout_step`]).
+    pub fn with_dropout_step(self, step: u64) -> Mode {
+        Mode {
+            dropout_step: step,
             ..self
         }
     }

@@ -54,9 +54,11 @@ pub(super) fn fused(
     h: PackedHeads,
     seed: u64,
 ) -> Result<(Tensor, Option<Tensor>)> {
+    // The step's value is the device's (ops::set_dropout_step); the host's copy is unused here.
     let dropout = Dropout {
         p: P,
         seed,
+        step: 0,
         placement: None,
     };
     let var = Var::from_tensor(qkv)?;

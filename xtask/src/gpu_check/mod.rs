@@ -21,6 +21,7 @@ mod channels_last;
 #[cfg(feature = "cudnn")]
 mod conv_stats;
 pub mod ddp;
+mod dropout;
 mod embedding;
 #[cfg(feature = "cudnn")]
 mod fused_attention;
@@ -66,7 +67,7 @@ struct Check {
 #[derive(Debug, clap::Args)]
 pub struct GpuCheckArgs {
     /// Run one section's rows alone: attention (cuDNN's fused attention, without and with
-    /// dropout of the weights)
+    /// dropout of the weights) or dropout (the device's masks, the GPT replayed with dropout)
     #[arg(long)]
     only: Option<String>,
 }
@@ -356,6 +357,7 @@ pub fn run(args: &GpuCheckArgs) -> Result<()> {
     fused_attention::run(&gpu, &mut checks)?;
     #[cfg(feature = "cudnn")]
     attention_dropout_rows(&gpu, &mut checks)?;
+    dropout::run(&gpu, &mut checks)?;
     synced_batch_norm::run(&gpu, &mut checks)?;
     // Candle's ops, which CUDA tensors of other dtypes take.
     ops::set_cuda_kernels(false);
@@ -593,9 +595,13 @@ fn section_rows(section: &str, gpu: &Device) -> Result<Vec<Check>> {
             attention_dropout_rows(gpu, &mut checks)?;
             Ok(checks)
         }
+        "dropout" => {
+            let mut checks = Vec::new();
+            dropout::run(gpu, &mut checks)?;
+            Ok(checks)
+        }
         other => {
-            let _ = gpu;
-            bail!("gpu-check --only {other}: expected attention (in a cuDNN build)")
+            bail!("gpu-check --only {other}: expected attention (in a cuDNN build) or dropout")
         }
     }
 }

@@ -78,7 +78,7 @@ fn train(out: &Path, (launch_ahead, cuda_graph): (bool, bool)) -> Result<PathBuf
 }
 
 /// Each step line's step and loss, as logged.
-fn step_losses(run: &Path) -> Result<Vec<(usize, f64)>> {
+pub(super) fn step_losses(run: &Path) -> Result<Vec<(usize, f64)>> {
     let text = std::fs::read_to_string(run.join("metrics.jsonl"))?;
     let mut losses = Vec::new();
     for line in text.lines() {
@@ -91,7 +91,7 @@ fn step_losses(run: &Path) -> Result<Vec<(usize, f64)>> {
 }
 
 /// The replays the run's trace recorded.
-fn graph_launches(run: &Path) -> Result<usize> {
+pub(super) fn graph_launches(run: &Path) -> Result<usize> {
     let trace = std::fs::read_to_string(run.join("trace-rank0.json"))?;
     Ok(trace.matches("\"cuda graph launch\"").count())
 }

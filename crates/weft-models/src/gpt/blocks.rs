@@ -7,47 +7,13 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::{Tensor, Var};
-use weft_tensor::ops::dropout::{derive_seed, name_seed, Dropout, Placement};
+use weft_tensor::ops::dropout::{Dropout, Placement};
 use weft_tensor::{ops, Block, EntryId, ExplicitBackward, Mode, Result, TensorError};
 
 use super::attention::causal_self_attention;
+use super::dropout::{dropout, site_dropout, Site};
 use super::parts::{Projection, TokenEmbedding};
 use crate::layers::LayerNorm;
-
-/// Where in a block a dropout sits (part of its masks' seed).
-#[derive(Debug, Clone, Copy)]
-enum Site {
-    Embeddings = 1,
-    AttentionWeights,
-    AttentionOutput,
-    MlpOutput,
-}
-
-/// The seed of the masks of `site` in block `block` for a forward in `mode`.
-fn site_seed(mode: Mode, block: &str, site: Site) -> u64 {
-    derive_seed(
-        derive_seed(mode.dropout_seed, name_seed(block)),
-        site as u64,
-    )
-}
-
-/// Drops values with probability `p` while training (inverted dropout, masks from the mode's
-/// seed, the block and the site: every rank holding the whole activation drops the same
-/// elements); identity otherwise.
-fn dropout(x: Tensor, p: f64, mode: Mode, block: &str, site: Site) -> Result<Tensor> {
-    if !(mode.train && p > 0.0) {
-        return Ok(x);
-    }
-    let seed = site_seed(mode, block, site);
-    ops::dropout::dropout(
-        &x,
-        &Dropout {
-            p,
-            seed,
-            placement: None,
-        },
-    )
-}
 
 /// `x + f(x)` on the tokens as rows (`[B·T, width]`): one reshape in and one out, none around
 /// each projection and LayerNorm inside `f` (each costs a pass over the tensor in backward).
@@ -117,6 +83,21 @@ pub struct AttentionBlock {
     pub(super) entries: Range<EntryId>,
 }
 
+impl AttentionBlock {
+    /// The dropout of the attention weights while training (`None` without), placed among the
+    /// whole model's heads.
+    pub(super) fn weights_dropout(&self, mode: Mode) -> Option<Dropout> {
+        let p = if mode.train { self.dropout } else { 0.0 };
+        let placement = Placement {
+            axis: 1,
+            offset: self.first_head,
+            total: self.heads,
+        };
+        let site = (self.name.as_str(), Site::AttentionWeights);
+        (p > 0.0).then(|| site_dropout(p, mode, site, Some(placement)))
+    }
+}
+
 impl Block for AttentionBlock {
     fn name(&self) -> &str {
         &self.name
@@ -131,15 +112,7 @@ impl Block for AttentionBlock {
         let p = if mode.train { self.dropout } else { 0.0 };
         residual_on_rows(x, |h| {
             let qkv = self.c_attn.forward(&self.ln_1.forward(h)?)?;
-            let weights_dropout = (p > 0.0).then(|| Dropout {
-                p,
-                seed: site_seed(mode, &self.name, Site::AttentionWeights),
-                placement: Some(Placement {
-                    axis: 1,
-                    offset: self.first_head,
-                    total: self.heads,
-                }),
-            });
+            let weights_dropout = self.weights_dropout(mode);
             let attended = causal_self_attention(
                 &qkv.reshape((b, t, ()))?,
                 self.head_dim,

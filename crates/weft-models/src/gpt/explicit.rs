@@ -11,14 +11,18 @@
 //! It applies when a half's projections are affine ([`Affine`]: whole Conv1Ds, or
 //! tensor-parallel slices whose sums over the ranks it issues itself: one all-reduce after each
 //! row-split projection forward, one of each column-split projection's input gradient
-//! backward) and nothing is dropped; otherwise the tape records Candle's graph.
+//! backward); otherwise the tape records Candle's graph. With dropout, the output projection's
+//! dropout is drawn again from the forward's seeds (kept with the saved tensors) for the
+//! gradient, and the attention weights' is cuDNN's, inside the fused attention (16-bit data on
+//! a GPU; elsewhere the tape records the graph of the reference attention over the weights).
 
 use candle_core::Tensor;
-use weft_tensor::ops::PackedHeads;
+use weft_tensor::ops::{DroppedAttention, PackedHeads};
 use weft_tensor::{ops, Mode, Result};
 use weft_tensor::{ExplicitBackward, ExplicitGrads, Saved, TensorError};
 
 use super::blocks::{AttentionBlock, MlpBlock};
+use super::dropout::{dropout, mode_of, saved_seeds, Site};
 use super::parts::{Affine, AffineSplit};
 
 /// `x W` over rows (a row-split product summed over the ranks).
@@ -93,19 +97,41 @@ impl ExplicitBackward for AttentionBlock {
         let Some([c_attn, attn_proj]) = self.affines() else {
             return Ok(None);
         };
-        if mode.train && self.dropout > 0.0 {
-            return Ok(None);
-        }
         let (b, t, c) = x.dims3()?;
         let h = rows(x)?;
         let (w1, b1) = (self.ln_1.weight().detach(), self.ln_1.bias().detach());
         let ln_1 = ops::layer_norm(&h, &w1, &b1, self.ln_1.eps())?;
         let qkv = affine(&ln_1, c_attn)?;
         let heads = self.packed_heads(qkv.dim(1)?);
-        let (attended, lse) = ops::packed_causal_attention(&qkv.reshape((b, t, ()))?, heads)?;
-        let attended = attended.reshape((b * t, ()))?;
-        let out = affine_onto(&attended, attn_proj, &h)?;
-        let saved = vec![h, ln_1, qkv, attended, lse];
+        let sequences = qkv.reshape((b, t, ()))?;
+        let Some(weights_dropout) = self.weights_dropout(mode) else {
+            let (attended, lse) = ops::packed_causal_attention(&sequences, heads)?;
+            let attended = attended.reshape((b * t, ()))?;
+            let out = affine_onto(&attended, attn_proj, &h)?;
+            let saved = vec![h, ln_1, qkv, attended, lse];
+            return Ok(Some((out.reshape((b, t, c))?, saved)));
+        };
+        let Some(dropped) =
+            ops::packed_causal_attention_with_dropout(&sequences, heads, &weights_dropout)?
+        else {
+            return Ok(None);
+        };
+        let attended = dropped.out.reshape((b * t, ()))?;
+        let projected = affine(&attended, attn_proj)?;
+        let site = Site::AttentionOutput;
+        let out = ops::residual_add(
+            &h,
+            &dropout(projected, self.dropout, mode, &self.name, site)?,
+        )?;
+        let saved = vec![
+            h,
+            ln_1,
+            qkv,
+            attended,
+            dropped.lse,
+            dropped.philox,
+            saved_seeds(mode)?,
+        ];
         Ok(Some((out.reshape((b, t, c))?, saved)))
     }
 
@@ -113,19 +139,42 @@ impl ExplicitBackward for AttentionBlock {
         let [c_attn, attn_proj] = self
             .affines()
             .expect("forward_saving kept tensors only for affine projections");
-        let [h, ln_1, qkv, attended, lse] = unpack(saved, &self.name)?;
         let (b, t, c) = dy.dims3()?;
         let d_out = rows(dy)?;
-        let (d_attended, d_w_proj, d_b_proj) = affine_backward(&attended, attn_proj, &d_out)?;
         let as_sequences = |x: &Tensor| x.reshape((b, t, ()));
-        let d_qkv = ops::packed_causal_attention_backward(
-            &as_sequences(&qkv)?,
-            &as_sequences(&attended)?,
-            &lse,
-            &as_sequences(&d_attended)?,
-            self.packed_heads(qkv.dim(1)?),
-        )?
-        .reshape((b * t, ()))?;
+        let heads = |qkv: &Tensor| -> Result<PackedHeads> { Ok(self.packed_heads(qkv.dim(1)?)) };
+        let (h, ln_1, d_qkv, d_w_proj, d_b_proj) = match saved.len() {
+            7 => {
+                let [h, ln_1, qkv, attended, lse, philox, seeds] = unpack(saved, &self.name)?;
+                let mode = mode_of(&seeds, &self.name)?;
+                let site = Site::AttentionOutput;
+                let d_projected = dropout(d_out.clone(), self.dropout, mode, &self.name, site)?;
+                let (d_attended, d_w, d_b) = affine_backward(&attended, attn_proj, &d_projected)?;
+                let out = as_sequences(&attended)?;
+                let dropped = DroppedAttention { out, lse, philox };
+                let d_qkv = ops::packed_causal_attention_with_dropout_backward(
+                    &as_sequences(&qkv)?,
+                    &dropped,
+                    &as_sequences(&d_attended)?,
+                    heads(&qkv)?,
+                    self.dropout,
+                )?;
+                (h, ln_1, d_qkv, d_w, d_b)
+            }
+            _ => {
+                let [h, ln_1, qkv, attended, lse] = unpack(saved, &self.name)?;
+                let (d_attended, d_w, d_b) = affine_backward(&attended, attn_proj, &d_out)?;
+                let d_qkv = ops::packed_causal_attention_backward(
+                    &as_sequences(&qkv)?,
+                    &as_sequences(&attended)?,
+                    &lse,
+                    &as_sequences(&d_attended)?,
+                    heads(&qkv)?,
+                )?;
+                (h, ln_1, d_qkv, d_w, d_b)
+            }
+        };
+        let d_qkv = d_qkv.reshape((b * t, ()))?;
         let (d_ln_1, d_w_qkv, d_b_qkv) = affine_backward(&ln_1, c_attn, &d_qkv)?;
         let (w1, b1) = (self.ln_1.weight().detach(), self.ln_1.bias().detach());
         let (d_h, d_w1, d_b1) = ops::layer_norm_backward(&h, &w1, &b1, &d_ln_1, self.ln_1.eps())?;
@@ -157,27 +206,43 @@ impl ExplicitBackward for MlpBlock {
         let Some([c_fc, mlp_proj]) = self.affines() else {
             return Ok(None);
         };
-        if mode.train && self.dropout > 0.0 {
-            return Ok(None);
-        }
         let (b, t, c) = x.dims3()?;
         let h = rows(x)?;
         let (w2, b2) = (self.ln_2.weight().detach(), self.ln_2.bias().detach());
         let ln_2 = ops::layer_norm(&h, &w2, &b2, self.ln_2.eps())?;
         let up = affine(&ln_2, c_fc)?;
         let act = ops::gelu_tanh(&up)?;
-        let out = affine_onto(&act, mlp_proj, &h)?;
-        Ok(Some((out.reshape((b, t, c))?, vec![h, ln_2, up, act])))
+        if !(mode.train && self.dropout > 0.0) {
+            let out = affine_onto(&act, mlp_proj, &h)?;
+            return Ok(Some((out.reshape((b, t, c))?, vec![h, ln_2, up, act])));
+        }
+        let down = affine(&act, mlp_proj)?;
+        let dropped = dropout(down, self.dropout, mode, &self.name, Site::MlpOutput)?;
+        let out = ops::residual_add(&h, &dropped)?;
+        let saved = vec![h, ln_2, up, act, saved_seeds(mode)?];
+        Ok(Some((out.reshape((b, t, c))?, saved)))
     }
 
     fn backward(&self, saved: Saved, dy: &Tensor, input_grad: bool) -> Result<ExplicitGrads> {
         let [c_fc, mlp_proj] = self
             .affines()
             .expect("forward_saving kept tensors only for affine projections");
-        let [h, ln_2, up, act] = unpack(saved, &self.name)?;
         let (b, t, c) = dy.dims3()?;
         let d_out = rows(dy)?;
-        let (d_act, d_w_down, d_b_down) = affine_backward(&act, mlp_proj, &d_out)?;
+        let (h, ln_2, up, act, d_down) = match saved.len() {
+            5 => {
+                let [h, ln_2, up, act, seeds] = unpack(saved, &self.name)?;
+                let mode = mode_of(&seeds, &self.name)?;
+                let site = Site::MlpOutput;
+                let d_down = dropout(d_out.clone(), self.dropout, mode, &self.name, site)?;
+                (h, ln_2, up, act, d_down)
+            }
+            _ => {
+                let [h, ln_2, up, act] = unpack(saved, &self.name)?;
+                (h, ln_2, up, act, d_out.clone())
+            }
+        };
+        let (d_act, d_w_down, d_b_down) = affine_backward(&act, mlp_proj, &d_down)?;
         let d_up = ops::gelu_tanh_backward(&up, &d_act)?;
         let (d_ln_2, d_w_up, d_b_up) = affine_backward(&ln_2, c_fc, &d_up)?;
         let (w2, b2) = (self.ln_2.weight().detach(), self.ln_2.bias().detach());

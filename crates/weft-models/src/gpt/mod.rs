@@ -9,6 +9,7 @@
 mod attention;
 mod blocks;
 mod config;
+mod dropout;
 mod explicit;
 mod explicit_embeddings;
 mod explicit_head;

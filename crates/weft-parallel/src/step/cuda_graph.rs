@@ -194,6 +194,8 @@ impl StepGraph {
                 weft_tensor::cuda_runtime::release_cached_memory(inputs.device())?;
                 match capture(trainer, &batch, buffers, inputs.device()) {
                     Ok(graph) => {
+                        // The captured step counted itself: this launch runs it.
+                        trainer.write_dropout_step(trainer.steps_taken - 1)?;
                         graph.launch().map_err(|e| cuda_error("graph launch", e))?;
                         meanwhile();
                         trainer.wait_for_device()?;
@@ -271,6 +273,9 @@ impl StepGraph {
         let timeline = trainer.options.timeline.as_ref();
         let span = timeline.map(|t| t.open("cuda graph launch", "graph", "compute"));
         trainer.note_replayed_forward();
+        // The replay draws this step's dropout masks; the host counts the step it runs.
+        trainer.write_dropout_step(trainer.steps_taken)?;
+        trainer.steps_taken += 1;
         graph.launch().map_err(|e| cuda_error("graph launch", e))?;
         let len = buffers.outputs.elem_count();
         self.results[slot].queue_download(&buffers.outputs, 0..len)?;
@@ -314,6 +319,8 @@ fn capture(
     // use (the memory tracker's samples).
     let synchronized = std::mem::replace(&mut trainer.synchronized_timings, false);
     let tracker = trainer.memory.take();
+    // The step's dropout value is written before each launch, outside the graph.
+    trainer.capturing = true;
     let body = (|| -> Result<()> {
         let (results, _) = trainer.run(batch)?;
         let result: &BatchResult = &results[0];
@@ -333,6 +340,7 @@ fn capture(
     })();
     trainer.synchronized_timings = synchronized;
     trainer.memory = tracker;
+    trainer.capturing = false;
     // The capture ends whatever happened, so that the stream is usable again.
     // Node priorities honoured: NCCL's kernels keep their stream's (see `NcclConfig`).
     let graph =

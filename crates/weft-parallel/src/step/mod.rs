@@ -39,6 +39,9 @@ use crate::error::{ParallelError, Result};
 use crate::single::SingleProcess;
 use crate::strategy::Strategy;
 use delayed_update::lost_optimizer;
+
+/// The part of the micro-batches' dropout seeds that sets them apart from the steps' values.
+const MICRO_BATCH_SEEDS: u64 = u64::MAX;
 pub(crate) use outcome::{outcome, BatchResult};
 pub(crate) use run::BackwardSeed;
 
@@ -75,9 +78,13 @@ pub struct Trainer {
     /// The scaler's state where the gradients are, made at the first step.
     scale_on_device: Option<ScaleOnDevice>,
     /// The seed every step's dropout masks derive from, and the steps taken so far: micro-batch
-    /// `i` of step `s` draws from `(seed, s, i)`, whichever rank or stage computes it.
+    /// `i` of step `s` draws from `(seed, s, i)`, whichever rank or stage computes it — `i`
+    /// through the forward's mode, `s` through the step's dropout value, which the device's
+    /// masks read from device memory (written before each step and each graph replay).
     dropout_seed: u64,
     steps_taken: u64,
+    /// Capturing a CUDA graph: the step's dropout value is written before each replay instead.
+    pub(crate) capturing: bool,
     /// Whether a training forward wrote the buffers since [`Self::sync_buffers`] last made
     /// them the same on every rank.
     buffers_written: bool,
@@ -128,6 +135,7 @@ impl Trainer {
             scale_on_device: None,
             dropout_seed: 0,
             steps_taken: 0,
+            capturing: false,
             buffers_written: false,
             synchronized_timings: false,
             memory: None,
@@ -267,10 +275,28 @@ impl Trainer {
         self
     }
 
-    /// The dropout seed of micro-batch `micro` of the current step.
+    /// The dropout seed of micro-batch `micro` (of every step: the step enters through
+    /// [`Self::dropout_step`]).
     pub(crate) fn micro_batch_seed(&self, micro: usize) -> u64 {
-        let step = derive_seed(self.dropout_seed, self.steps_taken);
-        derive_seed(step, micro as u64)
+        derive_seed(
+            derive_seed(self.dropout_seed, MICRO_BATCH_SEEDS),
+            micro as u64,
+        )
+    }
+
+    /// Step `step`'s dropout value, mixed into each of its masks.
+    pub(crate) fn dropout_step(&self, step: u64) -> u64 {
+        derive_seed(self.dropout_seed, step)
+    }
+
+    /// Writes step `step`'s dropout value on the model's device, ordered before the work
+    /// queued next (the step run eagerly, or its replay).
+    pub(crate) fn write_dropout_step(&self, step: u64) -> Result<()> {
+        let device = self.model.store().device();
+        Ok(weft_tensor::ops::set_dropout_step(
+            device,
+            self.dropout_step(step),
+        )?)
     }
 
     /// Trains in `mode` (e.g. BatchNorm with running statistics for exact-equivalence tests).

@@ -74,6 +74,9 @@ impl Trainer {
 
     /// Allocates the gradients and makes the master copy at the first step.
     pub(crate) fn prepare(&mut self) -> Result<()> {
+        if !self.capturing {
+            self.write_dropout_step(self.steps_taken)?;
+        }
         self.allocate_gradients()?;
         if self.params.is_none() {
             self.reload_master_weights()?;
@@ -176,7 +179,8 @@ impl Trainer {
         let mode = self
             .options
             .mode
-            .with_dropout_seed(self.micro_batch_seed(micro));
+            .with_dropout_seed(self.micro_batch_seed(micro))
+            .with_dropout_step(self.dropout_step(self.steps_taken));
         let (model, strategy) = (&self.model, &mut self.strategy);
         let options = TapeOptions {
             input_grad,

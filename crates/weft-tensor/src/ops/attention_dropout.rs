@@ -8,13 +8,13 @@
 //! for bit. Each call's seed mixes the host's seed for the site (the block, the site, the step
 //! and micro-batch as [`super::dropout::Dropout::seed`] carries them, and the first head a
 //! tensor-parallel rank holds) with a per-device step value in device memory
-//! ([`set_dropout_step`]). A step captured in a CUDA graph keeps the host's part of every seed
+//! ([`super::dropout::set_dropout_step`]). A step captured in a CUDA graph keeps the host's part of every seed
 //! as it was at the capture; the step value, written before each replay, is what gives a replay
 //! new masks. Without it, the fused path refuses to be captured (the step then runs eagerly).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{Result, Tensor};
 
 use super::dropout::Dropout;
 use super::packed_attention::PackedHeads;
@@ -32,18 +32,6 @@ pub fn fused_attention_dropout() -> bool {
     FUSED.load(Ordering::Relaxed)
 }
 
-/// Writes `step` into `device`'s step value, stream-ordered before the work queued after it:
-/// call it before each training step (eagerly run or replayed from a CUDA graph) with a value
-/// that changes every step (the step's dropout seed). Nothing on the CPU.
-pub fn set_dropout_step(device: &Device, step: u64) -> Result<()> {
-    #[cfg(feature = "cudnn")]
-    if let Device::Cuda(cuda) = device {
-        return super::attention_dropout_cuda::set_step(cuda, step);
-    }
-    let _ = (device, step);
-    Ok(())
-}
-
 /// The causal attention of the packed rows `qkv` (`[B, T, (heads + 2 kv_heads) · d]`) with
 /// `dropout` of its weights drawn inside cuDNN's fused attention, differentiable with respect
 /// to `qkv`: `[B, T, heads · d]`. `None` where the fused path does not apply (not 16-bit data on
@@ -55,12 +43,7 @@ pub fn packed_attention_with_dropout(
     heads: PackedHeads,
     dropout: &Dropout,
 ) -> Result<Option<Tensor>> {
-    if !(0.0..1.0).contains(&dropout.p) {
-        candle_core::bail!(
-            "attention dropout: probability {} is not in [0, 1)",
-            dropout.p
-        );
-    }
+    check_probability(dropout)?;
     #[cfg(feature = "cudnn")]
     if fused_attention_dropout()
         && dropout.p > 0.0
@@ -72,8 +55,68 @@ pub fn packed_attention_with_dropout(
     Ok(None)
 }
 
+/// What the fused attention with dropout keeps for its backward: its output `[B, T, heads · d]`,
+/// each query row's log-sum-exp, and the Philox state its masks were drawn from (the backward
+/// draws them again from it).
+pub struct DroppedAttention {
+    pub out: Tensor,
+    pub lse: Tensor,
+    pub philox: Tensor,
+}
+
+/// [`packed_attention_with_dropout`] graph-free, for a block's own backward: the output and
+/// what [`packed_causal_attention_with_dropout_backward`] reads; `None` where the fused path
+/// does not apply.
+pub fn packed_causal_attention_with_dropout(
+    qkv: &Tensor,
+    heads: PackedHeads,
+    dropout: &Dropout,
+) -> Result<Option<DroppedAttention>> {
+    check_probability(dropout)?;
+    #[cfg(feature = "cudnn")]
+    if fused_attention_dropout()
+        && dropout.p > 0.0
+        && super::storage::uses_cuda_kernels_with_half(&[qkv])
+    {
+        return super::attention_dropout_cuda::forward_saving(qkv, heads, dropout);
+    }
+    let _ = (qkv, heads);
+    Ok(None)
+}
+
+/// The gradient of the packed rows `qkv` from the output's gradient `d_out`, the masks drawn
+/// again from `saved`'s Philox state, for dropout probability `p`.
+pub fn packed_causal_attention_with_dropout_backward(
+    qkv: &Tensor,
+    saved: &DroppedAttention,
+    d_out: &Tensor,
+    heads: PackedHeads,
+    p: f64,
+) -> Result<Tensor> {
+    #[cfg(feature = "cudnn")]
+    return super::attention_dropout_cuda::backward_saved(qkv, saved, d_out, heads, p);
+    #[cfg(not(feature = "cudnn"))]
+    {
+        let _ = (qkv, saved, d_out, heads, p);
+        candle_core::bail!("the fused attention's dropout runs in cuDNN builds only")
+    }
+}
+
+/// Refuses a probability outside [0, 1).
+fn check_probability(dropout: &Dropout) -> Result<()> {
+    if !(0.0..1.0).contains(&dropout.p) {
+        candle_core::bail!(
+            "attention dropout: probability {} is not in [0, 1)",
+            dropout.p
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
+    use candle_core::Device;
+
     use super::*;
 
     /// On the CPU the fused path does not apply (the caller takes its own path, with the
@@ -95,6 +138,7 @@ mod tests {
         let dropout = |p| Dropout {
             p,
             seed: 1,
+            step: 0,
             placement: None,
         };
         assert!(packed_attention_with_dropout(&qkv, heads, &dropout(0.1))
@@ -104,6 +148,6 @@ mod tests {
             let err = packed_attention_with_dropout(&qkv, heads, &dropout(p)).unwrap_err();
             assert!(err.to_string().contains("not in [0, 1)"), "{err}");
         }
-        set_dropout_step(&Device::Cpu, 3).unwrap();
+        super::super::dropout::set_dropout_step(&Device::Cpu, 3).unwrap();
     }
 }

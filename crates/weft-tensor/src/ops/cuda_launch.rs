@@ -75,6 +75,10 @@ pub(crate) const ATTENTION_DROPOUT: Module = Module {
     name: "weft_attention_dropout",
     ptx: PTX_ATTENTION_DROPOUT,
 };
+pub(crate) const DROPOUT: Module = Module {
+    name: "weft_dropout",
+    ptx: PTX_DROPOUT,
+};
 pub(crate) const BIAS: Module = Module {
     name: "weft_bias",
     ptx: PTX_BIAS,

@@ -7,9 +7,15 @@
 //! draw identical masks over replicated activations (same seed, same places) and disjoint parts
 //! of one mask over split ones ([`Placement`] puts a rank's slice — its attention heads — at its
 //! place in the whole tensor), so a split model drops exactly what the whole model drops.
-//! The mask is drawn on the host (in parallel) and applied on the tensor's device.
+//!
+//! A mask's seed mixes the site's seed ([`Dropout::seed`]: the block, the site, the micro-batch)
+//! with the step's value. On a GPU (f32, bf16, f16) the mask is drawn by a kernel on the device,
+//! which reads the step's value from device memory ([`set_dropout_step`], written by the
+//! trainer before each step or CUDA-graph replay), so a replayed step draws that step's masks;
+//! elsewhere it is drawn on the host (in parallel) from [`Dropout::step`], the same value. The
+//! kept values are scaled in f32 and rounded once: the device and the host agree bit for bit.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{Result, TensorError};
@@ -23,13 +29,70 @@ pub struct Placement {
     pub total: usize,
 }
 
-/// One dropout: probability `p` of dropping an element, the mask's `seed`, and where the tensor
-/// sits in the logical one (`None`: it is the whole of it).
+/// One dropout: probability `p` of dropping an element, the site's `seed`, the step's value
+/// (the host's copy of what [`set_dropout_step`] writes on a GPU), and where the tensor sits in
+/// the logical one (`None`: it is the whole of it).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropout {
     pub p: f64,
     pub seed: u64,
+    pub step: u64,
     pub placement: Option<Placement>,
+}
+
+/// Writes `step` as `device`'s dropout step value, stream-ordered before the work queued after
+/// it: call it before each training step (eagerly run or replayed from a CUDA graph) with the
+/// value the step's [`Dropout::step`] carries. Nothing on the CPU (the host reads
+/// [`Dropout::step`]).
+pub fn set_dropout_step(device: &Device, step: u64) -> candle_core::Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = device {
+        return super::dropout_cuda::set_step(cuda, step);
+    }
+    let _ = (device, step);
+    Ok(())
+}
+
+/// Where a tensor's elements sit in the logical tensor: `inner` elements after the placed
+/// dimension, which holds `len` of the logical `total` from `offset`.
+pub(crate) struct Place {
+    pub inner: usize,
+    pub len: usize,
+    pub total: usize,
+    pub offset: usize,
+}
+
+/// The [`Place`] of a tensor of `dims` placed as `dropout` says; a bad probability or
+/// placement is an error.
+pub(crate) fn place(dims: &[usize], dropout: &Dropout) -> Result<Place> {
+    let Dropout { p, placement, .. } = *dropout;
+    if !(0.0..1.0).contains(&p) {
+        return Err(TensorError::Block {
+            block: "dropout".into(),
+            message: format!("probability {p} is not in [0, 1)"),
+        });
+    }
+    let (axis, offset, total) = match placement {
+        Some(pl) => (pl.axis, pl.offset, pl.total),
+        None => (0, 0, dims.first().copied().unwrap_or(1)),
+    };
+    let len = dims.get(axis).copied().unwrap_or(1);
+    if axis >= dims.len().max(1) || offset + len > total {
+        return Err(TensorError::Block {
+            block: "dropout".into(),
+            message: format!(
+                "a slice {offset}..{} of {total} along dimension {axis} of {dims:?}",
+                offset + len
+            ),
+        });
+    }
+    let inner = dims.iter().skip(axis + 1).product();
+    Ok(Place {
+        inner,
+        len,
+        total,
+        offset,
+    })
 }
 
 /// SplitMix64's finaliser: a bijection of u64 whose outputs pass as independent uniform bits.
@@ -58,30 +121,16 @@ fn kept(seed: u64, index: u64, p: f64) -> bool {
     uniform >= p
 }
 
-/// The scaled keep mask (`1 / (1 − p)` or 0) of a tensor of `dims` placed as `dropout` says.
+/// The scaled keep mask (`1 / (1 − p)` or 0) of a tensor of `dims` placed as `dropout` says,
+/// its seed mixed with the step's value.
 pub fn keep_mask(dims: &[usize], dropout: &Dropout) -> Result<Vec<f32>> {
-    let Dropout { p, seed, placement } = *dropout;
-    if !(0.0..1.0).contains(&p) {
-        return Err(TensorError::Block {
-            block: "dropout".into(),
-            message: format!("probability {p} is not in [0, 1)"),
-        });
-    }
-    let (axis, offset, total) = match placement {
-        Some(pl) => (pl.axis, pl.offset, pl.total),
-        None => (0, 0, dims.first().copied().unwrap_or(1)),
-    };
-    let len = dims.get(axis).copied().unwrap_or(1);
-    if axis >= dims.len().max(1) || offset + len > total {
-        return Err(TensorError::Block {
-            block: "dropout".into(),
-            message: format!(
-                "a slice {offset}..{} of {total} along dimension {axis} of {dims:?}",
-                offset + len
-            ),
-        });
-    }
-    let inner: usize = dims.iter().skip(axis + 1).product();
+    let Place {
+        inner,
+        len,
+        total,
+        offset,
+    } = place(dims, dropout)?;
+    let (p, seed) = (dropout.p, derive_seed(dropout.seed, dropout.step));
     let n: usize = dims.iter().product();
     let scale = (1.0 / (1.0 - p)) as f32;
     let mut mask = vec![0f32; n];
@@ -101,16 +150,22 @@ pub fn keep_mask(dims: &[usize], dropout: &Dropout) -> Result<Vec<f32>> {
 }
 
 /// `x` with its elements dropped as `dropout` says and the kept ones scaled by `1 / (1 − p)`
-/// (inverted dropout); differentiable (the gradient is the same mask).
+/// (inverted dropout, the product in f32 for 16-bit values, rounded once); differentiable (the
+/// gradient is the same dropout).
 pub fn dropout(x: &Tensor, dropout: &Dropout) -> Result<Tensor> {
     if dropout.p == 0.0 {
         return Ok(x.clone());
     }
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && super::dropout_cuda::has_kernel(x.dtype()) {
+        return Ok(super::dropout_cuda::apply(x, dropout)?);
+    }
     let mask = keep_mask(x.dims(), dropout)?;
-    let mask = Tensor::from_vec(mask, x.shape(), &Device::Cpu)?
-        .to_dtype(x.dtype())?
-        .to_device(x.device())?;
-    Ok(x.mul(&mask)?)
+    let mask = Tensor::from_vec(mask, x.shape(), &Device::Cpu)?.to_device(x.device())?;
+    Ok(match x.dtype() {
+        DType::BF16 | DType::F16 => x.to_dtype(DType::F32)?.mul(&mask)?.to_dtype(x.dtype())?,
+        other => x.mul(&mask.to_dtype(other)?)?,
+    })
 }
 
 #[cfg(test)]
@@ -121,6 +176,7 @@ mod tests {
         Dropout {
             p,
             seed,
+            step: 5,
             placement: None,
         }
     }
@@ -139,6 +195,11 @@ mod tests {
             .all(|&v| v == 0.0 || (v - 4.0 / 3.0).abs() < 1e-6));
         assert_eq!(mask, keep_mask(&dims, &whole(0.25, 7)).unwrap());
         assert_ne!(mask, keep_mask(&dims, &whole(0.25, 8)).unwrap());
+        let next_step = Dropout {
+            step: 6,
+            ..whole(0.25, 7)
+        };
+        assert_ne!(mask, keep_mask(&dims, &next_step).unwrap());
     }
 
     /// A slice's mask (heads 2..4 of 6 along dimension 1) is exactly that slice of the whole
@@ -153,6 +214,7 @@ mod tests {
             &Dropout {
                 p: 0.5,
                 seed: 3,
+                step: 5,
                 placement: Some(Placement {
                     axis: 1,
                     offset: 2,
@@ -179,6 +241,7 @@ mod tests {
         let outside = Dropout {
             p: 0.1,
             seed: 0,
+            step: 0,
             placement: Some(Placement {
                 axis: 0,
                 offset: 3,

@@ -107,6 +107,8 @@ mod determinism;
 #[cfg(feature = "cudnn")]
 mod device_timing;
 pub mod dropout;
+#[cfg(feature = "cuda")]
+mod dropout_cuda;
 mod embedding;
 #[cfg(feature = "cuda")]
 mod embedding_cuda;
@@ -176,8 +178,8 @@ pub use attention::{
     causal_attention_saving, has_cuda_attention,
 };
 pub use attention_dropout::{
-    fused_attention_dropout, packed_attention_with_dropout, set_dropout_step,
-    set_fused_attention_dropout,
+    fused_attention_dropout, packed_attention_with_dropout, packed_causal_attention_with_dropout,
+    packed_causal_attention_with_dropout_backward, set_fused_attention_dropout, DroppedAttention,
 };
 pub use batch_norm::{
     batch_norm_relu_train, batch_norm_train, batch_norm_train_backward, batch_norm_train_forward,
@@ -205,6 +207,7 @@ pub use cudnn_search::{
     ALGO_VAR as CUDNN_ALGO_VAR, LOG_VAR as CUDNN_LOG_VAR, WORKSPACE_VAR as CUDNN_WORKSPACE_VAR,
 };
 pub use determinism::{deterministic, set_deterministic};
+pub use dropout::set_dropout_step;
 pub use embedding::{embed_tokens, embed_tokens_backward, lookup_backward};
 pub use gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_derivative};
 pub use layer_norm::{layer_norm, layer_norm_backward, layer_norm_reference};
