@@ -28,6 +28,8 @@ mod fused_attention;
 mod gpt;
 mod half;
 mod llama;
+#[cfg(feature = "cuda")]
+mod model_state_memory;
 mod multi_gpu;
 mod offload_gpt;
 mod optimizers;
@@ -575,6 +577,15 @@ pub fn run(args: &GpuCheckArgs) -> Result<()> {
         // AdamW in f32 on the CPU against the GPU's kernel: the same formula, rounded in
         // another order (about 1e-7 relative a step, passed on by the normalised update).
         tolerance: 1e-4,
+    });
+    #[cfg(feature = "cuda")]
+    checks.push(Check {
+        name: "GPT bf16-mixed AdamW: device memory held between steps − the counted model states"
+            .into(),
+        error: model_state_memory::untracked_share(&gpu)?,
+        // cuBLAS's and cuDNN's workspaces and a few scalars beside 18 bytes a parameter; a
+        // forgotten copy of the parameters in f32 would add 4 of the 18 (0.22).
+        tolerance: 0.1,
     });
     if multi_gpu::has_two_gpus() {
         multi_gpu::run(&mut checks)?;

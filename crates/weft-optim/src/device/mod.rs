@@ -487,7 +487,9 @@ fn master_weights(
         if start >= end {
             continue;
         }
-        let param = store.entries()[slot.entry].tensor();
+        // Detached: a copy made from the variable would keep its parts alive through Candle's
+        // graph (the concatenation's inputs, Ψ × 4 bytes more for as long as the copy lives).
+        let param = store.entries()[slot.entry].tensor().detach();
         if !is_mixed(param.dtype(), grads.dtype()) {
             return Ok(None);
         }
