@@ -20,8 +20,9 @@ use weft_parallel::zero::ShardLayout;
 use weft_parallel::Trainer;
 use weft_tensor::EntryId;
 
-use crate::gpt_parallel::{GptMesh, Split};
+use crate::gpt_parallel::GptMesh;
 use crate::run_dir::write_atomically;
+use crate::tp_split::Split;
 
 const FORMAT: &str = "weft-tensor-parallel-v1";
 const MANIFEST: &str = "tensor-parallel.json";

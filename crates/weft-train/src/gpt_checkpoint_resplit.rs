@@ -19,8 +19,8 @@ use weft_tensor::EntryId;
 
 use crate::distributed::RankContext;
 use crate::gpt_checkpoint::{join_slices, rank_dir, written_tp_size};
-use crate::gpt_parallel::{slice_of, Split};
 use crate::run_checkpoints::Stage;
+use crate::tp_split::{slice_of, Split};
 
 /// A rank's tensor-parallel slices: how its entries are split, its rank in the group and the
 /// group's size.

@@ -17,11 +17,12 @@ use weft_tensor::{BlockModel, Objective, TensorError};
 use crate::distributed::RankContext;
 use crate::fit::{FitSummary, Stepper};
 use crate::gpt_args::GptArgs;
-use crate::gpt_parallel::{gather_full_state, slice_of, GptMesh, TensorParallelLayers};
+use crate::gpt_parallel::{GptMesh, TensorParallelLayers};
 use crate::gpt_pipeline::gather_stages;
 use crate::language_model::LanguageModel;
 use crate::resume;
 use crate::run_dir::RunFolder;
+use crate::tp_split::{gather_full_state, slice_of};
 
 /// This rank's model: the blocks `blocks` of its stage, split for tensor parallelism; under
 /// ZeRO-3 over several replicas only its shard of the parameters is built (counted in a first

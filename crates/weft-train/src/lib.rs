@@ -39,6 +39,7 @@ pub mod run_dir;
 pub mod step_engine;
 mod step_report;
 pub mod tasks;
+pub mod tp_split;
 pub mod traces;
 
 pub use args::TrainArgs;

@@ -10,7 +10,8 @@ use weft_models::llama::{Cut, LlamaConfig, LlamaSplit};
 use weft_parallel::tensor::{copy_to_region, reduce_from_region};
 use weft_tensor::Scope;
 
-use crate::gpt_parallel::{tensor_error, Split, TensorParallelLayers};
+use crate::gpt_parallel::{tensor_error, TensorParallelLayers};
+use crate::tp_split::Split;
 
 /// Refuses, in one line naming `--tp`, a degree that does not divide the heads, the key/value
 /// heads (they are not replicated over ranks), the MLP features or the vocabulary.

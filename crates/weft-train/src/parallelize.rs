@@ -14,7 +14,7 @@ use weft_parallel::zero::{zero_stage1, zero_stage2, zero_stage3_from_shard};
 use weft_parallel::{DdpConfig, DistributedDataParallel, SingleProcess, Strategy, Trainer};
 use weft_tensor::{EntryId, Timeline};
 
-use crate::gpt_parallel::Split;
+use crate::tp_split::Split;
 
 /// How a ResNet is parallelised.
 #[derive(Debug, Clone, Default)]

@@ -21,9 +21,10 @@ use crate::checkpoint_write::{self, Part};
 use crate::distributed::RankContext;
 use crate::gpt_checkpoint::{self, load_tensor_parallel, prepare_tensor_parallel};
 use crate::gpt_checkpoint_resplit::{load_resplit, written_split, Holding, Slices};
-use crate::gpt_parallel::{GptMesh, Split};
+use crate::gpt_parallel::GptMesh;
 use crate::run_checkpoints::{self, CheckpointFlags, Progress, Stage};
 use crate::run_dir::RunFolder;
+use crate::tp_split::Split;
 
 /// How a trainer's state is cut over the job's ranks.
 pub enum Layout<'a> {

@@ -16,8 +16,9 @@ use weft_parallel::Trainer;
 use weft_tensor::Checkpointing;
 use weft_testing::on_thread_ranks;
 use weft_train::gpt_checkpoint::{export_full_model, load_tensor_parallel, save_tensor_parallel};
-use weft_train::gpt_parallel::{gather_full_state, GptMesh, TensorParallelLayers};
+use weft_train::gpt_parallel::{GptMesh, TensorParallelLayers};
 use weft_train::parallelize::{self, GptParallelism};
+use weft_train::tp_split::gather_full_state;
 
 fn config(seed: u64) -> GptConfig {
     let mut config = GptConfig::from_name("gpt-tiny").unwrap().with_seed(seed);

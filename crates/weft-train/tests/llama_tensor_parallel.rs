@@ -12,7 +12,8 @@ use weft_models::loss::NextToken;
 use weft_parallel::tensor::{TensorParallelGroup, VocabParallelNextToken};
 use weft_tensor::{tape, Checkpointing, EntryKind, Mode, Objective, ParamStore};
 use weft_testing::on_thread_ranks;
-use weft_train::gpt_parallel::{gather_full_state, TensorParallelLayers};
+use weft_train::gpt_parallel::TensorParallelLayers;
+use weft_train::tp_split::gather_full_state;
 
 mod support;
 use support::{llama_tiny as flags, losses_and_export, max_diff, run, tape_gradients, values};
