@@ -13,7 +13,7 @@ use weft_models::loss::NextToken;
 use weft_tensor::ops::dropout::{self, Dropout, Placement};
 use weft_tensor::{ops, tape, Checkpointing, Mode, Objective};
 
-use super::train_loop::{graph_launches, step_losses};
+use super::train_loop::{graph_launches, step_losses, tiny_gpt_run};
 use super::Check;
 
 /// The rows.
@@ -191,17 +191,10 @@ fn replayed_against_eager() -> Result<f64> {
 /// One `--deterministic` bf16 run of 8 steps into `out`; its folder.
 fn train(out: &Path, p: f64, cuda_graph: bool) -> Result<PathBuf> {
     let name = format!("dropout-{p}-graph-{cuda_graph}");
-    let mut args = weft_train::GptArgs::default();
-    args.training.device = "cuda".into();
-    (args.training.batch_size, args.training.steps) = (8, Some(8));
-    args.training.deterministic = true;
-    args.data.seq_len = Some(64);
-    (args.data.synthetic_tokens, args.data.val_tokens) = (65536, 1024);
-    args.precision.precision = weft_train::flags::Precision::Bf16Mixed;
-    args.model.dropout = p;
-    args.parallel.cuda_graph = cuda_graph;
-    args.log.quiet = true;
-    (args.log.out, args.log.name) = (out.to_path_buf(), Some(name.clone()));
-    weft_train::gpt::run(&args)?;
-    Ok(out.join(name))
+    tiny_gpt_run(out, &name, 8, |args| {
+        args.training.deterministic = true;
+        args.precision.precision = weft_train::flags::Precision::Bf16Mixed;
+        args.model.dropout = p;
+        args.parallel.cuda_graph = cuda_graph;
+    })
 }

@@ -4,10 +4,12 @@
 //! parameters are rounded from the same fp32 masters), and with DeepSpeed's delayed update
 //! (one step stale from step 3 on: the same losses up to that step, other ones after).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use weft_train::flags::Precision;
+
+use super::train_loop::{step_losses, tiny_gpt_run};
 
 const STEPS: usize = 6;
 
@@ -20,8 +22,8 @@ pub(super) fn compare_offloaded_gpt() -> Result<f64> {
         let mut worst = 0f64;
         let mut fp32_on_gpu = Vec::new();
         for precision in [Precision::Fp32, Precision::Bf16Mixed] {
-            let on_gpu = losses(&train(&out, precision, (false, None))?)?;
-            let offloaded = losses(&train(&out, precision, (true, None))?)?;
+            let on_gpu = train(&out, precision, (false, None))?;
+            let offloaded = train(&out, precision, (true, None))?;
             if on_gpu.len() != STEPS || offloaded.len() != STEPS {
                 return Ok(f64::INFINITY);
             }
@@ -31,7 +33,7 @@ pub(super) fn compare_offloaded_gpt() -> Result<f64> {
             }
         }
         let on_gpu = fp32_on_gpu;
-        let delayed = losses(&train(&out, Precision::Fp32, (true, Some(3)))?)?;
+        let delayed = train(&out, Precision::Fp32, (true, Some(3)))?;
         println!("train-gpt delayed update from step 3: losses {delayed:?} against {on_gpu:?}");
         if delayed.len() != STEPS {
             return Ok(f64::INFINITY);
@@ -56,37 +58,20 @@ fn largest_difference(a: &[f64], b: &[f64]) -> f64 {
         .fold(0f64, f64::max)
 }
 
-/// One run into `out`, built from values; its folder.
+/// One run of [`STEPS`] steps into `out`; its losses.
 fn train(
     out: &Path,
     precision: Precision,
     (offload, delayed_from): (bool, Option<u64>),
-) -> Result<PathBuf> {
+) -> Result<Vec<f64>> {
     let name = format!("{precision:?}-offload-{offload}-delayed-{delayed_from:?}");
-    let mut args = weft_train::GptArgs::default();
-    args.training.device = "cuda".into();
-    args.training.batch_size = 8;
-    args.training.steps = Some(STEPS);
-    args.data.seq_len = Some(64);
-    args.data.synthetic_tokens = 65536;
-    args.data.val_tokens = 1024;
-    args.precision.precision = precision;
-    args.parallel.offload_optimizer = offload;
-    args.parallel.delayed_update_from = delayed_from;
-    args.log.quiet = true;
-    (args.log.out, args.log.name) = (out.to_path_buf(), Some(name.clone()));
-    weft_train::gpt::run(&args)?;
-    Ok(out.join(name))
-}
-
-/// Each step line's loss, in order.
-fn losses(run: &Path) -> Result<Vec<f64>> {
-    let path = run.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
-    Ok(text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|l| l["type"] == "step")
-        .filter_map(|l| l["loss"].as_f64())
+    let run = tiny_gpt_run(out, &name, STEPS, |args| {
+        args.precision.precision = precision;
+        args.parallel.offload_optimizer = offload;
+        args.parallel.delayed_update_from = delayed_from;
+    })?;
+    Ok(step_losses(&run)?
+        .into_iter()
+        .map(|(_, loss)| loss)
         .collect())
 }

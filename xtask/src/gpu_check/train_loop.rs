@@ -77,6 +77,26 @@ fn train(out: &Path, (launch_ahead, cuda_graph): (bool, bool)) -> Result<PathBuf
     Ok(out.join(name))
 }
 
+/// `train-gpt` on `gpt-tiny` on the GPU into `out/name`, built from values: 8 sequences of 64
+/// synthetic tokens a step for `steps` steps, quiet, then as `configure` sets it; its folder.
+pub(super) fn tiny_gpt_run(
+    out: &Path,
+    name: &str,
+    steps: usize,
+    configure: impl FnOnce(&mut weft_train::GptArgs),
+) -> Result<PathBuf> {
+    let mut args = weft_train::GptArgs::default();
+    args.training.device = "cuda".into();
+    (args.training.batch_size, args.training.steps) = (8, Some(steps));
+    args.data.seq_len = Some(64);
+    (args.data.synthetic_tokens, args.data.val_tokens) = (65536, 1024);
+    args.log.quiet = true;
+    (args.log.out, args.log.name) = (out.to_path_buf(), Some(name.into()));
+    configure(&mut args);
+    weft_train::gpt::run(&args)?;
+    Ok(out.join(name))
+}
+
 /// Each step line's step and loss, as logged.
 pub(super) fn step_losses(run: &Path) -> Result<Vec<(usize, f64)>> {
     let text = std::fs::read_to_string(run.join("metrics.jsonl"))?;
