@@ -1,5 +1,7 @@
 # The helpers of the multi-GPU scripts (run-multi-gpt.sh, run-multi-llama.sh), sourced after
-# they set OUT, RUNS, X (the xtask binary) and ANCHOR (the PyTorch anchor script).
+# they set OUT, RUNS, X (the xtask binary) and ANCHOR (the PyTorch anchor script). Each run
+# is stopped after RUN_TIMEOUT seconds (150); weft runs on --device WEFT_DEVICE (cuda: a GPU per
+# rank).
 
 # measured NAME COMMAND...: runs the command while sampling each GPU's memory, then prints the
 # peak per GPU
@@ -48,12 +50,12 @@ PY
 weft() { # weft NAME FLAGS...
   local name=$1; shift
   rm -rf "${RUNS:?}/$name"  # train-gpt refuses a run folder that exists
-  measured "$name" timeout 150 "$X" train-gpt --device cuda --out "$RUNS" --name "$name" "$@"
+  measured "$name" timeout "${RUN_TIMEOUT:-150}" "$X" train-gpt --device "${WEFT_DEVICE:-cuda}" --out "$RUNS" --name "$name" "$@"
   weft_summary "$name"
 }
 
 torch_anchor() { # torch_anchor NAME FLAGS...
   local name=$1; shift
-  measured "$name" timeout 150 python3 "$ANCHOR" "$@"
+  measured "$name" timeout "${RUN_TIMEOUT:-150}" python3 "$ANCHOR" "$@"
   grep '^{' "$OUT/smi/$name.log" >> "$OUT/anchors.jsonl"
 }

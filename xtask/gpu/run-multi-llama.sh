@@ -10,9 +10,13 @@
 #          checkpointing, and memory-plan's per-rank prediction
 #   tpdp   (four GPUs) llama-3.2-1b, TP 2 x DP 2, TPDP_BATCH (16) x 2048 tokens a step: weft
 #          with ZeRO-1 and ZeRO-3 over the replicas against PyTorch's TP + FSDP2
-#   smoke  (one GPU) the same commands at world 1 (PHI3_LAYERS layers of Phi-3, default 8;
-#          smollm-135m's shape for the 2-D layout): the scripts and anchors work, and weft's
-#          device peak against memory-plan's
+#   shared (one GPU) the phi3 row's weft run at world 2 with both ranks on the one GPU
+#          (WEFT_BACKEND=shm: every collective through host memory, so its speed means
+#          nothing): each rank's device memory (nvidia-smi's per-process peak) against
+#          memory-plan's per-rank prediction
+#   smoke  (one GPU) the same commands at world 1 (PHI3_LAYERS layers of Phi-3, default 8,
+#          32 the whole Phi-3-mini with RUN_TIMEOUT=400; smollm-135m's shape for the 2-D
+#          layout): the scripts and anchors work, and weft's device peak against memory-plan's
 set -uo pipefail
 B=${WEFT_BUNDLE:-.gpu}
 source "$B/env.sh"
@@ -58,6 +62,26 @@ if want tpdp; then
   done
   torch_anchor torch-tp2-fsdp2 --model llama-3.2-1b --mode tp-fsdp2 --world 4 --tp 2 --batch-size "$B_TPDP" \
     --seq-len 2048 --steps 8 --warmup 3
+fi
+
+if want shared; then
+  echo "== Phi-3-mini, ZeRO-3 + activation checkpointing, 2 x 4096 tokens per rank, two ranks on one GPU"
+  plan shared-zero3 --model phi-3-mini --seq-len 4096 --world 2 --zero 3 --batch-size 2 --checkpoint-activations
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 100 > "$OUT/smi/shared-apps.csv" &
+  apps=$!
+  WEFT_BACKEND=shm WEFT_DEVICE=cuda:0 RUN_TIMEOUT=${RUN_TIMEOUT:-400} weft shared-zero3 --model phi-3-mini --seq-len 4096 \
+    --precision bf16-mixed --checkpoint-activations --steps "${SHARED_STEPS:-4}" --nproc 2 --zero 3 --batch-size 4 \
+    --synthetic-tokens 262144 --val-tokens 8193
+  kill $apps; wait $apps 2>/dev/null
+  python3 - "$OUT/smi/shared-apps.csv" <<'PY'
+import collections, sys
+peak = collections.defaultdict(int)
+for line in open(sys.argv[1]):
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) == 2 and parts[1].isdigit():
+        peak[parts[0]] = max(peak[parts[0]], int(parts[1]))
+print("shared-zero3: device peak MiB per process (nvidia-smi)", dict(peak))
+PY
 fi
 
 if want smoke; then

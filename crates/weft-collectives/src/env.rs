@@ -8,7 +8,8 @@
 //! torchrun's or Slurm's ids when unset: [`JOB_TOKEN_VAR`]), `WEFT_STORE_PORT` (default
 //! `MASTER_PORT`, or `MASTER_PORT + 1` under torchrun), `WEFT_JOB_ID` (defaults to
 //! `SLURM_JOB_ID` or `port<store port>`), `WEFT_TIMEOUT`, `WEFT_STORE_BIND_ADDR` (where rank 0's
-//! store listens; default `127.0.0.1`). NCCL only: `WEFT_NCCL_HIGH_PRIORITY=1` (the
+//! store listens; default `127.0.0.1`), `WEFT_BACKEND` (`nccl` or `shm`: [`BACKEND_VAR`]). NCCL
+//! only: `WEFT_NCCL_HIGH_PRIORITY=1` (the
 //! communication stream at the device's highest priority, PyTorch's `TORCH_NCCL_HIGH_PRIORITY`);
 //! NCCL's own `NCCL_GRAPH_MIXING_SUPPORT`, read to know whether NCCL mixes graph-captured and
 //! eager operations (`weft-run` sets it to `0`: [`NCCL_GRAPH_MIXING_VAR`]).
@@ -27,6 +28,32 @@ pub const JOB_ID_VAR: &str = "WEFT_JOB_ID";
 pub const STORE_BIND_VAR: &str = "WEFT_STORE_BIND_ADDR";
 /// Variable asking for NCCL's communication stream at the highest priority.
 pub const NCCL_HIGH_PRIORITY_VAR: &str = "WEFT_NCCL_HIGH_PRIORITY";
+
+/// Variable choosing the communication backend: `nccl` (the default for a model on a GPU) or
+/// `shm` (the default on the CPU; for a model on a GPU it moves every collective through host
+/// memory, as PyTorch's gloo does with CUDA tensors: several ranks can then share one GPU).
+pub const BACKEND_VAR: &str = "WEFT_BACKEND";
+
+/// A communication backend `WEFT_BACKEND` can ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Nccl,
+    Shm,
+}
+
+/// The backend `WEFT_BACKEND` (read through `lookup`) asks for: `None` when unset (the device
+/// decides), an error naming the variable for anything but `nccl` or `shm`.
+pub fn requested_backend(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Backend>> {
+    match lookup(BACKEND_VAR).as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some("nccl") => Ok(Some(Backend::Nccl)),
+        Some("shm") => Ok(Some(Backend::Shm)),
+        Some(other) => Err(CommError::Env {
+            var: BACKEND_VAR,
+            reason: format!("{other:?} is not nccl or shm"),
+        }),
+    }
+}
 
 /// NCCL's variable for its support of graph-captured and eager operations outstanding
 /// together on one communicator: `0` turns it off, which `weft-run` does for its ranks unless

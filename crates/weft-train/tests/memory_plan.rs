@@ -96,10 +96,11 @@ fn a_100b_model_on_64_gpus_follows_the_zero_paper() {
     assert!(table.contains("stage 2: 2Ψ + 14Ψ/N"), "{table}");
     assert!(table.contains("4·largest layer + 18Ψ/N"), "{table}");
     // Beyond the model states, stage 3 holds two blocks gathered (the largest: the token
-    // table, 51200 × 8192 in fp16) and the buckets being reduced.
+    // table, 51200 × 8192 in fp16) and the buckets being reduced: the table's gradients are a
+    // bucket of their own, larger than DDP's 25 MiB.
     let plan = memory_plan::plan(&model, &paper(3)).unwrap();
     assert_eq!(plan.bytes("gathered_parameters"), 2 * 51200 * 8192 * 2);
-    assert_eq!(plan.bytes("communication_buffers"), 3 * (25 << 20));
+    assert_eq!(plan.bytes("communication_buffers"), 3 * 51200 * 8192 * 2);
 }
 
 #[test]
@@ -271,4 +272,16 @@ fn llama_shapes_count_their_parameters_and_saved_tensors() {
         planned(Recompute::Attention) + token_ids,
         kept_selectively + attention
     );
+}
+
+#[test]
+fn a_parameter_larger_than_a_bucket_is_a_bucket_of_its_own() {
+    // Phi-3-mini's token table (32064 × 3072) has 376 MiB of fp32 gradients: each of the three
+    // buckets staged at once may be that large, not DDP's 25 MiB.
+    let plan = memory_plan::plan(&phi3_mini(), &settings("bf16-mixed", 2, 3)).unwrap();
+    assert_eq!(plan.bytes("communication_buffers"), 3 * 32064 * 3072 * 4);
+    // A model whose parameters are all smaller stages buckets of 25 MiB.
+    let small = ModelShape::transformer(None, (12, 768, 12), (1024, 1000)).unwrap();
+    let plan = memory_plan::plan(&small, &settings("bf16-mixed", 2, 2)).unwrap();
+    assert_eq!(plan.bytes("communication_buffers"), 3 * (25 << 20));
 }

@@ -69,7 +69,8 @@ struct Check {
 #[derive(Debug, clap::Args)]
 pub struct GpuCheckArgs {
     /// Run one section's rows alone: attention (cuDNN's fused attention, without and with
-    /// dropout of the weights) or dropout (the device's masks, the GPT replayed with dropout)
+    /// dropout of the weights), dropout (the device's masks, the GPT replayed with dropout) or
+    /// memory (what a bf16 step holds between steps against its counted model states)
     #[arg(long)]
     only: Option<String>,
 }
@@ -579,14 +580,7 @@ pub fn run(args: &GpuCheckArgs) -> Result<()> {
         tolerance: 1e-4,
     });
     #[cfg(feature = "cuda")]
-    checks.push(Check {
-        name: "GPT bf16-mixed AdamW: device memory held between steps − the counted model states"
-            .into(),
-        error: model_state_memory::untracked_share(&gpu)?,
-        // cuBLAS's and cuDNN's workspaces and a few scalars beside 18 bytes a parameter; a
-        // forgotten copy of the parameters in f32 would add 4 of the 18 (0.22).
-        tolerance: 0.1,
-    });
+    checks.push(model_state_memory_row(&gpu)?);
     if multi_gpu::has_two_gpus() {
         multi_gpu::run(&mut checks)?;
     } else {
@@ -594,6 +588,19 @@ pub fn run(args: &GpuCheckArgs) -> Result<()> {
     }
 
     report(&checks)
+}
+
+/// The memory a bf16-mixed step holds between steps against the model states it counts.
+#[cfg(feature = "cuda")]
+fn model_state_memory_row(gpu: &Device) -> Result<Check> {
+    Ok(Check {
+        name: "GPT bf16-mixed AdamW: device memory held between steps − the counted model states"
+            .into(),
+        error: model_state_memory::untracked_share(gpu)?,
+        // cuBLAS's and cuDNN's workspaces and a few scalars beside 18 bytes a parameter; a
+        // forgotten copy of the parameters in f32 would add 4 of the 18 (0.22).
+        tolerance: 0.1,
+    })
 }
 
 /// The rows of one section alone (`--only`).
@@ -611,9 +618,11 @@ fn section_rows(section: &str, gpu: &Device) -> Result<Vec<Check>> {
             dropout::run(gpu, &mut checks)?;
             Ok(checks)
         }
-        other => {
-            bail!("gpu-check --only {other}: expected attention (in a cuDNN build) or dropout")
-        }
+        #[cfg(feature = "cuda")]
+        "memory" => Ok(vec![model_state_memory_row(gpu)?]),
+        other => bail!(
+            "gpu-check --only {other}: expected attention (in a cuDNN build), dropout or memory"
+        ),
     }
 }
 

@@ -219,3 +219,21 @@ fn nccl_graph_mixing_is_on_unless_zero_and_a_bad_value_named() {
         "{err}"
     );
 }
+
+#[test]
+fn the_backend_is_read_and_a_bad_value_named() {
+    let read = |value: Option<&str>| {
+        let pairs: Vec<(&str, &str)> = value.map(|v| vec![(BACKEND_VAR, v)]).unwrap_or_default();
+        requested_backend(lookup(&pairs))
+    };
+    assert_eq!(read(None).unwrap(), None);
+    assert_eq!(read(Some("")).unwrap(), None);
+    assert_eq!(read(Some("nccl")).unwrap(), Some(Backend::Nccl));
+    assert_eq!(read(Some(" shm ")).unwrap(), Some(Backend::Shm));
+    let err = read(Some("gloo")).unwrap_err();
+    assert!(
+        matches!(&err, CommError::Env { var, .. } if *var == BACKEND_VAR),
+        "{err}"
+    );
+    assert!(err.to_string().contains("gloo"), "{err}");
+}

@@ -11,6 +11,7 @@ mod host;
 mod work;
 
 use candle_core::{DType as CandleDType, Device, Shape, Tensor};
+use weft_collectives::env::{requested_backend, Backend, BACKEND_VAR};
 use weft_collectives::{
     Buffer, CommError, Communicator, DeviceBuffer, DeviceCollectives, DeviceJoin, LaunchEnv,
     ReduceOp, Work,
@@ -28,10 +29,17 @@ pub use work::TensorWork;
 
 /// Builds the communicator for a process whose model lives on `device`: NCCL for a CUDA
 /// device (this rank's GPU, usually `cuda:LOCAL_RANK`; operations are ordered after its
-/// stream's work), shm otherwise.
+/// stream's work), shm otherwise — or what `WEFT_BACKEND` asks for (`shm` on a GPU: every
+/// collective through host memory; `nccl` needs the model on a GPU).
 pub fn init_for_device(device: &Device) -> Result<Box<dyn Communicator>> {
     let env = LaunchEnv::from_env()?;
-    if !device.is_cuda() {
+    let requested = requested_backend(|name| std::env::var(name).ok())?;
+    if !device.is_cuda() && requested == Some(Backend::Nccl) {
+        return Err(ParallelError::Config(format!(
+            "{BACKEND_VAR}=nccl: the model is on {device:?}; NCCL needs it on a GPU"
+        )));
+    }
+    if !device.is_cuda() || requested == Some(Backend::Shm) {
         return Ok(Box::new(weft_collectives::init_shm(&env)?));
     }
     #[cfg(feature = "nccl")]

@@ -115,10 +115,15 @@ pub(super) fn rows(settings: &PlanSettings, psi: u64) -> Vec<Row> {
 }
 
 /// What stages 2 and 3 hold for a moment beyond the model states: the gradient buckets being
-/// staged and reduced (at most [`IN_FLIGHT`] in flight and one filling, of DDP's default
-/// 25 MiB), and under stage 3 the parameters of the running block and of the next one, being
-/// gathered (`largest`: the largest block's parameters).
+/// staged and reduced (at most [`IN_FLIGHT`] in flight and one filling, each of DDP's default
+/// 25 MiB or of the one parameter it holds when that is larger: Phi-3-mini's token table takes
+/// 376 MiB of fp32 gradients), and under stage 3 the parameters of the running block and of
+/// the next one, being gathered (`largest`: the largest layer's parameters). None for one
+/// replica: the trainers run no ZeRO there (one process's strategy whatever `--zero` says).
 pub(super) fn sharding_rows(settings: &PlanSettings, psi: u64, largest: u64) -> Vec<Row> {
+    if settings.world == 1 {
+        return Vec::new();
+    }
     let dtypes = StateDtypes::of(settings);
     let model_parallel = (settings.tp * settings.pp) as u64;
     let (g, _) = width(dtypes.grad);
@@ -126,11 +131,15 @@ pub(super) fn sharding_rows(settings: &PlanSettings, psi: u64, largest: u64) -> 
     let buckets = IN_FLIGHT as u64 + 1;
     let mut rows = Vec::new();
     if settings.zero >= 2 {
-        let staged = (buckets * BUCKET_BYTES).min(psi.div_ceil(model_parallel) * g);
+        let bucket = BUCKET_BYTES.max(largest.div_ceil(model_parallel) * g);
+        let staged = (buckets * bucket).min(psi.div_ceil(model_parallel) * g);
         rows.push(Row::new(
             "communication_buffers",
             staged,
-            format!("gradient buckets staged: {buckets} of 25 MiB at most, Ψ·{g} B at most"),
+            format!(
+                "gradient buckets staged: {buckets} of max(25 MiB, largest layer·{g} B) at most, \
+                 Ψ·{g} B at most"
+            ),
         ));
     }
     if settings.zero >= 3 {
