@@ -2,14 +2,16 @@
 //! Each op's forward output and input/parameter gradients on the GPU are compared with the same
 //! computation on the CPU (fresh random inputs, f32, relative error to the largest value): the
 //! convolutions, weft's kernels (batch norm, ReLU, max-pool; in f32, and in bf16 and f16 in
-//! [`half`]) and the Candle ops that other dtypes fall back to. Then ResNet-50 is compared in f64: whole-graph gradients (Candle's
-//! autograd), the block-wise trainer's gradients (the blocks' own backward) and parameters
-//! after one SGD step, and the losses of three steps. (In f32 a ResNet-50 at batch 4
-//! is too ill-conditioned to compare: BatchNorm over 16 values per channel in the last stage
-//! makes even the CPU's f32 and f64 gradients differ by 28 %.) Run it on a GPU machine whenever
-//! GPU code changes and record the table in `docs/gpu-checks.md`. The comparisons live in
-//! [`single_ops`] (single operations), [`resnet`] (ResNet-50 end to end) and [`gpt`] (a small
-//! GPT end to end).
+//! [`half`]) and the Candle ops that other dtypes fall back to. Then ResNet-50 is compared in
+//! f64: whole-graph gradients (Candle's autograd), the block-wise trainer's gradients (the
+//! blocks' own backward) and parameters after one SGD step, and the losses of three steps. (In
+//! f32 a ResNet-50 at batch 4 is too ill-conditioned to compare: BatchNorm over 16 values per
+//! channel in the last stage makes even the CPU's f32 and f64 gradients differ by 28 %.) Run it
+//! on a GPU machine whenever GPU code changes and record the table in `docs/gpu-checks.md`.
+//! The rows are pushed by [`op_rows`] (single operations), [`buffer_rows`] (data movement and
+//! statistics), the sections' own modules ([`half`], [`llama`], [`dropout`], …),
+//! [`optimizers`] and [`end_to_end`] (ResNet-50 and a small GPT trained); the comparisons they
+//! run live in [`single_ops`], [`resnet`], [`gpt`] and beside their rows.
 
 #[cfg(feature = "cudnn")]
 mod attention_dropout;
@@ -17,12 +19,14 @@ mod attention_dropout;
 mod attention_dropout_graph;
 #[cfg(feature = "cudnn")]
 mod attention_dropout_stats;
+mod buffer_rows;
 mod channels_last;
 #[cfg(feature = "cudnn")]
 mod conv_stats;
 pub mod ddp;
 mod dropout;
 mod embedding;
+mod end_to_end;
 #[cfg(feature = "cudnn")]
 mod fused_attention;
 mod gpt;
@@ -32,6 +36,7 @@ mod llama;
 mod model_state_memory;
 mod multi_gpu;
 mod offload_gpt;
+mod op_rows;
 mod optimizers;
 mod pool_special;
 mod resnet;
@@ -43,20 +48,9 @@ mod transposes;
 mod zero;
 
 use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::Device;
+#[cfg(feature = "cudnn")]
 use weft_tensor::ops;
-
-use self::resnet::{
-    compare_f32_losses, compare_graph_launched_ahead, compare_graph_replay, compare_training,
-    compare_whole_graph,
-};
-use self::single_ops::{
-    compare_blend, compare_conv_backward_add, compare_graph_free_batch_norm, compare_multi_tensor,
-    compare_op, compare_unscale, compare_update_running,
-};
-
-/// A convolution to check: name, input shape, weight shape, stride, padding.
-type ConvCase = (&'static str, [usize; 4], [usize; 4], usize, usize);
 
 /// One row of the table.
 struct Check {
@@ -94,261 +88,8 @@ pub fn run(args: &GpuCheckArgs) -> Result<()> {
         }
     );
     let mut checks = Vec::new();
-    // (name, kernel, stride, padding): every convolution shape of a torchvision ResNet.
-    let convs = [
-        ("conv2d 3x3 stride 1", 3, 1, 1),
-        ("conv2d 3x3 stride 2", 3, 2, 1),
-        ("conv2d 1x1 stride 1", 1, 1, 0),
-        ("conv2d 1x1 stride 2", 1, 2, 0),
-        ("conv2d 7x7 stride 2 pad 3", 7, 2, 3),
-    ];
-    for (name, k, stride, pad) in convs {
-        let error = compare_op(&gpu, &[&[4, 8, 16, 16], &[16, 8, k, k]], |t| {
-            ops::conv2d(&t[0], &t[1], stride, pad)
-        })?;
-        checks.push(Check {
-            name: name.into(),
-            error,
-            tolerance: 1e-3,
-        });
-    }
-    // ResNet-50's own sizes at 64x64 input, batch 4.
-    let big_convs: [ConvCase; 3] = [
-        (
-            "conv2d stem 7x7/2 @64 (3->64)",
-            [4, 3, 64, 64],
-            [64, 3, 7, 7],
-            2,
-            3,
-        ),
-        (
-            "conv2d 3x3 @16 (64->64)",
-            [4, 64, 16, 16],
-            [64, 64, 3, 3],
-            1,
-            1,
-        ),
-        (
-            "conv2d 1x1/2 @8 (512->1024)",
-            [4, 512, 8, 8],
-            [1024, 512, 1, 1],
-            2,
-            0,
-        ),
-    ];
-    for (name, x, w, stride, pad) in big_convs {
-        let error = compare_op(&gpu, &[&x, &w], |t| ops::conv2d(&t[0], &t[1], stride, pad))?;
-        checks.push(Check {
-            name: name.into(),
-            error,
-            tolerance: 1e-3,
-        });
-    }
-    // The input gradient added in place (a residual block's two gradients meeting).
-    for (name, x, w, stride_pad) in [
-        (
-            "conv2d_backward_add 3x3 @16",
-            [4, 64, 16, 16],
-            [64, 64, 3, 3],
-            (1, 1),
-        ),
-        (
-            "conv2d_backward_add 1x1/2 @8",
-            [4, 256, 8, 8],
-            [512, 256, 1, 1],
-            (2, 0),
-        ),
-    ] {
-        checks.push(Check {
-            name: name.into(),
-            error: compare_conv_backward_add(&gpu, x, w, stride_pad, DType::F32)?,
-            tolerance: 1e-3,
-        });
-    }
-    // weft's kernels (kernels/*.cu): batch norm (one and several blocks per channel), with
-    // and without the fused ReLU, ReLU, add + ReLU, max-pool (ties after a ReLU: the gradient
-    // goes to the first maximum).
-    let bn = |t: &[Tensor]| Ok(ops::batch_norm_train(&t[0], &t[1], &t[2], 1e-5)?.0);
-    let bn_relu = |t: &[Tensor]| Ok(ops::batch_norm_relu_train(&t[0], &t[1], &t[2], 1e-5)?.0);
-    let pool = |t: &[Tensor]| ops::max_pool2d(&t[0], 3, 2, 1);
-    let pool_after_relu = |t: &[Tensor]| ops::max_pool2d(&ops::relu(&t[0])?, 3, 2, 1);
-    let relu = |t: &[Tensor]| ops::relu(&t[0]);
-    let add_relu = |t: &[Tensor]| ops::add_relu(&t[0], &t[1]);
-    type OpCheck<'a> = (
-        &'static str,
-        &'a [&'a [usize]],
-        f64,
-        &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>,
-    );
-    let kernel_checks: [OpCheck; 10] = [
-        (
-            "batch_norm_train @32 (64 ch)",
-            &[&[4, 64, 32, 32], &[64], &[64]],
-            1e-3,
-            &bn,
-        ),
-        (
-            "batch_norm_train @6 (8 ch)",
-            &[&[4, 8, 6, 6], &[8], &[8]],
-            1e-3,
-            &bn,
-        ),
-        (
-            "batch_norm_train @56 (64 ch, split)",
-            &[&[8, 64, 56, 56], &[64], &[64]],
-            1e-3,
-            &bn,
-        ),
-        (
-            "batch_norm_relu_train @32",
-            &[&[4, 64, 32, 32], &[64], &[64]],
-            1e-3,
-            &bn_relu,
-        ),
-        ("relu", &[&[4, 64, 32, 32]], 1e-6, &relu),
-        (
-            "add_relu",
-            &[&[4, 64, 32, 32], &[4, 64, 32, 32]],
-            1e-6,
-            &add_relu,
-        ),
-        (
-            "max_pool2d @32 after ReLU",
-            &[&[4, 64, 32, 32]],
-            1e-6,
-            &pool_after_relu,
-        ),
-        (
-            "max_pool2d after ReLU (ties)",
-            &[&[4, 8, 16, 16]],
-            1e-6,
-            &pool_after_relu,
-        ),
-        ("max_pool2d 3x3/2 pad 1", &[&[4, 8, 15, 15]], 1e-6, &pool),
-        (
-            "max_pool2d @112 (64 ch)",
-            &[&[2, 64, 112, 112]],
-            1e-6,
-            &pool,
-        ),
-    ];
-    for (name, shapes, tolerance, f) in kernel_checks {
-        checks.push(Check {
-            name: name.into(),
-            error: compare_op(&gpu, shapes, f)?,
-            tolerance,
-        });
-    }
-    // The graph-free batch norm of blocks with their own backward (tables instead of copies)
-    // and the in-place running-statistics update.
-    for (name, dims, relu) in [
-        ("graph-free batch norm @56 (split)", [8, 64, 56, 56], false),
-        ("graph-free batch norm + ReLU @7", [8, 256, 7, 7], true),
-    ] {
-        checks.push(Check {
-            name: name.into(),
-            error: compare_graph_free_batch_norm(&gpu, dims, (relu, false), DType::F32)?,
-            tolerance: 1e-3,
-        });
-    }
-    // A batch's pixels converted and normalised on the device (the trainer's GPU input).
-    for (dtype, tolerance) in [(DType::F32, 1e-6), (DType::BF16, 8e-3)] {
-        checks.push(Check {
-            name: format!("pixels to normalised {dtype:?}, channels-last"),
-            error: single_ops::compare_pixels(&gpu, dtype)?,
-            // f32: one rounding of the division by 255 apart at most; bf16: that, rounded.
-            tolerance,
-        });
-    }
-    checks.push(Check {
-        name: "batches uploaded on a copy stream while the device computes".into(),
-        error: single_ops::compare_batch_uploads(&gpu)?,
-        tolerance: 0.0,
-    });
-    checks.push(Check {
-        name: "blend_into (running statistics)".into(),
-        error: compare_blend(&gpu, DType::F32)?,
-        tolerance: 1e-6,
-    });
-    checks.push(Check {
-        name: "update_running_stats (mean, variance, count in one launch)".into(),
-        error: compare_update_running(&gpu, DType::F32)?,
-        tolerance: 1e-6,
-    });
-    for dtype in [DType::BF16, DType::F32, DType::F64] {
-        checks.push(Check {
-            name: format!("to_channels_last by tiles and by planes, {dtype:?}"),
-            error: transposes::compare_to_channels_last(&gpu, dtype)?,
-            tolerance: 0.0,
-        });
-    }
-    for dtype in [DType::F32, DType::BF16] {
-        for channels_last in [false, true] {
-            let layout = if channels_last {
-                "channels-last"
-            } else {
-                "NCHW"
-            };
-            checks.push(Check {
-                name: format!("running statistics updated by the table kernel, {layout} {dtype:?}"),
-                error: running_update::compare_running_update_in_kernel(
-                    &gpu,
-                    dtype,
-                    channels_last,
-                )?,
-                tolerance: 0.0,
-            });
-        }
-    }
-    // The fused causal attention (the CPU computes in f64 inside): one tile, several tiles with
-    // a ragged last one, GPT-2's head width over 300 tokens; and GPT-2's tanh GELU.
-    for (name, shape) in [
-        ("fused attention d4 T5", [2, 3, 5, 4]),
-        ("fused attention d16 T70", [2, 3, 70, 16]),
-        ("fused attention d64 T300", [1, 4, 300, 64]),
-    ] {
-        let error = compare_op(&gpu, &[&shape, &shape, &shape], |t| {
-            ops::causal_attention(&t[0], &t[1], &t[2])
-        })?;
-        checks.push(Check {
-            name: name.into(),
-            error,
-            tolerance: 1e-4,
-        });
-    }
-    checks.push(Check {
-        name: "cross_entropy_rows 64 x 1000 (990 classes)".into(),
-        error: compare_op(&gpu, &[&[64, 1000]], |t| {
-            let targets: Vec<u32> = (0..64).map(|i| i * 13 % 990).collect();
-            let targets = Tensor::from_vec(targets, 64, t[0].device())?;
-            ops::cross_entropy_rows(&t[0], &targets, 990)
-        })?,
-        tolerance: 1e-5,
-    });
-    // bf16 logits: read as they are on the GPU and their gradient written in bf16, against the
-    // CPU widening them to f32 first. The same f32 arithmetic up to exp's last bits, then one
-    // rounding of the gradient to bf16 on either side: a unit of bf16 (2^-8) at most.
-    checks.push(Check {
-        name: "cross_entropy_rows 64 x 1000 (990 classes), bf16 logits".into(),
-        error: compare_op(&gpu, &[&[64, 1000]], |t| {
-            let targets: Vec<u32> = (0..64).map(|i| i * 13 % 990).collect();
-            let targets = Tensor::from_vec(targets, 64, t[0].device())?;
-            ops::cross_entropy_rows(&t[0].to_dtype(DType::BF16)?, &targets, 990)
-        })?,
-        tolerance: 2f64.powi(-8),
-    });
-    checks.push(Check {
-        name: "layer_norm 64 x 768".into(),
-        error: compare_op(&gpu, &[&[64, 768], &[768], &[768]], |t| {
-            ops::layer_norm(&t[0], &t[1], &t[2], 1e-5)
-        })?,
-        tolerance: 1e-5,
-    });
-    checks.push(Check {
-        name: "gelu_tanh".into(),
-        error: compare_op(&gpu, &[&[64, 300]], |t| ops::gelu_tanh(&t[0]))?,
-        tolerance: 1e-5,
-    });
+    op_rows::rows(&gpu, &mut checks)?;
+    buffer_rows::rows(&gpu, &mut checks)?;
     half::run(&gpu, &mut checks)?;
     llama::run(&gpu, &mut checks)?;
     embedding::run(&gpu, &mut checks)?;
@@ -362,223 +103,8 @@ pub fn run(args: &GpuCheckArgs) -> Result<()> {
     attention_dropout_rows(&gpu, &mut checks)?;
     dropout::run(&gpu, &mut checks)?;
     synced_batch_norm::run(&gpu, &mut checks)?;
-    // Candle's ops, which CUDA tensors of other dtypes take.
-    ops::set_cuda_kernels(false);
-    let fallback_checks: [OpCheck; 3] = [
-        (
-            "Candle batch_norm_train",
-            &[&[4, 8, 6, 6], &[8], &[8]],
-            1e-3,
-            &bn,
-        ),
-        (
-            "Candle max_pool2d 3x3/2 pad 1",
-            &[&[4, 8, 15, 15]],
-            1e-5,
-            &pool,
-        ),
-        ("Candle relu", &[&[4, 8, 15, 15]], 1e-6, &relu),
-    ];
-    for (name, shapes, tolerance, f) in fallback_checks {
-        checks.push(Check {
-            name: name.into(),
-            error: compare_op(&gpu, shapes, f)?,
-            tolerance,
-        });
-    }
-    ops::set_cuda_kernels(true);
-    // The loss scale undone with the inf/NaN check, one pass: the same f32 products.
-    for dtype in [DType::F32, DType::BF16, DType::F16] {
-        checks.push(Check {
-            name: format!("unscale_and_check, {dtype:?}"),
-            error: compare_unscale(&gpu, dtype)?,
-            tolerance: 0.0,
-        });
-    }
-    // Copies, and 16-bit gradients widened into an f32 buffer (exact either way).
-    for (dtype, into) in [
-        (DType::F32, DType::F32),
-        (DType::F64, DType::F64),
-        (DType::BF16, DType::F32),
-        (DType::F16, DType::F32),
-    ] {
-        checks.push(Check {
-            name: format!("copy_tensors, 61 tensors, {dtype:?} into {into:?}"),
-            error: compare_multi_tensor(&gpu, dtype, into, (false, false))?,
-            tolerance: 0.0,
-        });
-    }
-    for dtype in [DType::BF16, DType::F16] {
-        checks.push(Check {
-            name: format!("copy_tensors, 61 tensors, {dtype:?} and F32 into F32 in one launch"),
-            error: compare_multi_tensor(&gpu, dtype, DType::F32, (true, false))?,
-            tolerance: 0.0,
-        });
-    }
-    // Channels-last filters (convolutions' weight gradients) transposed by the copy itself.
-    for (dtype, into, mixed) in [
-        (DType::F32, DType::F32, false),
-        (DType::BF16, DType::BF16, false),
-        (DType::BF16, DType::F32, true),
-        (DType::F16, DType::F32, true),
-    ] {
-        checks.push(Check {
-            name: format!(
-                "copy_tensors, 61 tensors, channels-last filters, {dtype:?}{} into {into:?}",
-                if mixed { " and F32" } else { "" }
-            ),
-            error: compare_multi_tensor(&gpu, dtype, into, (mixed, true))?,
-            tolerance: 0.0,
-        });
-    }
-    // The same operations in the same order without fused multiply-adds: f32 bit-equal but
-    // for an ulp of the bias corrections; f64 likewise.
-    for (dtype, tolerance) in [(DType::F32, 1e-6), (DType::F64, 1e-13)] {
-        for (name, config) in optimizers::configs() {
-            checks.push(Check {
-                name: format!("optimizer {name}, 61 tensors, groups, 5 steps, {dtype:?}"),
-                error: optimizers::compare_optimizer(&config, &gpu, dtype)?,
-                tolerance,
-            });
-        }
-    }
-    // fp32 master weights of 16-bit parameters: the same fp32 rule, rounded to nearest even
-    // on both sides.
-    for dtype in [DType::BF16, DType::F16] {
-        for (name, config) in optimizers::configs() {
-            checks.push(Check {
-                name: format!("optimizer {name}, fp32 masters of {dtype:?} parameters"),
-                error: optimizers::compare_mixed(&config, &gpu, dtype)?,
-                tolerance: 0.0,
-            });
-        }
-    }
-    // Stepped in two parts, as under DDP's held last bucket: the same bits.
-    for dtypes in [(DType::F32, DType::F32), (DType::BF16, DType::F32)] {
-        for (name, config) in optimizers::configs() {
-            checks.push(Check {
-                name: format!("optimizer {name}, {dtypes:?}, stepped in two parts = in one"),
-                error: optimizers::compare_in_parts(&config, &gpu, dtypes)?,
-                tolerance: 0.0,
-            });
-        }
-    }
-    // A checkpoint of the optimizer keeps its fp32 master weights: resuming changes nothing.
-    for (name, config) in optimizers::configs() {
-        checks.push(Check {
-            name: format!("optimizer {name}, bf16 params, resumed from its state"),
-            error: optimizers::compare_resumed(&config, &gpu, DType::BF16)?,
-            tolerance: 0.0,
-        });
-    }
-    checks.push(Check {
-        name: "ResNet-50 f64 whole-graph grads".into(),
-        error: compare_whole_graph(&gpu)?,
-        tolerance: 1e-6,
-    });
-    let (gpt_losses, gpt_params) = gpt::compare_gpt_training(&gpu)?;
-    checks.push(Check {
-        name: "GPT f64 3 AdamW steps, losses".into(),
-        error: gpt_losses,
-        tolerance: 1e-10,
-    });
-    checks.push(Check {
-        name: "GPT f64 3 AdamW steps, parameters".into(),
-        error: gpt_params,
-        tolerance: 1e-10,
-    });
-    // bf16 rounds each activation to 2^-9 relative; over the model's ~30 ops a step and 20
-    // AdamW updates on the same batch the losses drift apart by a fraction of a percent: 2 %.
-    checks.push(Check {
-        name: "GPT bf16-mixed tracks fp32 over 20 steps (d64 heads), losses".into(),
-        error: gpt::compare_bf16_tracking(&gpu)?,
-        tolerance: 0.02,
-    });
-    let (deterministic, graphed, spread) = gpt::compare_graph_replay(&gpu)?;
-    checks.push(Check {
-        name: "GPT bf16 8 steps, CUDA graph launched ahead = eager (deterministic), params".into(),
-        error: deterministic,
-        tolerance: 0.0,
-    });
-    // cuDNN's accumulating attention backward: the graph within twice the eager runs' spread
-    // (at least one bf16 rounding step of the largest parameter).
-    checks.push(Check {
-        name: format!("GPT bf16 8 steps, CUDA graph launched ahead vs eager, params (eager spread {spread:.3e})"),
-        error: graphed,
-        tolerance: (2.0 * spread).max(2f64.powi(-8)),
-    });
-    let (grad_error, param_error, loss_error) = compare_training(&gpu)?;
-    checks.push(Check {
-        name: "ResNet-50 f64 step 1 gradients".into(),
-        error: grad_error,
-        tolerance: 1e-6,
-    });
-    checks.push(Check {
-        name: "ResNet-50 f64 step 1 parameters".into(),
-        error: param_error,
-        tolerance: 1e-8,
-    });
-    checks.push(Check {
-        name: "ResNet-50 f64 3 SGD steps, loss".into(),
-        error: loss_error,
-        tolerance: 1e-6,
-    });
-    let f32_losses = compare_f32_losses(&gpu)?;
-    checks.push(Check {
-        name: "ResNet-50 f32 first loss vs f64".into(),
-        error: f32_losses.first_step,
-        tolerance: 1e-5,
-    });
-    checks.push(Check {
-        name: "ResNet-50 f32 3 SGD steps, loss vs f64".into(),
-        error: f32_losses.all_steps,
-        tolerance: f32_losses.all_steps_tolerance,
-    });
-    checks.push(Check {
-        name: "ResNet-18 f64 6 steps: CUDA graph = eager".into(),
-        error: compare_graph_replay(&gpu, false, false)?,
-        tolerance: 1e-12,
-    });
-    checks.push(Check {
-        name: "ResNet-18 f32 channels-last 6 steps, channels-last batch: CUDA graph = eager".into(),
-        error: compare_graph_replay(&gpu, false, true)?,
-        // The same kernels on the same data, but f32 sums whose order may differ run to run
-        // (atomics in cuDNN's NHWC weight gradients; cuBLAS's kernels under stream capture):
-        // 3.7e-5 measured after 6 steps. A wrong batch in the static buffer differs at O(1).
-        tolerance: 1e-3,
-    });
-    checks.push(Check {
-        name: "ResNet-18 f64 8 steps, another batch each: CUDA graph launched ahead = eager".into(),
-        error: compare_graph_launched_ahead(&gpu)?,
-        tolerance: 1e-12,
-    });
-    checks.push(Check {
-        name: "train-resnet ResNet-20 14 steps, checkpoint after 7: launched ahead = read first \
-               = eager"
-            .into(),
-        error: train_loop::compare_launched_ahead_loop()?,
-        // --deterministic: the same kernels on the same batches in the same order.
-        tolerance: 1e-6,
-    });
-    checks.push(Check {
-        name: "ResNet-18 f64 6 steps with a loss scaler: CUDA graph = eager".into(),
-        error: compare_graph_replay(&gpu, true, false)?,
-        tolerance: 1e-12,
-    });
-    checks.push(Check {
-        name: "ResNet-18 f64 3 steps: offloaded optimizer = on GPU".into(),
-        error: resnet::compare_offload(&gpu)?,
-        tolerance: 1e-12,
-    });
-    checks.push(Check {
-        name: "train-gpt gpt-tiny 6 steps (fp32, bf16-mixed): offloaded optimizer = on GPU; \
-               delayed update equal up to its first stale step"
-            .into(),
-        error: offload_gpt::compare_offloaded_gpt()?,
-        // AdamW in f32 on the CPU against the GPU's kernel: the same formula, rounded in
-        // another order (about 1e-7 relative a step, passed on by the normalised update).
-        tolerance: 1e-4,
-    });
+    optimizers::rows(&gpu, &mut checks)?;
+    end_to_end::rows(&gpu, &mut checks)?;
     #[cfg(feature = "cuda")]
     checks.push(model_state_memory_row(&gpu)?);
     if multi_gpu::has_two_gpus() {

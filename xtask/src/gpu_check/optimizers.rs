@@ -13,6 +13,7 @@ use weft_optim::{
 use weft_tensor::{EntryKind, FlatBuffer, FlatLayout, ParamStore};
 
 use super::single_ops::{relative_error, MULTI_SIZES};
+use super::Check;
 
 const STEPS: usize = 5;
 
@@ -230,4 +231,50 @@ pub(super) fn compare_in_parts(
     let whole = run(config, gpu, dtypes, false)?;
     let in_parts = run(config, gpu, dtypes, true)?;
     relative_error(&whole, &in_parts)
+}
+
+/// Pushes the optimizer rows onto `checks`: each rule against the CPU in f32 and f64, with fp32
+/// master weights of 16-bit parameters, stepped in two parts, and resumed from its state.
+pub(super) fn rows(gpu: &Device, checks: &mut Vec<Check>) -> Result<()> {
+    // The same operations in the same order without fused multiply-adds: f32 bit-equal but
+    // for an ulp of the bias corrections; f64 likewise.
+    for (dtype, tolerance) in [(DType::F32, 1e-6), (DType::F64, 1e-13)] {
+        for (name, config) in configs() {
+            checks.push(Check {
+                name: format!("optimizer {name}, 61 tensors, groups, 5 steps, {dtype:?}"),
+                error: compare_optimizer(&config, gpu, dtype)?,
+                tolerance,
+            });
+        }
+    }
+    // fp32 master weights of 16-bit parameters: the same fp32 rule, rounded to nearest even
+    // on both sides.
+    for dtype in [DType::BF16, DType::F16] {
+        for (name, config) in configs() {
+            checks.push(Check {
+                name: format!("optimizer {name}, fp32 masters of {dtype:?} parameters"),
+                error: compare_mixed(&config, gpu, dtype)?,
+                tolerance: 0.0,
+            });
+        }
+    }
+    // Stepped in two parts, as under DDP's held last bucket: the same bits.
+    for dtypes in [(DType::F32, DType::F32), (DType::BF16, DType::F32)] {
+        for (name, config) in configs() {
+            checks.push(Check {
+                name: format!("optimizer {name}, {dtypes:?}, stepped in two parts = in one"),
+                error: compare_in_parts(&config, gpu, dtypes)?,
+                tolerance: 0.0,
+            });
+        }
+    }
+    // A checkpoint of the optimizer keeps its fp32 master weights: resuming changes nothing.
+    for (name, config) in configs() {
+        checks.push(Check {
+            name: format!("optimizer {name}, bf16 params, resumed from its state"),
+            error: compare_resumed(&config, gpu, DType::BF16)?,
+            tolerance: 0.0,
+        });
+    }
+    Ok(())
 }
