@@ -83,6 +83,9 @@ pub struct MemoryPlanArgs {
     /// Optimizer states in another dtype than the precision preset's (e.g. f32)
     #[arg(long)]
     state_dtype: Option<String>,
+    /// ZeRO-2/3: the gradient buckets' cap in MiB, as the trainers' --bucket-cap-mb
+    #[arg(long, default_value_t = 25.0)]
+    bucket_cap_mb: f64,
     /// One JSON object instead of the table
     #[arg(long, default_value_t = false)]
     json: bool,
@@ -206,6 +209,7 @@ pub fn run(args: &MemoryPlanArgs) -> Result<()> {
             .as_deref()
             .map(|d| dtype("--state-dtype", d))
             .transpose()?,
+        bucket_cap_mb: args.bucket_cap_mb,
     };
     let plan = memory_plan::plan(&model, &settings)?;
     let fit = args

@@ -50,6 +50,7 @@ pub fn plan_settings<D: TaskDefaults>(
         },
         grad_dtype: None,
         state_dtype: None,
+        bucket_cap_mb: parallel.bucket_cap_mb,
     }
 }
 

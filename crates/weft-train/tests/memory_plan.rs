@@ -29,6 +29,7 @@ fn settings(precision: &str, world: usize, zero: u8) -> PlanSettings {
         checkpoint_activations: Recompute::None,
         grad_dtype: None,
         state_dtype: None,
+        bucket_cap_mb: 25.0,
     }
 }
 
@@ -284,4 +285,17 @@ fn a_parameter_larger_than_a_bucket_is_a_bucket_of_its_own() {
     let small = ModelShape::transformer(None, (12, 768, 12), (1024, 1000)).unwrap();
     let plan = memory_plan::plan(&small, &settings("bf16-mixed", 2, 2)).unwrap();
     assert_eq!(plan.bytes("communication_buffers"), 3 * (25 << 20));
+    // The trainers' --bucket-cap-mb sets the bucket; a cap that is not positive is refused.
+    let larger = PlanSettings {
+        bucket_cap_mb: 100.0,
+        ..settings("bf16-mixed", 2, 2)
+    };
+    let plan = memory_plan::plan(&small, &larger).unwrap();
+    assert_eq!(plan.bytes("communication_buffers"), 3 * (100 << 20));
+    let zero = PlanSettings {
+        bucket_cap_mb: 0.0,
+        ..settings("bf16-mixed", 2, 2)
+    };
+    let err = memory_plan::plan(&small, &zero).unwrap_err().to_string();
+    assert!(err.contains("--bucket-cap-mb 0"), "{err}");
 }

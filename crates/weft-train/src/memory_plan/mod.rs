@@ -181,12 +181,18 @@ pub struct PlanSettings {
     pub grad_dtype: Option<candle_core::DType>,
     /// The optimizer states' dtype where it differs from the precision preset's.
     pub state_dtype: Option<candle_core::DType>,
+    /// The gradient buckets' cap in MiB (`--bucket-cap-mb`; DDP's 25): ZeRO-2 and -3 stage
+    /// gradients in buckets of this size.
+    pub bucket_cap_mb: f64,
 }
 
 impl PlanSettings {
     fn check(&self) -> Result<()> {
         if self.world == 0 || self.tp == 0 || self.pp == 0 || self.batch_size == 0 {
             bail!("--world, --tp, --pp and --batch-size must all be at least 1");
+        }
+        if !(self.bucket_cap_mb > 0.0 && self.bucket_cap_mb.is_finite()) {
+            bail!("--bucket-cap-mb {} must be positive", self.bucket_cap_mb);
         }
         if self.zero > 3 {
             bail!("--zero {}: stages are 0, 1, 2 and 3", self.zero);

@@ -115,9 +115,9 @@ pub(super) fn rows(settings: &PlanSettings, psi: u64) -> Vec<Row> {
 }
 
 /// What stages 2 and 3 hold for a moment beyond the model states: the gradient buckets being
-/// staged and reduced (at most [`IN_FLIGHT`] in flight and one filling, each of DDP's default
-/// 25 MiB or of the one parameter it holds when that is larger: Phi-3-mini's token table takes
-/// 376 MiB of fp32 gradients), and under stage 3 the parameters of the running block and of
+/// staged and reduced (at most [`IN_FLIGHT`] in flight and one filling, each of the bucket cap
+/// or of the one parameter it holds when that is larger: Phi-3-mini's token table takes 376 MiB
+/// of fp32 gradients), and under stage 3 the parameters of the running block and of
 /// the next one, being gathered (`largest`: the largest layer's parameters). None for one
 /// replica: the trainers run no ZeRO there (one process's strategy whatever `--zero` says).
 pub(super) fn sharding_rows(settings: &PlanSettings, psi: u64, largest: u64) -> Vec<Row> {
@@ -131,14 +131,15 @@ pub(super) fn sharding_rows(settings: &PlanSettings, psi: u64, largest: u64) -> 
     let buckets = IN_FLIGHT as u64 + 1;
     let mut rows = Vec::new();
     if settings.zero >= 2 {
-        let bucket = BUCKET_BYTES.max(largest.div_ceil(model_parallel) * g);
+        let cap = settings.bucket_cap_mb;
+        let bucket = ((cap * MIB) as u64).max(largest.div_ceil(model_parallel) * g);
         let staged = (buckets * bucket).min(psi.div_ceil(model_parallel) * g);
         rows.push(Row::new(
             "communication_buffers",
             staged,
             format!(
-                "gradient buckets staged: {buckets} of max(25 MiB, largest layer·{g} B) at most, \
-                 Ψ·{g} B at most"
+                "gradient buckets staged: {buckets} of max({cap} MiB, largest layer·{g} B) at \
+                 most, Ψ·{g} B at most"
             ),
         ));
     }
@@ -152,8 +153,8 @@ pub(super) fn sharding_rows(settings: &PlanSettings, psi: u64, largest: u64) -> 
     rows
 }
 
-/// DDP's default bucket, whose size stages 2 and 3 stage gradients in.
-const BUCKET_BYTES: u64 = 25 << 20;
+/// Bytes in a MiB, the bucket cap's unit (as DDP's `bucket_cap_mb`).
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// The ZeRO paper's per-GPU model states (mixed precision with Adam, K = 12: fp16 parameters
 /// and gradients, fp32 master weights and moments) and DeepSpeed's estimators where they
