@@ -56,14 +56,7 @@ impl DeviceOptimizer {
                     step,
                 });
             };
-            if t.elem_count() != range.len() {
-                return Err(OptimError::StateLengthMismatch {
-                    optimizer,
-                    buffer: name,
-                    state: t.elem_count(),
-                    params: range.len(),
-                });
-            }
+            check_len(optimizer, name, t, &range)?;
             let on_device = t
                 .flatten_all()
                 .and_then(|t| t.to_device(&self.device)?.copy())
@@ -72,14 +65,7 @@ impl DeviceOptimizer {
         }
         let master = buffers.iter().find(|(n, _)| n == MASTER_WEIGHTS);
         if let Some((_, t)) = master {
-            if t.elem_count() != range.len() {
-                return Err(OptimError::StateLengthMismatch {
-                    optimizer,
-                    buffer: MASTER_WEIGHTS,
-                    state: t.elem_count(),
-                    params: range.len(),
-                });
-            }
+            check_len(optimizer, MASTER_WEIGHTS, t, &range)?;
         }
         let loaded_master = master
             .map(|(_, t)| {
@@ -107,6 +93,24 @@ impl DeviceOptimizer {
         self.loaded_master = loaded_master;
         self.range = Some(range);
         Ok(())
+    }
+}
+
+/// A loaded buffer must cover the stepped range, element for element.
+fn check_len(
+    optimizer: &'static str,
+    buffer: &'static str,
+    t: &Tensor,
+    range: &Range<usize>,
+) -> Result<(), OptimError> {
+    match t.elem_count() == range.len() {
+        true => Ok(()),
+        false => Err(OptimError::StateLengthMismatch {
+            optimizer,
+            buffer,
+            state: t.elem_count(),
+            params: range.len(),
+        }),
     }
 }
 
