@@ -77,7 +77,9 @@ pub struct MemorySample {
     /// On a GPU: the memory pool's bytes in use by tensors (CUDA graphs' included).
     pub device_tensors: Option<u64>,
     /// On a GPU: the most bytes the pool's tensors held at once so far, between samples too
-    /// (a backward's transient gradients), and the most the pool took from the device.
+    /// (a backward's transient gradients), and the most the pool took from the device; with a
+    /// captured step, the pool's and the graphs' highs added (an upper bound: see
+    /// `weft_tensor::cuda_runtime::MemoryUsage`).
     pub device_tensors_peak: Option<u64>,
     pub device_reserved_peak: Option<u64>,
     /// On a GPU: the device's memory in use as it sees it (context and pools included).
