@@ -3,15 +3,29 @@
 # is stopped after RUN_TIMEOUT seconds (150); weft runs on --device WEFT_DEVICE (cuda: a GPU per
 # rank).
 
+# A script stopped from outside (the caller's timeout) stops the run it is measuring: the run
+# and the sampler go in the background and are waited for, so that the trap fires at once and
+# passes the signal on (a foreground child would keep the trap waiting, and outlive the script).
+running=() sampler=""
+stop_running() {
+  kill -TERM "${running[@]}" $sampler 2>/dev/null
+  wait 2>/dev/null
+  exit 143
+}
+trap stop_running TERM INT
+
 # measured NAME COMMAND...: runs the command while sampling each GPU's memory, then prints the
 # peak per GPU
 measured() {
   local name=$1; shift
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/smi/$name.csv" &
-  local smi=$!
-  "$@" > "$OUT/smi/$name.log" 2>&1
+  sampler=$!
+  "$@" > "$OUT/smi/$name.log" 2>&1 &
+  running=($!)
+  wait "${running[0]}"
   local status=$?
-  kill $smi; wait $smi 2>/dev/null
+  running=()
+  kill $sampler 2>/dev/null; wait $sampler 2>/dev/null; sampler=""
   grep -v -e Warning -e warn "$OUT/smi/$name.log" | tail -2
   python3 - "$OUT/smi/$name.csv" "$name" "$status" <<'PY'
 import collections, sys
