@@ -272,10 +272,8 @@ impl DeviceOptimizer {
             .map(|part| self.runs(grads, store, range, part))
             .collect::<Result<Vec<_>, _>>()?;
         if self.master.is_none() {
-            self.master = master_weights(grads, store, range).map_err(&err)?;
-            if let (Some((made, _)), Some(loaded)) = (&mut self.master, self.loaded_master.take()) {
-                *made = loaded;
-            }
+            let loaded = self.loaded_master.take();
+            self.master = master_weights(grads, store, range, loaded).map_err(&err)?;
         }
         let flat = grads.range(range).map_err(|e| OptimError::Tensor {
             optimizer,

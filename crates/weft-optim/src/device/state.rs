@@ -124,10 +124,13 @@ pub(super) fn is_mixed(param: DType, grads: DType) -> bool {
 /// part into one buffer: at most one parameter's widened copy exists beside it (parts made
 /// first and concatenated took twice the copy's size, freed into the memory pool in pieces
 /// that the first step's moments could not use: 14 GiB more of the device for Phi-3-mini).
+/// `loaded` (a checkpoint's master weights over `range`) is taken as it is, none made beside it
+/// (a resumed run's first step would hold the copy twice).
 pub(super) fn master_weights(
     grads: &FlatBuffer,
     store: &ParamStore,
     range: &Range<usize>,
+    loaded: Option<Tensor>,
 ) -> candle_core::Result<Option<(Tensor, DType)>> {
     let mut parts = Vec::new();
     for slot in grads.layout().slots() {
@@ -148,6 +151,9 @@ pub(super) fn master_weights(
     let Some(dtype) = parts.first().map(|(param, ..)| param.dtype()) else {
         return Ok(None);
     };
+    if let Some(loaded) = loaded {
+        return Ok(Some((loaded, dtype)));
+    }
     let master = Tensor::zeros(range.len(), DType::F32, grads.tensor().device())?;
     for (param, from, len, at) in parts {
         let part = param.flatten_all()?.narrow(0, from, len)?;
