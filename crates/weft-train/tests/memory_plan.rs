@@ -299,3 +299,14 @@ fn a_parameter_larger_than_a_bucket_is_a_bucket_of_its_own() {
     let err = memory_plan::plan(&small, &zero).unwrap_err().to_string();
     assert!(err.contains("--bucket-cap-mb 0"), "{err}");
 }
+
+#[test]
+fn one_replica_plans_no_zero_buffers() {
+    // With one data-parallel rank the trainers run one process's strategy whatever --zero
+    // says: nothing is staged or gathered, and the model states are the same as without ZeRO.
+    let alone = memory_plan::plan(&phi3_mini(), &settings("bf16-mixed", 1, 3)).unwrap();
+    let plain = memory_plan::plan(&phi3_mini(), &settings("bf16-mixed", 1, 0)).unwrap();
+    assert_eq!(alone.bytes("communication_buffers"), 0);
+    assert_eq!(alone.bytes("gathered_parameters"), 0);
+    assert_eq!(alone.device_total(), plain.device_total());
+}
