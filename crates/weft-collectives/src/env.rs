@@ -9,10 +9,10 @@
 //! `MASTER_PORT`, or `MASTER_PORT + 1` under torchrun), `WEFT_JOB_ID` (defaults to
 //! `SLURM_JOB_ID` or `port<store port>`), `WEFT_TIMEOUT`, `WEFT_STORE_BIND_ADDR` (where rank 0's
 //! store listens; default `127.0.0.1`), `WEFT_BACKEND` (`nccl` or `shm`: [`BACKEND_VAR`]). NCCL
-//! only: `WEFT_NCCL_HIGH_PRIORITY=1` (the
-//! communication stream at the device's highest priority, PyTorch's `TORCH_NCCL_HIGH_PRIORITY`);
-//! NCCL's own `NCCL_GRAPH_MIXING_SUPPORT`, read to know whether NCCL mixes graph-captured and
-//! eager operations (`weft-run` sets it to `0`: [`NCCL_GRAPH_MIXING_VAR`]).
+//! only: `WEFT_NCCL_HIGH_PRIORITY=1` (the communication stream at the device's highest
+//! priority, PyTorch's `TORCH_NCCL_HIGH_PRIORITY`); NCCL's own `NCCL_GRAPH_MIXING_SUPPORT`,
+//! read to know whether NCCL mixes graph-captured and eager operations (`weft-run` sets it to
+//! `0`: [`NCCL_GRAPH_MIXING_VAR`]).
 
 use std::time::Duration;
 

@@ -35,7 +35,7 @@ impl DeviceOptimizer {
 
     /// Replaces the state: buffers by name over `range` (on any device; moved to the
     /// parameters'), and the step count. A buffer named [`MASTER_WEIGHTS`] replaces the fp32
-    /// master weights of 16-bit parameters (kept until the next step makes the master copy).
+    /// master weights of 16-bit parameters (taken as the master copy at the next step).
     pub fn load_state(
         &mut self,
         range: Range<usize>,
